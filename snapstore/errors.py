@@ -1,0 +1,76 @@
+"""Errors raised by snapstore.
+
+Every error snapstore raises on purpose derives from `Error`, so a training loop
+can catch them in one place. Bad arguments (a wrong type, an unknown mode name, an
+empty variable set) raise the usual `TypeError` / `ValueError` instead.
+
+When one of these is raised, no variable has been changed by the failing call,
+unless the error says otherwise and says how to finish the job (`RestoreError`).
+"""
+
+
+class Error(Exception):
+  """Base class for the errors snapstore raises."""
+
+
+class UnknownTagError(Error, LookupError):
+  """Raised when a tag names no snapshot held by the store.
+
+  The message lists the tags that exist.
+  """
+
+  def __str__(self):  # LookupError would quote the message like a dict key.
+    return str(self.args[0]) if self.args else ""
+
+
+class NoSessionError(Error):
+  """Raised when a call needs a session, none was passed and none is default."""
+
+
+class GraphMismatchError(Error):
+  """Raised when a session or tensor belongs to another graph than the store's.
+
+  A store is bound to the graph of its variables, as a Sonnet module is bound to
+  one graph.
+  """
+
+
+class IncompatibleSnapshotError(Error):
+  """Raised when arrays from a file do not match the store's variables.
+
+  The message names every missing or unexpected variable and every shape or
+  dtype mismatch, so one run shows all that is wrong.
+  """
+
+
+class SnapshotFileError(Error):
+  """Raised when a snapshot file cannot be read safely.
+
+  For example a file that is not an `.npz` archive, is truncated, or holds
+  pickled objects (snapstore never unpickles).
+  """
+
+
+class ModeError(Error):
+  """Raised when a call needs a copy mode the store does not use.
+
+  For example `snapshot_op()` on a host-mode store: host snapshots are numpy
+  arrays and have no graph op.
+  """
+
+
+class SnapshotError(Error):
+  """Raised when taking a snapshot failed in TensorFlow.
+
+  The variables are unchanged (a snapshot only reads them). The message says
+  which stored snapshot, if any, was overwritten and dropped.
+  """
+
+
+class RestoreError(Error):
+  """Raised when writing parameters into the variables failed part-way.
+
+  The variables may hold a mix of values. The message says where the intended
+  values are kept and which call finishes the job; the store keeps them until
+  that call succeeds.
+  """

@@ -1,0 +1,128 @@
+"""The interface every copy mode implements, and what they share.
+
+A copy mode decides where snapshot data lives (device shadow variables, numpy
+arrays, an HDF5 file) and how it moves. The `SnapshotStore` facade owns
+everything else: tags and their order, eviction, sessions, validation, locking
+and error reporting. A mode holds snapshot data by tag and never decides which
+tag to drop.
+
+Every method that moves data takes the raw `tf.Session` the store resolved.
+Graph ops are built in `__init__` only; methods run them.
+"""
+import abc
+import threading
+import weakref
+
+
+class CopyMode(abc.ABC):
+  """Where and how a store keeps its snapshots.
+
+  Args:
+    varset: The store's `VariableSet`.
+    max_to_keep: How many snapshots the mode must be able to hold, already
+      validated by the store; None for no bound.
+    name: The store's name, unique in its graph; shadow variables and ops are
+      named after it.
+  """
+
+  name = None
+  # max_to_keep when the user gives none, and whether the mode can hold an
+  # unbounded number of snapshots (max_to_keep=0).
+  default_max_to_keep = 1
+  allows_unbounded = False
+
+  def __init__(self, varset, max_to_keep, name):
+    self._varset = varset
+    self._max_to_keep = max_to_keep
+    self._name = name
+    self._callables = _Callables()
+
+  @property
+  def initializer(self):
+    """An op initializing what the mode keeps in the graph (may be a no-op)."""
+    return self._initializer
+
+  @property
+  def capacity(self):
+    """The most snapshots the mode holds at once, or None for no bound."""
+    return self._max_to_keep
+
+  @abc.abstractmethod
+  def tags(self):
+    """The tags the mode holds, in no particular order."""
+
+  @property
+  @abc.abstractmethod
+  def nbytes(self):
+    """Bytes the mode holds for snapshots, in its own memory (device or host)."""
+
+  @abc.abstractmethod
+  def take(self, tag, session, victim=None):
+    """Stores the variables' current values under `tag`.
+
+    Args:
+      tag: The tag to store under; replaced if the mode holds it.
+      session: A raw `tf.Session`.
+      victim: When the mode is full, a held tag whose storage may be reused. It
+        is dropped once the new snapshot is stored.
+
+    Raises:
+      tf.errors.OpError: The copy failed. The variables are unchanged; any tag
+        whose storage was being overwritten is dropped (`tags()` tells).
+    """
+
+  @abc.abstractmethod
+  def put(self, tag, arrays, session, victim=None):
+    """Like `take`, but stores `arrays` (validated numpy arrays in spec order)."""
+
+  @abc.abstractmethod
+  def restore(self, tag, session):
+    """Writes the snapshot `tag` into the variables. Idempotent."""
+
+  @abc.abstractmethod
+  def arrays(self, tag, session):
+    """The snapshot `tag` as numpy arrays in spec order (never to be written)."""
+
+  @abc.abstractmethod
+  def delete(self, tag):
+    """Drops the snapshot `tag`."""
+
+  @abc.abstractmethod
+  def stash(self, session):
+    """Sets the variables' current values aside; returns a token for `unstash`."""
+
+  @abc.abstractmethod
+  def unstash(self, token, session):
+    """Writes values set aside by `stash` back into the variables. Idempotent."""
+
+  def close(self):
+    """Releases what the mode holds outside the graph. Safe to call twice."""
+
+  def _run(self, session, fetches, feed_list=None, values=()):
+    return self._callables.run(session, fetches, feed_list, values)
+
+
+class _Callables(object):
+  """`Session.make_callable` results, made once per (session, fetches).
+
+  A callable skips most of `Session.run`'s per-call Python work; it adds no
+  graph ops. Sessions without `make_callable` fall back to `run`.
+  """
+
+  def __init__(self):
+    self._by_session = weakref.WeakKeyDictionary()
+    self._lock = threading.Lock()
+
+  def run(self, session, fetches, feed_list, values):
+    if not hasattr(session, "make_callable"):
+      feeds = dict(zip(feed_list, values)) if feed_list else None
+      return session.run(fetches, feed_dict=feeds)
+    key = (id(fetches), id(feed_list))
+    with self._lock:
+      per_session = self._by_session.setdefault(session, {})
+      fn = per_session.get(key)
+      if fn is None:
+        fn = session.make_callable(fetches, feed_list=feed_list)
+        # Hold the fetch objects, so their ids cannot be reused by others.
+        per_session[key] = fn = (fn, fetches, feed_list)
+    return fn[0](*values)

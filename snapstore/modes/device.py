@@ -1,0 +1,159 @@
+"""Device mode: snapshots in shadow variables next to the originals.
+
+The store keeps `max_to_keep` slots, each a full set of shadow variables made
+like optimizer slots (see `graph_ops.make_shadow`): shadow `k` of variable
+`dense/kernel` in a store named `snapstore` is `dense/kernel/snapstore/slot_k`,
+on `dense/kernel`'s device. A snapshot or restore is one grouped assign op;
+nothing crosses devices or reaches the host.
+
+Shadows go into `tf.GraphKeys.LOCAL_VARIABLES`, which `MonitoredSession`,
+Estimators and `tf.local_variables_initializer()` initialize and a default
+`tf.train.Saver()` does not save (adding a store to a training script does not
+change its checkpoints). With `saveable=True` they go into GLOBAL_VARIABLES
+instead. Either way a snapshot writes a slot whole, so a slot that was never
+initialized is still usable by `snapshot()`.
+
+`evaluate_with` sets the current values aside in a scratch set of shadows
+(`.../snapstore/scratch`), which is in no standard collection and takes device
+memory only from its first use. Setting aside, loading the snapshot and writing
+back are plain copies, so each can be retried after a failure; an in-place swap
+could not.
+"""
+from snapstore import graph_ops
+from snapstore import variables
+from snapstore._tf import tf
+from snapstore.modes import base
+
+
+class DeviceMode(base.CopyMode):
+  """Snapshots held in device-resident shadow variables (see module doc).
+
+  Args:
+    varset: The store's `VariableSet`.
+    max_to_keep: Number of slots (>= 1).
+    name: The store's name.
+    saveable: Put the shadows in GLOBAL_VARIABLES, so that a default
+      `tf.train.Saver()` saves them and `global_variables_initializer()`
+      initializes them. Default False: LOCAL_VARIABLES.
+  """
+
+  name = "device"
+  default_max_to_keep = 1
+
+  def __init__(self, varset, max_to_keep, name, saveable=False):
+    super(DeviceMode, self).__init__(varset, max_to_keep, name)
+    shadow_name = name.split("/")[-1]
+    main = (tf.GraphKeys.GLOBAL_VARIABLES if saveable
+            else tf.GraphKeys.LOCAL_VARIABLES)
+    collections = [main, variables.SHADOW_VARIABLES]
+    primaries = varset.variables
+    self._slots = [
+        [graph_ops.make_shadow(p, "%s/slot_%d" % (shadow_name, k), collections)
+         for p in primaries]
+        for k in range(max_to_keep)]
+    self._scratch = [
+        graph_ops.make_shadow(p, shadow_name + "/scratch",
+                              [variables.SHADOW_VARIABLES])
+        for p in primaries]
+    self._snapshot_ops = [graph_ops.copy(primaries, slot, "snapshot_%d" % k)
+                          for k, slot in enumerate(self._slots)]
+    self._restore_ops = [graph_ops.copy(slot, primaries, "restore_%d" % k)
+                         for k, slot in enumerate(self._slots)]
+    self._stash_op = graph_ops.copy(primaries, self._scratch, "stash")
+    self._unstash_op = graph_ops.copy(self._scratch, primaries, "unstash")
+    self._slot_reads = [[graph_ops.read(s) for s in slot] for slot in self._slots]
+    self._feeder = graph_ops.Feeder(varset.specs, "feed")
+    self._put_ops = [self._feeder.assign_to(slot, "put_%d" % k)
+                     for k, slot in enumerate(self._slots)]
+    self._initializer = tf.group(
+        *[s.initializer for slot in self._slots for s in slot],
+        name="initializer")
+    self._slot_of = {}
+    self._free = list(range(max_to_keep))
+    self._scratch_used = False
+
+  # -- ops and variables for the user's own graph ------------------------------
+
+  @property
+  def num_slots(self):
+    return len(self._slots)
+
+  @property
+  def initializer(self):
+    return self._initializer
+
+  def snapshot_op(self, slot):
+    return self._snapshot_ops[slot]
+
+  def restore_op(self, slot):
+    return self._restore_ops[slot]
+
+  def shadows(self, slot):
+    return list(self._slots[slot])
+
+  def slot_of(self, tag):
+    return self._slot_of[tag]
+
+  # -- CopyMode ------------------------------------------------------------------
+
+  def tags(self):
+    return list(self._slot_of)
+
+  @property
+  def nbytes(self):
+    copies = len(self._slots) + (1 if self._scratch_used else 0)
+    return copies * self._varset.nbytes
+
+  def take(self, tag, session, victim=None):
+    slot = self._slot_for(tag, victim)
+    self._write_slot(slot, session, self._snapshot_ops[slot])
+    self._bind(tag, slot, victim)
+
+  def put(self, tag, arrays, session, victim=None):
+    slot = self._slot_for(tag, victim)
+    self._write_slot(slot, session, self._put_ops[slot],
+                     self._feeder.placeholders, arrays)
+    self._bind(tag, slot, victim)
+
+  def restore(self, tag, session):
+    self._run(session, self._restore_ops[self._slot_of[tag]])
+
+  def arrays(self, tag, session):
+    return list(self._run(session, self._slot_reads[self._slot_of[tag]]))
+
+  def delete(self, tag):
+    self._free.append(self._slot_of.pop(tag))
+
+  def stash(self, session):
+    self._scratch_used = True
+    self._run(session, self._stash_op)
+    return None
+
+  def unstash(self, token, session):
+    del token  # The values are in the scratch shadows.
+    self._run(session, self._unstash_op)
+
+  # -- slot bookkeeping ----------------------------------------------------------
+
+  def _slot_for(self, tag, victim):
+    if tag in self._slot_of:
+      return self._slot_of[tag]
+    if self._free:
+      return min(self._free)
+    return self._slot_of[victim]
+
+  def _write_slot(self, slot, session, op, feed_list=None, values=()):
+    try:
+      self._run(session, op, feed_list, values)
+    except tf.errors.OpError:
+      # A partly written slot holds no snapshot any more.
+      for tag in [t for t, s in self._slot_of.items() if s == slot]:
+        self.delete(tag)
+      raise
+
+  def _bind(self, tag, slot, victim):
+    if victim is not None and victim != tag and victim in self._slot_of:
+      self.delete(victim)
+    if slot in self._free:
+      self._free.remove(slot)
+    self._slot_of[tag] = slot

@@ -1,0 +1,166 @@
+"""Snapshots as `.npz` archives: one array per variable, named by its store key.
+
+An archive is what `numpy.savez` writes and `numpy.load` reads: member
+`dense/kernel.npy` holds variable key `dense/kernel`. Keys are relative to the
+store's scope, so an archive saved from one model loads into the same model
+built under another scope or in another process.
+
+Writing goes to a temporary file next to the target, which is flushed and then
+renamed over it: a crash leaves the old archive or the new one, never half of
+one.
+
+Reading never unpickles (`allow_pickle=False`) and checks every member's header
+(name, shape, dtype) against the store before it reads any data, so a wrong or
+hostile file is reported in full and cannot make the loader allocate more than
+the store's own size.
+
+    store.save_npz("/tmp/best.npz")
+    other_store.load_npz("/tmp/best.npz", tag="best")
+"""
+import os
+import sys
+import uuid
+import zipfile
+
+import numpy as np
+
+from snapstore import errors
+
+_SUFFIX = ".npy"
+
+
+def save(path, keys, arrays, compress=False):
+  """Writes `arrays` under `keys` to the `.npz` archive `path`, atomically.
+
+  Args:
+    path: Target file. Its directory must exist; no suffix is appended.
+    keys: Variable keys, one per array.
+    arrays: numpy arrays.
+    compress: Deflate the members (smaller, slower).
+
+  Raises:
+    SnapshotFileError: The directory does not exist or cannot be written.
+  """
+  path = os.fspath(path)
+  directory = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(directory):
+    raise errors.SnapshotFileError(
+        "Cannot write %s: directory %s does not exist." % (path, directory))
+  tmp = "%s.%s.tmp" % (path, uuid.uuid4().hex[:12])
+  method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+  try:
+    with open(tmp, "xb") as f:
+      with zipfile.ZipFile(f, "w", method, allowZip64=True) as zf:
+        for key, array in zip(keys, arrays):
+          _write_member(zf, key + _SUFFIX, np.asarray(array))
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except OSError as e:
+    _remove_quietly(tmp)
+    raise errors.SnapshotFileError("Cannot write %s: %s" % (path, e))
+  except BaseException:
+    _remove_quietly(tmp)
+    raise
+
+
+def load(path, varset):
+  """Reads the archive `path` and checks it against `varset`.
+
+  Args:
+    path: An `.npz` archive.
+    varset: The `VariableSet` the arrays must match.
+
+  Returns:
+    numpy arrays in `varset.specs` order, in native byte order.
+
+  Raises:
+    SnapshotFileError: No such file; not an `.npz` archive; a member that is not
+      an array, is stored twice, holds pickled objects, or is corrupt.
+    IncompatibleSnapshotError: Missing or unexpected arrays, or arrays of
+      another shape or dtype than their variables (all of them named).
+  """
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise errors.SnapshotFileError("Cannot read %s: no such file." % path)
+  try:
+    archive = zipfile.ZipFile(path)
+  except (zipfile.BadZipFile, OSError, ValueError) as e:
+    raise errors.SnapshotFileError(
+        "%s is not an .npz archive (%s). Write archives with "
+        "SnapshotStore.save_npz or numpy.savez." % (path, e))
+  with archive:
+    members = _members(archive, path)
+    declared = {key: _header(archive, info, path, key)
+                for key, info in members.items()}
+    pickled = sorted(k for k, (_, dtype) in declared.items() if dtype.hasobject)
+    if pickled:
+      raise errors.SnapshotFileError(
+          "%s holds pickled Python objects in %s; snapstore loads .npz files "
+          "with allow_pickle=False. Save snapshots with SnapshotStore.save_npz "
+          "or numpy.savez of numeric arrays." % (path, ", ".join(pickled)))
+    varset.check_declared(declared, path)
+    return [_read(archive, members[spec.key], path, spec.key)
+            for spec in varset.specs]
+
+
+def _write_member(archive, name, array):
+  if sys.version_info >= (3, 6):
+    with archive.open(name, "w", force_zip64=True) as member:
+      np.lib.format.write_array(member, array, allow_pickle=False)
+  else:  # ZipFile.open(mode="w") is new in Python 3.6.
+    import io  # pylint: disable=g-import-not-at-top
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, array, allow_pickle=False)
+    archive.writestr(name, buf.getvalue())
+
+
+def _members(archive, path):
+  members = {}
+  for info in archive.infolist():
+    name = info.filename
+    if not name.endswith(_SUFFIX):
+      raise errors.SnapshotFileError(
+          "%s holds %r, which is not a .npy array; it is not a snapshot archive."
+          % (path, name))
+    key = name[:-len(_SUFFIX)]
+    if key in members:
+      raise errors.SnapshotFileError("%s holds array %r twice." % (path, key))
+    members[key] = info
+  return members
+
+
+def _header(archive, info, path, key):
+  """(shape, dtype) from a member's .npy header, reading no data."""
+  try:
+    with archive.open(info) as f:
+      version = np.lib.format.read_magic(f)
+      if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+      elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+      else:
+        raise ValueError("unsupported .npy format version %d.%d" % version)
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+    raise errors.SnapshotFileError(
+        "%s: array %r has no valid .npy header (%s)." % (path, key, e))
+  return shape, dtype
+
+
+def _read(archive, info, path, key):
+  try:
+    with archive.open(info) as f:
+      array = np.lib.format.read_array(f, allow_pickle=False)
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+    raise errors.SnapshotFileError(
+        "%s: array %r is truncated or corrupt (%s)." % (path, key, e))
+  if not array.dtype.isnative:
+    array = array.astype(array.dtype.newbyteorder("="))
+  return array
+
+
+def _remove_quietly(path):
+  try:
+    os.remove(path)
+  except OSError:
+    pass

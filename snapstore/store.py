@@ -1,0 +1,580 @@
+"""`SnapshotStore`: snapshot, roll back and evaluate past parameters in TF 1.15.
+
+Build the store with the model, before the graph is finalized; afterwards no call
+adds ops to the graph.
+
+    loss, train_op = build_model()                       # variables under "net"
+    store = snapstore.SnapshotStore(scope="net", mode="device", max_to_keep=3)
+    with tf.Session() as sess:
+      sess.run([tf.global_variables_initializer(),
+                tf.local_variables_initializer()])
+      good = store.snapshot(session=sess)                # -> 0
+      _, value = sess.run([train_op, loss], feed)
+      if not np.isfinite(value):
+        store.restore(good, session=sess)                # bit-exact rollback
+      past_loss = store.evaluate_with(loss, feed, session=sess)
+
+Tags are integers counting up from 0 unless given (an int or a non-empty
+string). The store keeps `max_to_keep` snapshots; when a snapshot under a new tag
+would exceed that, the oldest one (by the time it was taken) is evicted first.
+Snapshotting under a tag the store holds replaces that snapshot and makes it the
+newest.
+
+Thread safety: every method takes the store's lock, so calls from several
+threads are serialized. Do not run training ops that write the covered
+variables concurrently with `restore` or `evaluate_with`.
+"""
+import collections
+import inspect
+import threading
+import time
+
+import numpy as np
+
+from snapstore import errors
+from snapstore import modes
+from snapstore import npz
+from snapstore import session as session_lib
+from snapstore._tf import tf
+from snapstore.variables import VariableSet
+
+SnapshotInfo = collections.namedtuple("SnapshotInfo", ["tag", "time"])
+SnapshotInfo.__doc__ = """A held snapshot: its tag and wall time (`time.time()`) of taking it."""
+
+_NOTHING = object()
+
+
+class SnapshotStore(object):
+  """In-memory snapshots of a set of variables, in one of several copy modes.
+
+  Args:
+    var_list: Variables to cover: a list, or a `{key: variable}` dict.
+    scope: A scope name or `tf.VariableScope`. Keys are variable names relative
+      to it. Alone, it selects every global variable under the scope.
+    collection: A graph collection to cover (filtered by `scope` if given).
+      Without `var_list`, `scope` or `collection`: the trainable variables.
+    mode: Where snapshots live: "device" (shadow variables next to the
+      originals; snapshot and restore are in-graph copies) or "host" (numpy
+      arrays in this process).
+    max_to_keep: How many snapshots to keep before the oldest is evicted. In
+      device mode this many slots of shadow variables are allocated (default
+      1). Host mode defaults to 5; 0 keeps every snapshot.
+    optimizer: A `tf.train.Optimizer` (or Keras optimizer, or list) whose state
+      for the covered variables is covered too: slots and non-slot variables
+      such as Adam's `beta1_power`. Build its train op first.
+    include_global_step: Cover the graph's global step.
+    name: Name scope of the store's ops; shadows are named after it.
+    **mode_options: Options of the mode. Device: `saveable=False` (True puts
+      shadows in GLOBAL_VARIABLES, so a default Saver saves them).
+
+  Raises:
+    ValueError: An unknown mode (the message lists the valid ones), a bad
+      `max_to_keep`, or a variable set `VariableSet` rejects (empty, unknown
+      shapes, unsupported dtypes, duplicate keys).
+    TypeError: An option the mode does not take, or non-variables.
+  """
+
+  def __init__(self, var_list=None, scope=None, collection=None, mode="device",
+               max_to_keep=None, optimizer=None, include_global_step=False,
+               name="snapstore", **mode_options):
+    mode_cls = modes.get(mode)
+    _check_options(mode_cls, mode_options)
+    max_to_keep = _check_max_to_keep(max_to_keep, mode_cls)
+    self._varset = VariableSet(var_list=var_list, scope=scope,
+                               collection=collection, optimizer=optimizer,
+                               include_global_step=include_global_step)
+    with self._varset.graph.as_default(), tf.name_scope(name) as scope_name:
+      self._name = scope_name.rstrip("/")
+      self._mode = mode_cls(self._varset, max_to_keep, self._name, **mode_options)
+    self._lock = threading.RLock()
+    self._order = collections.OrderedDict()  # tag -> SnapshotInfo, oldest first
+    self._next_auto_tag = 0
+    self._pending = _NOTHING  # token of current values a failed put-back left
+    self._closed = False
+
+  # -- what the store covers -----------------------------------------------------
+
+  @property
+  def name(self):
+    return self._name
+
+  @property
+  def graph(self):
+    return self._varset.graph
+
+  @property
+  def mode(self):
+    """The copy mode's name."""
+    return self._mode.name
+
+  @property
+  def max_to_keep(self):
+    """The most snapshots kept at once, or None for no bound."""
+    return self._mode.capacity
+
+  @property
+  def keys(self):
+    """Variable keys (names relative to the scope), sorted."""
+    return self._varset.keys
+
+  @property
+  def variables(self):
+    """An OrderedDict from key to covered variable."""
+    return collections.OrderedDict((s.key, s.variable) for s in self._varset)
+
+  @property
+  def param_nbytes(self):
+    """Bytes of one copy of the covered variables."""
+    return self._varset.nbytes
+
+  @property
+  def nbytes(self):
+    """Bytes the snapshots take in the mode's memory.
+
+    Device mode: `num_slots * param_nbytes` on the variables' devices (plus one
+    more copy once `evaluate_with` has used the scratch shadows), whether or
+    not the slots hold snapshots. Host mode: the bytes of the held arrays.
+    """
+    return self._mode.nbytes
+
+  # -- snapshots -----------------------------------------------------------------
+
+  def tags(self):
+    """Tags of the held snapshots, oldest first."""
+    with self._lock:
+      return list(self._order)
+
+  def info(self, tag=None):
+    """The `SnapshotInfo` of snapshot `tag` (default: the newest)."""
+    with self._lock:
+      return self._order[self._existing(tag)]
+
+  def __len__(self):
+    return len(self._order)
+
+  def __contains__(self, tag):
+    return tag in self._order
+
+  def snapshot(self, tag=None, session=None):
+    """Copies the variables' current values into the store.
+
+    Args:
+      tag: An int or non-empty string; default: the next integer. A held tag is
+        replaced.
+      session: The session to run in; default: the default session.
+
+    Returns:
+      The tag the snapshot is stored under.
+
+    Raises:
+      TypeError: A tag that is not an int or a non-empty string.
+      NoSessionError: No session given and no default session.
+      GraphMismatchError: A session of another graph.
+      SnapshotError: TensorFlow failed to copy; the variables are unchanged and
+        the message names any snapshot that was overwritten.
+    """
+    sess = self._session(session, "snapshot")
+    with self._lock:
+      self._prepare(sess)
+      tag = self._new_tag(tag)
+      victim = self._victim(tag)
+      try:
+        self._mode.take(tag, sess, victim)
+      except tf.errors.OpError as e:
+        lost = self._sync_with_mode()
+        raise errors.SnapshotError(
+            "Taking snapshot %r failed: %s. The variables are unchanged.%s"
+            % (tag, _first_line(e), _lost_note(lost))) from e
+      return self._record(tag, victim)
+
+  def restore(self, tag=None, session=None):
+    """Writes snapshot `tag` (default: the newest) into the variables.
+
+    The values are bit-for-bit those of the snapshot. The snapshot stays in the
+    store.
+
+    Returns:
+      The restored tag.
+
+    Raises:
+      UnknownTagError: The store holds no snapshot `tag` (the message lists
+        the tags it holds).
+      NoSessionError, GraphMismatchError: As for `snapshot`.
+      RestoreError: TensorFlow failed part-way; the snapshot is intact and
+        calling `restore` again finishes the job.
+    """
+    sess = self._session(session, "restore")
+    with self._lock:
+      self._prepare(sess)
+      tag = self._existing(tag)
+      try:
+        self._mode.restore(tag, sess)
+      except tf.errors.OpError as e:
+        raise errors.RestoreError(
+            "Restoring snapshot %r failed: %s. The variables may hold a mix of "
+            "old and restored values; the snapshot is intact, call restore(%r) "
+            "again." % (tag, _first_line(e), tag)) from e
+      return tag
+
+  def delete(self, tag):
+    """Drops snapshot `tag`.
+
+    Raises:
+      UnknownTagError: The store holds no snapshot `tag`.
+    """
+    with self._lock:
+      self._check_open()
+      tag = self._existing(tag, allow_default=False)
+      self._mode.delete(tag)
+      del self._order[tag]
+
+  def evaluate_with(self, fetches, feed_dict=None, past=True, tag=None,
+                    session=None):
+    """Runs `fetches` with the parameters of a snapshot, then puts back the current ones.
+
+    The current values are set aside, the snapshot is loaded, `fetches` run
+    once, and the set-aside values are written back, also when running the
+    fetches raises. Afterwards the variables hold bit-for-bit what they held
+    before. Fetched training ops change only the loaded snapshot's copy, never
+    the store's snapshot or the current values.
+
+    Args:
+      fetches: As for `Session.run`.
+      feed_dict: As for `Session.run`.
+      past: If False, just run `fetches` with the current parameters.
+      tag: The snapshot to evaluate; default: the newest.
+      session: The session to run in; default: the default session.
+
+    Returns:
+      What `Session.run(fetches, feed_dict)` returns.
+
+    Raises:
+      UnknownTagError: The store holds no snapshot `tag`.
+      RestoreError: Writing the current values back failed; the store keeps
+        them and writes them back at the start of its next call (or
+        `recover()`).
+      Whatever `Session.run` raises for `fetches`, after the current values are
+        back in place.
+    """
+    sess = self._session(session, "evaluate_with")
+    with self._lock:
+      self._prepare(sess)
+      if not past:
+        return sess.run(fetches, feed_dict=feed_dict)
+      tag = self._existing(tag)
+      try:
+        token = self._mode.stash(sess)
+      except tf.errors.OpError as e:
+        raise errors.Error(
+            "evaluate_with could not set the current parameters aside: %s. "
+            "Nothing was changed." % _first_line(e)) from e
+      try:
+        self._mode.restore(tag, sess)
+        return sess.run(fetches, feed_dict=feed_dict)
+      finally:
+        self._put_back(token, sess)
+
+  def recover(self, session=None):
+    """Writes back current parameters a failed `evaluate_with` could not.
+
+    Every other call does this first, so calling it is only needed to recover
+    at a chosen moment. Does nothing when nothing is pending.
+
+    Raises:
+      RestoreError: Writing back failed again; the values stay pending.
+    """
+    sess = self._session(session, "recover")
+    with self._lock:
+      self._prepare(sess)
+
+  # -- arrays and files ------------------------------------------------------------
+
+  def arrays(self, tag=None, session=None):
+    """Snapshot `tag` (default: the newest) as numpy arrays.
+
+    Returns:
+      An OrderedDict from variable key to a read-only numpy array, a copy of the
+      snapshot that stays valid whatever happens to the store or the variables.
+
+    Raises:
+      UnknownTagError: The store holds no snapshot `tag`.
+      NoSessionError: Device mode needs a session to read its shadows.
+    """
+    sess = self._session(session, "arrays", required=self._needs_session)
+    with self._lock:
+      self._check_open()
+      tag = self._existing(tag)
+      values = self._mode.arrays(tag, sess)
+    for a in values:
+      a.setflags(write=False)
+    return collections.OrderedDict(zip(self._varset.keys, values))
+
+  def load_arrays(self, arrays, tag=None, session=None):
+    """Stores a mapping `{key: numpy array}` as a snapshot.
+
+    Everything is checked before anything is stored: the keys must be exactly
+    the store's keys, with the variables' shapes and dtypes.
+
+    Returns:
+      The tag the snapshot is stored under.
+
+    Raises:
+      IncompatibleSnapshotError: Missing or extra keys, or wrong shapes or
+        dtypes, all named in the message.
+    """
+    declared = {}
+    for key, value in arrays.items():
+      value = np.asarray(value)
+      declared[key] = (value.shape, value.dtype)
+    self._varset.check_declared(declared, "The arrays")
+    return self._put([np.asarray(arrays[k]) for k in self._varset.keys], tag,
+                     session, "load_arrays")
+
+  def save_npz(self, path, tag=None, session=None, compress=False):
+    """Writes snapshot `tag` (default: the newest) to an `.npz` archive.
+
+    Members are named by variable key (see `snapstore.npz`); the file is
+    written atomically and `path` is used as given.
+
+    Returns:
+      The tag written.
+
+    Raises:
+      UnknownTagError: The store holds no snapshot `tag`.
+      SnapshotFileError: The file cannot be written.
+    """
+    sess = self._session(session, "save_npz", required=self._needs_session)
+    with self._lock:
+      self._check_open()
+      tag = self._existing(tag)
+      values = self._mode.arrays(tag, sess)
+    npz.save(path, self._varset.keys, values, compress=compress)
+    return tag
+
+  def load_npz(self, path, tag=None, session=None):
+    """Reads an `.npz` archive (see `snapstore.npz`) into the store as a snapshot.
+
+    The archive is checked in full before anything is stored, and loaded with
+    `allow_pickle=False`. The variables are not changed; `restore` the tag to
+    use it.
+
+    Returns:
+      The tag the snapshot is stored under.
+
+    Raises:
+      SnapshotFileError: No such file, not an `.npz` archive, pickled objects,
+        or corrupt data.
+      IncompatibleSnapshotError: Missing, extra, wrong-shape or wrong-dtype
+        arrays, each named.
+    """
+    return self._put(npz.load(path, self._varset), tag, session, "load_npz")
+
+  # -- device-mode ops for the user's own graph ------------------------------------
+
+  @property
+  def initializer(self):
+    """An op initializing the store's shadow variables (a no-op in host mode).
+
+    `tf.local_variables_initializer()` and `MonitoredSession` run it too.
+    """
+    return self._mode.initializer
+
+  @property
+  def num_slots(self):
+    """Number of device slots. Device mode only."""
+    return self._device("num_slots").num_slots
+
+  def snapshot_op(self, slot=0):
+    """The grouped op copying the variables into device slot `slot`.
+
+    For the user's own `session.run` or `control_dependencies`, e.g. refreshing
+    a target network after each train step. Running it does not change the
+    store's tags: `restore(tag)` restores whatever the tag's slot holds.
+    """
+    return self._device("snapshot_op").snapshot_op(self._check_slot(slot))
+
+  def restore_op(self, slot=0):
+    """The grouped op copying device slot `slot` into the variables."""
+    return self._device("restore_op").restore_op(self._check_slot(slot))
+
+  def shadows(self, slot=0):
+    """An OrderedDict from key to the shadow variable of device slot `slot`."""
+    values = self._device("shadows").shadows(self._check_slot(slot))
+    return collections.OrderedDict(zip(self._varset.keys, values))
+
+  def slot_of(self, tag):
+    """The device slot holding snapshot `tag`."""
+    device = self._device("slot_of")
+    with self._lock:
+      return device.slot_of(self._existing(tag, allow_default=False))
+
+  # -- lifetime ----------------------------------------------------------------------
+
+  def close(self):
+    """Releases what the mode holds outside the graph. Safe to call twice."""
+    with self._lock:
+      if not self._closed:
+        self._closed = True
+        self._mode.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    self.close()
+
+  def __repr__(self):
+    return "<SnapshotStore %r mode=%s variables=%d (%d bytes) tags=%r>" % (
+        self._name, self._mode.name, len(self._varset), self.param_nbytes,
+        self.tags())
+
+  # -- internals -----------------------------------------------------------------------
+
+  @property
+  def _needs_session(self):
+    return self._mode.name == "device"
+
+  def _session(self, session, what, required=True):
+    if not required and session is None and tf.get_default_session() is None:
+      return None
+    return session_lib.resolve(session, self.graph, what)
+
+  def _check_open(self):
+    if self._closed:
+      raise errors.Error("The store %r is closed." % self._name)
+
+  def _prepare(self, sess):
+    """Checks the store is open and writes back pending current values."""
+    self._check_open()
+    if self._pending is _NOTHING:
+      return
+    try:
+      self._mode.unstash(self._pending, sess)
+    except tf.errors.OpError as e:
+      raise errors.RestoreError(
+          "The current parameters that evaluate_with set aside are still not "
+          "written back: %s. The store keeps them; call recover() with a "
+          "working session." % _first_line(e)) from e
+    self._pending = _NOTHING
+
+  def _put_back(self, token, sess):
+    try:
+      self._mode.unstash(token, sess)
+    except tf.errors.OpError as e:
+      self._pending = token
+      raise errors.RestoreError(
+          "evaluate_with could not write the current parameters back: %s. The "
+          "store keeps them and writes them back at the start of its next call, "
+          "or call recover()." % _first_line(e)) from e
+
+  def _put(self, values, tag, session, what):
+    sess = self._session(session, what, required=self._needs_session)
+    with self._lock:
+      if sess is not None:
+        self._prepare(sess)
+      self._check_open()
+      tag = self._new_tag(tag)
+      victim = self._victim(tag)
+      try:
+        self._mode.put(tag, values, sess, victim)
+      except tf.errors.OpError as e:
+        lost = self._sync_with_mode()
+        raise errors.SnapshotError("Storing snapshot %r failed: %s.%s"
+                                   % (tag, _first_line(e), _lost_note(lost))) from e
+      return self._record(tag, victim)
+
+  def _new_tag(self, tag):
+    if tag is None:
+      return self._next_auto_tag
+    if isinstance(tag, np.integer):
+      tag = int(tag)
+    if isinstance(tag, bool) or not isinstance(tag, (int, str)) or tag == "":
+      raise TypeError("A tag must be an int or a non-empty string, got %r." % (tag,))
+    return tag
+
+  def _victim(self, tag):
+    capacity = self._mode.capacity
+    if tag in self._order or capacity is None or len(self._order) < capacity:
+      return None
+    return next(iter(self._order))
+
+  def _record(self, tag, victim):
+    if victim is not None:
+      self._order.pop(victim, None)
+    self._order.pop(tag, None)
+    self._order[tag] = SnapshotInfo(tag, time.time())
+    if isinstance(tag, int) and tag >= self._next_auto_tag:
+      self._next_auto_tag = tag + 1
+    return tag
+
+  def _sync_with_mode(self):
+    held = set(self._mode.tags())
+    lost = [t for t in self._order if t not in held]
+    for t in lost:
+      del self._order[t]
+    return lost
+
+  def _existing(self, tag, allow_default=True):
+    if tag is None and allow_default:
+      if not self._order:
+        raise errors.UnknownTagError(
+            "The store holds no snapshots yet; take one with snapshot() first.")
+      return next(reversed(self._order))
+    if tag not in self._order:
+      held = ", ".join(repr(t) for t in self._order) or "none"
+      raise errors.UnknownTagError(
+          "No snapshot tagged %r. The store holds: %s (oldest first; it keeps "
+          "max_to_keep=%s)." % (tag, held, self._mode.capacity))
+    return tag
+
+  def _device(self, what):
+    if self._mode.name != "device":
+      raise errors.ModeError(
+          "%s() is for device mode; this store uses mode %r, whose snapshots "
+          "are not graph variables. Use snapshot()/restore(), or a store with "
+          "mode='device'." % (what, self._mode.name))
+    return self._mode
+
+  def _check_slot(self, slot):
+    n = self._mode.num_slots
+    if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) \
+        or not 0 <= slot < n:
+      raise ValueError("Slot %r does not exist; this store has %d slot(s), "
+                       "0 to %d (set max_to_keep for more)." % (slot, n, n - 1))
+    return int(slot)
+
+
+def _check_max_to_keep(max_to_keep, mode_cls):
+  if max_to_keep is None:
+    return mode_cls.default_max_to_keep
+  if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, (int, np.integer)):
+    raise TypeError("max_to_keep must be an int, got %r." % (max_to_keep,))
+  if max_to_keep == 0 and mode_cls.allows_unbounded:
+    return None
+  if max_to_keep < 1:
+    raise ValueError(
+        "max_to_keep=%r: mode %r keeps at least 1 snapshot%s." % (
+            max_to_keep, mode_cls.name,
+            "" if not mode_cls.allows_unbounded else " (0 keeps all)"))
+  return int(max_to_keep)
+
+
+def _check_options(mode_cls, options):
+  params = inspect.signature(mode_cls.__init__).parameters
+  allowed = [p for p in params if p not in ("self", "varset", "max_to_keep", "name")]
+  unknown = sorted(set(options) - set(allowed))
+  if unknown:
+    raise TypeError("Mode %r takes no option %s; its options are: %s." % (
+        mode_cls.name, ", ".join(unknown), ", ".join(allowed) or "none"))
+
+
+def _first_line(error):
+  message = getattr(error, "message", None) or str(error)
+  return message.strip().splitlines()[0] if message.strip() else type(error).__name__
+
+
+def _lost_note(lost):
+  if not lost:
+    return ""
+  return (" Snapshot(s) %s were being overwritten and are dropped."
+          % ", ".join(repr(t) for t in lost))

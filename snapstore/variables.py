@@ -1,0 +1,330 @@
+"""Which variables a store covers, and the key each one is stored under.
+
+A store covers an explicit list (or `{key: variable}` dict, as `tf.train.Saver`
+takes), every global variable under a scope, or a collection; by default the
+trainable variables. Optimizer state (slot variables such as Adam's `m` and `v`
+and non-slot variables such as `beta1_power`) and `global_step` can be added, so
+that a rollback is exact.
+
+Keys are variable names relative to the store's scope, without the `:0` output
+suffix: `online/dense/kernel:0` under scope `online` is `dense/kernel`. Two models
+built under different scopes therefore have the same keys, and a snapshot of one
+restores into the other. A variable outside the scope (an optimizer's
+`beta1_power`, `global_step`) keeps its full name.
+
+    varset = VariableSet(scope="online", optimizer=opt, include_global_step=True)
+    varset.keys   # ('beta1_power', 'beta2_power', 'dense/kernel', ...)
+"""
+import collections
+
+import numpy as np
+
+from snapstore import errors
+from snapstore._tf import tf
+from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.ops import variables as tf_variables  # pylint: disable=g-direct-tensorflow-import
+
+# Collection holding every shadow variable made by any store. Shadows are never
+# themselves picked up by scope or collection resolution.
+SHADOW_VARIABLES = "snapstore_shadows"
+
+_SUPPORTED_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int8, tf.int16,
+                     tf.int32, tf.int64, tf.uint8, tf.uint16, tf.bool,
+                     tf.complex64, tf.complex128)
+
+
+class VariableSpec(
+    collections.namedtuple("VariableSpec", ["key", "variable", "shape", "dtype"])):
+  """One covered variable: its key, the variable, static shape and numpy dtype."""
+  __slots__ = ()
+
+  @property
+  def nbytes(self):
+    return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+  @property
+  def is_resource(self):
+    return resource_variable_ops.is_resource_variable(self.variable)
+
+
+class VariableSet(object):
+  """An ordered, validated set of variables of one graph, keyed by name.
+
+  Entries are sorted by key, so the order is the same in every graph that builds
+  the same model.
+
+  Args:
+    var_list: A list of variables (a `PartitionedVariable` counts as its parts),
+      or a dict `{key: variable}` whose keys are used as given.
+    scope: A scope name or `tf.VariableScope`. Keys are names relative to it.
+      Without `var_list` or `collection`, every global variable under it.
+    collection: A graph collection key, e.g. `tf.GraphKeys.MODEL_VARIABLES`.
+      Filtered by `scope` when both are given.
+    optimizer: A `tf.train.Optimizer` (or Keras optimizer, or a list of them)
+      whose state is added: its slots for the covered variables and its
+      non-slot variables. Build its train op before creating the set.
+    include_global_step: Add the graph's global step.
+
+  Raises:
+    ValueError: Both `var_list` and `collection`; no variables; a variable with
+      a shape that is not fully defined or an unsupported dtype; two variables
+      with one key; variables of several graphs; an optimizer with no state yet;
+      `include_global_step` on a graph without a global step.
+    TypeError: A non-variable in `var_list` or in the collection.
+  """
+
+  def __init__(self, var_list=None, scope=None, collection=None, optimizer=None,
+               include_global_step=False):
+    if var_list is not None and collection is not None:
+      raise ValueError(
+          "Pass var_list or collection, not both (got a var_list and "
+          "collection=%r)." % (collection,))
+    self._prefix = _scope_name(scope)
+    pairs, graph, source = self._resolve(var_list, collection)
+    if optimizer is not None:
+      pairs += self._optimizer_pairs(optimizer, [v for _, v in pairs], graph)
+    if include_global_step:
+      step = tf.train.get_global_step(graph)
+      if step is None:
+        raise ValueError(
+            "include_global_step=True, but the graph has no global step. Create "
+            "it with tf.train.get_or_create_global_step() before the store.")
+      pairs.append((None, step))
+    self._specs = self._make_specs(pairs, source)
+    self._graph = self._specs[0].variable.graph
+    self._by_key = {spec.key: spec for spec in self._specs}
+
+  # -- public accessors ---------------------------------------------------------
+
+  @property
+  def graph(self):
+    return self._graph
+
+  @property
+  def specs(self):
+    """Tuple of `VariableSpec`, sorted by key."""
+    return self._specs
+
+  @property
+  def keys(self):
+    return tuple(spec.key for spec in self._specs)
+
+  @property
+  def variables(self):
+    return tuple(spec.variable for spec in self._specs)
+
+  @property
+  def nbytes(self):
+    """Bytes of one copy of every covered variable."""
+    return sum(spec.nbytes for spec in self._specs)
+
+  def __len__(self):
+    return len(self._specs)
+
+  def __iter__(self):
+    return iter(self._specs)
+
+  def __getitem__(self, key):
+    return self._by_key[key]
+
+  def check_declared(self, declared, source):
+    """Checks names, shapes and dtypes of arrays against the covered variables.
+
+    Args:
+      declared: A mapping from key to `(shape, numpy dtype)`, e.g. read from the
+        headers of a file before any data is loaded.
+      source: How to name the arrays' origin in the message, e.g. a file path.
+
+    Raises:
+      IncompatibleSnapshotError: listing every missing and unexpected key and
+        every shape and dtype mismatch.
+    """
+    problems = []
+    missing = [k for k in self.keys if k not in declared]
+    extra = sorted(str(k) for k in declared if k not in self._by_key)
+    if missing:
+      problems.append("missing variables: %s" % ", ".join(missing))
+    if extra:
+      problems.append("variables the store does not have: %s" % ", ".join(extra))
+    for spec in self._specs:
+      if spec.key not in declared:
+        continue
+      shape, dtype = declared[spec.key]
+      if tuple(shape) != spec.shape:
+        problems.append("%s has shape %s, the variable has shape %s"
+                        % (spec.key, tuple(shape), spec.shape))
+      if not same_dtype(dtype, spec.dtype):
+        problems.append("%s has dtype %s, the variable has dtype %s"
+                        % (spec.key, np.dtype(dtype).name if _is_dtype(dtype)
+                           else dtype, spec.dtype.name))
+    if problems:
+      raise errors.IncompatibleSnapshotError(
+          "%s does not match the store's variables: %s."
+          % (source, "; ".join(problems)))
+
+  # -- resolution ---------------------------------------------------------------
+
+  def _resolve(self, var_list, collection):
+    """Returns ([(explicit key or None, variable)], graph, description)."""
+    if var_list is not None:
+      if isinstance(var_list, dict):
+        pairs = []
+        for key, var in sorted(var_list.items(), key=lambda kv: str(kv[0])):
+          if not isinstance(key, str) or not key:
+            raise TypeError("var_list keys must be non-empty strings, got %r."
+                            % (key,))
+          parts = _parts(var, "var_list[%r]" % key)
+          if len(parts) == 1:
+            pairs.append((key, parts[0]))
+          else:
+            pairs.extend(("%s/part_%d" % (key, i), p) for i, p in enumerate(parts))
+      else:
+        if isinstance(var_list, (str, bytes)) or not hasattr(var_list, "__iter__"):
+          raise TypeError("var_list must be a list or dict of variables, got %r."
+                          % (var_list,))
+        pairs = [(None, p) for var in var_list for p in _parts(var, "var_list")]
+      return pairs, None, "var_list"
+    graph = tf.get_default_graph()
+    key = collection
+    if key is None:
+      key = (tf.GraphKeys.GLOBAL_VARIABLES if self._prefix is not None
+             else tf.GraphKeys.TRAINABLE_VARIABLES)
+    shadows = set(id(v) for v in graph.get_collection(SHADOW_VARIABLES))
+    pairs = []
+    for var in graph.get_collection(key):
+      if not isinstance(var, tf_variables.Variable):
+        raise TypeError("Collection %r holds %r, which is not a variable."
+                        % (key, var))
+      if id(var) in shadows or not self._under_prefix(var.op.name):
+        continue
+      pairs.append((None, var))
+    if self._prefix is not None:
+      source = "collection %r under scope %r" % (key, self._prefix)
+    else:
+      source = "collection %r of the default graph" % (key,)
+    return pairs, graph, source
+
+  def _optimizer_pairs(self, optimizer, primaries, graph):
+    """Slot variables of `primaries` and non-slot variables of the optimizers."""
+    optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+    if primaries:
+      graph = primaries[0].graph
+    graph = graph or tf.get_default_graph()
+    pairs = []
+    for opt in optimizers:
+      if not all(hasattr(opt, a) for a in ("variables", "get_slot", "get_slot_names")):
+        raise TypeError("optimizer must be a tf.train.Optimizer or a Keras "
+                        "optimizer, got %r." % (opt,))
+      with graph.as_default():  # Optimizer.variables() filters by default graph.
+        opt_vars = list(opt.variables())
+      if not opt_vars:
+        raise ValueError(
+            "Optimizer %s has no variables yet. Build its train op (minimize() or "
+            "apply_gradients()) before creating the store, so that its slots "
+            "exist." % getattr(opt, "_name", type(opt).__name__))
+      names = list(opt.get_slot_names())
+      candidates = (list(primaries) + graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
+                    + graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES))
+      any_slot = set(id(s) for p in candidates for s in _slots(opt, p, names))
+      pairs.extend((None, s) for p in primaries for s in _slots(opt, p, names))
+      pairs.extend((None, v) for v in opt_vars if id(v) not in any_slot)
+    return pairs
+
+  def _make_specs(self, pairs, source):
+    seen = set()
+    specs = []
+    by_key = {}
+    for explicit_key, var in pairs:
+      if id(var) in seen:
+        continue
+      seen.add(id(var))
+      key = explicit_key or self._key_of(var)
+      if key in by_key:
+        raise ValueError(
+            "Variables %s and %s both map to key %r. Pass a dict var_list to "
+            "name them, or a scope that tells them apart."
+            % (by_key[key].name, var.name, key))
+      by_key[key] = var
+      specs.append(_spec(key, var))
+    if not specs:
+      hint = ("Build the model before the store" if source != "var_list"
+              else "Pass at least one variable")
+      raise ValueError("No variables to snapshot: %s is empty. %s."
+                       % (source, hint))
+    graphs = set(id(s.variable.graph) for s in specs)
+    if len(graphs) > 1:
+      raise ValueError("The variables belong to %d different graphs; a store "
+                       "covers variables of one graph." % len(graphs))
+    return tuple(sorted(specs, key=lambda s: s.key))
+
+  def _under_prefix(self, name):
+    return self._prefix is None or name.startswith(self._prefix + "/")
+
+  def _key_of(self, var):
+    name = var.op.name
+    if self._prefix is not None and name.startswith(self._prefix + "/"):
+      return name[len(self._prefix) + 1:]
+    return name
+
+
+def same_dtype(a, b):
+  """True if numpy dtypes `a` and `b` hold the same values (any byte order)."""
+  try:
+    a, b = np.dtype(a), np.dtype(b)
+  except TypeError:
+    return False
+  return a.newbyteorder("=") == b.newbyteorder("=") and a.kind == b.kind
+
+
+def _is_dtype(x):
+  try:
+    np.dtype(x)
+    return True
+  except TypeError:
+    return False
+
+
+def _scope_name(scope):
+  if scope is None:
+    return None
+  if isinstance(scope, tf.VariableScope):
+    scope = scope.name
+  if not isinstance(scope, str):
+    raise TypeError("scope must be a string or tf.VariableScope, got %r." % (scope,))
+  scope = scope.rstrip("/")
+  return scope or None
+
+
+def _parts(var, where):
+  if isinstance(var, tf_variables.PartitionedVariable):
+    return list(var)
+  if not isinstance(var, tf_variables.Variable):
+    raise TypeError("%s holds %r, which is not a tf.Variable." % (where, var))
+  return [var]
+
+
+def _slots(opt, primary, names):
+  out = []
+  for name in names:
+    try:
+      slot = opt.get_slot(primary, name)
+    except KeyError:  # Keras optimizers raise instead of returning None.
+      slot = None
+    if slot is not None:
+      out.append(slot)
+  return out
+
+
+def _spec(key, var):
+  if not var.shape.is_fully_defined():
+    raise ValueError(
+        "Variable %s has shape %s, which is not fully defined; snapstore needs "
+        "static shapes (create it with a known shape, or validate_shape=True)."
+        % (var.name, var.shape))
+  dtype = var.dtype.base_dtype
+  if dtype not in _SUPPORTED_DTYPES:
+    raise ValueError(
+        "Variable %s has dtype %s, which snapstore does not support. Supported: "
+        "%s." % (var.name, dtype.name, ", ".join(d.name for d in _SUPPORTED_DTYPES)))
+  return VariableSpec(key, var, tuple(var.shape.as_list()),
+                      np.dtype(dtype.as_numpy_dtype))

@@ -1,0 +1,124 @@
+"""Shared test helpers: parameter cases, a small multi-dtype model, bit-exact checks."""
+import itertools
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+
+from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+tf.logging.set_verbosity(tf.logging.ERROR)
+
+MODES = ("device", "host")
+VARIABLE_KINDS = (("ref", False), ("resource", True))
+
+
+def mode_and_kind_cases(modes=MODES):
+  """named_parameters cases: (name, mode, use_resource) for modes x variable kinds."""
+  return [("%s_%s" % (mode, kind), mode, use_resource)
+          for mode, (kind, use_resource) in itertools.product(modes, VARIABLE_KINDS)]
+
+
+def kind_cases():
+  return [(kind, use_resource) for kind, use_resource in VARIABLE_KINDS]
+
+
+# Values a bit-exact restore must keep: signed zeros, NaN payloads, infinities
+# and denormals, not just "nearby" floats.
+_SPECIALS = {
+    np.float16: [0.0, -0.0, np.inf, -np.inf, np.nan, 6e-8],
+    np.float32: [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45],
+    np.float64: [0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324],
+}
+
+
+def random_value(rng, shape, dtype):
+  """Random values of `dtype`, including special floats where they exist."""
+  dtype = np.dtype(dtype)
+  if dtype.kind == "f":
+    # Random bit patterns cover every float, NaN payloads included.
+    bits = rng.randint(0, 2 ** 16, size=int(np.prod(shape)) * dtype.itemsize // 2)
+    value = bits.astype(np.uint16).view(dtype).reshape(shape).copy()
+    flat = value.reshape(-1)
+    for i, special in enumerate(_SPECIALS[dtype.type][:flat.size]):
+      flat[i] = special
+    return value
+  if dtype.kind == "b":
+    return rng.randint(0, 2, size=shape).astype(bool)
+  info = np.iinfo(dtype)
+  return rng.randint(info.min, info.max, size=shape, dtype=np.int64).astype(dtype)
+
+
+def assert_bit_equal(actual, expected, msg=""):
+  actual, expected = np.asarray(actual), np.asarray(expected)
+  assert actual.dtype == expected.dtype, "%s dtype %s != %s" % (msg, actual.dtype, expected.dtype)
+  assert actual.shape == expected.shape, "%s shape %s != %s" % (msg, actual.shape, expected.shape)
+  assert actual.tobytes() == expected.tobytes(), "%s values differ bitwise" % msg
+
+
+def assert_bits_differ(actual, expected, msg=""):
+  assert np.asarray(actual).tobytes() != np.asarray(expected).tobytes(), (
+      "%s: values are equal, the test would not see a restore" % msg)
+
+
+DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64, tf.bool)
+
+
+class Model(object):
+  """Variables of several dtypes under scope `scope`, plus ops to change them.
+
+  Attributes:
+    variables: OrderedDict key -> variable (keys relative to the scope).
+    train_op: Adds random values to every float and int variable and flips
+      the bools; a new change every run, built once.
+  """
+
+  def __init__(self, scope="net", use_resource=False, dtypes=DTYPES, devices=None):
+    self.scope = scope
+    self.variables = {}
+    with tf.variable_scope(scope, use_resource=use_resource):
+      for i, dtype in enumerate(dtypes):
+        device = devices[i % len(devices)] if devices else None
+        with tf.device(device):
+          self.variables["v%d_%s" % (i, dtype.name)] = tf.get_variable(
+              "v%d_%s" % (i, dtype.name), shape=[3, 5], dtype=dtype,
+              initializer=tf.ones_initializer() if dtype != tf.bool
+              else tf.zeros_initializer())
+    updates = []
+    for var in self.variables.values():
+      if var.dtype.base_dtype == tf.bool:
+        updates.append(tf.assign(var, tf.logical_not(var)) if not use_resource
+                       else var.assign(tf.logical_not(var.read_value())))
+      else:
+        noise = tf.cast(tf.random.uniform(var.shape, 1, 100, dtype=tf.int32),
+                        var.dtype.base_dtype)
+        updates.append(tf.assign_add(var, noise) if not use_resource
+                       else var.assign_add(noise))
+    self.train_op = tf.group(*updates)
+
+  def randomize(self, sess, seed):
+    """Loads random bit patterns into every variable (no new ops)."""
+    rng = np.random.RandomState(seed)
+    for var in self.variables.values():
+      var.load(random_value(rng, var.shape.as_list(),
+                            var.dtype.base_dtype.as_numpy_dtype), sess)
+
+  def values(self, sess):
+    return dict(zip(self.variables, sess.run(list(self.variables.values()))))
+
+
+def init(sess):
+  with sess.graph.as_default():
+    sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
+
+
+def assert_state(values, expected, msg=""):
+  assert set(values) == set(expected)
+  for key in expected:
+    assert_bit_equal(values[key], expected[key], "%s %s" % (msg, key))
+
+
+def assert_state_differs(values, expected):
+  assert any(np.asarray(values[k]).tobytes() != np.asarray(expected[k]).tobytes()
+             for k in expected), "state did not change; the test would not see a restore"
