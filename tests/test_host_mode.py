@@ -1,0 +1,89 @@
+"""Host mode: snapshots are real numpy copies, never aliases of TF buffers."""
+from absl.testing import parameterized
+import numpy as np
+
+import snapstore
+from snapstore._tf import tf
+from tests import helpers
+
+
+class HostCopiesTest(tf.test.TestCase, parameterized.TestCase):
+
+  def _setup(self, use_resource):
+    graph = tf.Graph()
+    with graph.as_default():
+      with tf.variable_scope("net", use_resource=use_resource):
+        # Large enough that TF would use its own buffers, not small-tensor paths.
+        w = tf.get_variable("w", [256, 1024], initializer=tf.zeros_initializer())
+      step = (w.assign_add(tf.ones_like(w), read_value=False) if use_resource
+              else tf.assign_add(w, tf.ones_like(w)).op)
+      store = snapstore.SnapshotStore(scope="net", mode="host", max_to_keep=2)
+    sess = tf.Session(graph=graph)
+    self.addCleanup(sess.close)
+    helpers.init(sess)
+    return w, step, store, sess
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_snapshot_does_not_alias_the_variable(self, use_resource):
+    w, step, store, sess = self._setup(use_resource)
+    store.snapshot("zero", session=sess)
+    held = store.arrays("zero")["w"]
+    for _ in range(3):  # in-place updates of the variable's buffer
+      sess.run(step)
+    np.testing.assert_array_equal(held, np.zeros([256, 1024], np.float32))
+    np.testing.assert_array_equal(sess.run(w), np.full([256, 1024], 3, np.float32))
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_restore_does_not_alias_the_snapshot(self, use_resource):
+    w, step, store, sess = self._setup(use_resource)
+    store.snapshot("zero", session=sess)
+    store.restore("zero", session=sess)
+    sess.run(step)  # writes the restored variable in place
+    np.testing.assert_array_equal(store.arrays("zero")["w"], np.zeros([256, 1024], np.float32))
+    store.restore("zero", session=sess)
+    np.testing.assert_array_equal(sess.run(w), np.zeros([256, 1024], np.float32))
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_snapshots_are_read_only_and_loaded_arrays_copied(self, use_resource):
+    _, _, store, sess = self._setup(use_resource)
+    source = np.arange(256 * 1024, dtype=np.float32).reshape(256, 1024)
+    store.load_arrays({"w": source}, tag="given")
+    source[:] = -1  # the caller's array is not the snapshot
+    held = store.arrays("given")["w"]
+    self.assertEqual(held[0, 1], 1.0)
+    with self.assertRaisesRegex(ValueError, "read-only"):
+      held[0, 0] = 5
+    del sess
+
+  def test_nbytes_counts_held_arrays(self):
+    _, _, store, sess = self._setup(False)
+    self.assertEqual(store.nbytes, 0)
+    store.snapshot(session=sess)
+    store.snapshot(session=sess)
+    self.assertEqual(store.nbytes, 2 * 256 * 1024 * 4)
+    store.snapshot(session=sess)  # max_to_keep=2: one evicted
+    self.assertEqual(store.nbytes, 2 * 256 * 1024 * 4)
+    self.assertEqual(store.initializer.type, "NoOp")
+
+  def test_host_needs_no_session_for_files(self):
+    _, _, store, sess = self._setup(False)
+    store.snapshot("a", session=sess)
+    path = self.get_temp_dir() + "/a.npz"
+    self.assertIsNone(tf.get_default_session())
+    store.save_npz(path)
+    self.assertEqual(store.load_npz(path, tag="b"), "b")
+    helpers.assert_bit_equal(store.arrays("b")["w"], store.arrays("a")["w"])
+
+  def test_unbounded_with_zero(self):
+    _, _, store_unused, sess = self._setup(False)
+    del store_unused
+    with sess.graph.as_default():
+      store = snapstore.SnapshotStore(scope="net", mode="host", max_to_keep=0)
+    self.assertIsNone(store.max_to_keep)
+    for _ in range(12):
+      store.snapshot(session=sess)
+    self.assertLen(store.tags(), 12)
+
+
+if __name__ == "__main__":
+  tf.test.main()

@@ -1,0 +1,78 @@
+"""The target-network use case: network B with its past and current parameters.
+
+In each step of one training loop, B is evaluated on the same input with its
+parameters from before the previous optimizer step (past) and with its current
+parameters; after every optimizer step the past is refreshed. Only the current
+variables are trained.
+"""
+from absl.testing import parameterized
+import numpy as np
+
+import snapstore
+from snapstore._tf import tf
+from tests import helpers
+
+
+def _numpy_forward(x, params):
+  hidden = np.maximum(0.0, x.dot(params["dense/kernel"]) + params["dense/bias"])
+  return hidden.dot(params["dense_1/kernel"]) + params["dense_1/bias"]
+
+
+class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(*helpers.mode_and_kind_cases())
+  def test_past_and_current_in_one_training_loop(self, mode, use_resource):
+    rng = np.random.RandomState(0)
+    x_value = rng.randn(16, 4).astype(np.float32)
+    y_value = rng.randn(16, 2).astype(np.float32)
+    graph = tf.Graph()
+    with graph.as_default():
+      x = tf.placeholder(tf.float32, [None, 4])
+      target = tf.placeholder(tf.float32, [None, 2])
+      with tf.variable_scope("network_B", use_resource=use_resource):
+        hidden = tf.layers.dense(x, 8, activation=tf.nn.relu)
+        out = tf.layers.dense(hidden, 2)
+      b_vars = tf.trainable_variables("network_B")
+      loss = tf.reduce_mean(tf.square(out - target))
+      store = snapstore.SnapshotStore(scope="network_B", mode=mode)
+      opt = tf.train.GradientDescentOptimizer(0.1)
+      if mode == "device":
+        # The past is refreshed in-graph: copy into slot 0, then step.
+        with tf.control_dependencies([store.snapshot_op(0)]):
+          train = opt.minimize(loss, var_list=b_vars)
+      else:
+        train = opt.minimize(loss, var_list=b_vars)
+    # Only B's own variables are trained; the shadows are not trainable.
+    self.assertCountEqual(graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES), b_vars)
+
+    feed = {x: x_value, target: y_value}
+    with tf.Session(graph=graph) as sess:
+      helpers.init(sess)
+      previous = None
+      store.snapshot("past", session=sess)  # the first past: the initial values
+      losses = []
+      for _ in range(20):
+        current = dict(zip(store.keys, sess.run(list(store.variables.values()))))
+        past_out = store.evaluate_with(out, {x: x_value}, tag="past", session=sess)
+        current_out = sess.run(out, {x: x_value})
+        np.testing.assert_allclose(current_out, _numpy_forward(x_value, current),
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(past_out, _numpy_forward(x_value, previous or current),
+                                   rtol=1e-5, atol=1e-5)
+        # evaluate_with left the current parameters exactly as they were.
+        for key, value in zip(store.keys, sess.run(list(store.variables.values()))):
+          helpers.assert_bit_equal(value, current[key], key)
+        if mode == "host":
+          store.snapshot("past", session=sess)
+        _, value = sess.run([train, loss], feed)
+        losses.append(value)
+        if mode == "device":
+          # The slot holds exactly the parameters from before this step.
+          for key, shadow in store.shadows(0).items():
+            helpers.assert_bit_equal(sess.run(shadow), current[key], key)
+        previous = current
+      self.assertLess(losses[-1], losses[0])
+
+
+if __name__ == "__main__":
+  tf.test.main()
