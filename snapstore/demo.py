@@ -1,0 +1,171 @@
+"""The snapstore demo: a small training run that snapshots, rolls back and compares.
+
+    python -m snapstore.demo [--steps 300] [--modes device host]
+
+For each copy mode, trains a small classifier with Adam on generated data. Every
+20 steps it takes a snapshot of the model, Adam's state and the global step. At
+two steps the learning rate spikes, the loss explodes, and the run rolls back to
+the newest snapshot and carries on. At the end it evaluates the first snapshot
+next to the current parameters on held-out data, and prints timings per mode.
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import snapstore  # pylint: disable=g-import-not-at-top
+from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+LEARNING_RATE = 1e-2
+SPIKE_LEARNING_RATE = 1e3
+SNAPSHOT_EVERY = 20
+DIVERGENCE_FACTOR = 5.0  # a loss this many times the recent median diverged
+
+
+def make_data(seed=0, n=4000, features=20, classes=4):
+  """A classification task labelled by a random teacher network."""
+  rng = np.random.RandomState(seed)
+  x = rng.randn(n, features).astype(np.float32)
+  hidden = np.tanh(x.dot(rng.randn(features, 32)))
+  labels = hidden.dot(rng.randn(32, classes)).argmax(axis=1).astype(np.int64)
+  split = n * 3 // 4
+  return (x[:split], labels[:split]), (x[split:], labels[split:])
+
+
+class Classifier(object):
+  """A two-layer MLP with Adam, built in the current default graph."""
+
+  def __init__(self, features, classes):
+    self.x = tf.placeholder(tf.float32, [None, features], name="x")
+    self.y = tf.placeholder(tf.int64, [None], name="y")
+    self.learning_rate = tf.placeholder_with_default(LEARNING_RATE, [], name="lr")
+    with tf.variable_scope("classifier"):
+      hidden = tf.layers.dense(self.x, 64, activation=tf.nn.relu)
+      hidden = tf.layers.dense(hidden, 64, activation=tf.nn.relu)
+      logits = tf.layers.dense(hidden, classes)
+    self.loss = tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=self.y, logits=logits))
+    self.accuracy = tf.reduce_mean(
+        tf.cast(tf.equal(tf.argmax(logits, axis=1), self.y), tf.float32))
+    self.global_step = tf.train.get_or_create_global_step()
+    self.optimizer = tf.train.AdamOptimizer(self.learning_rate)
+    self.train_op = self.optimizer.minimize(self.loss, global_step=self.global_step)
+
+
+class Timer(object):
+  """Collects durations per label."""
+
+  def __init__(self):
+    self.samples = {}
+
+  def time(self, label, fn, *args, **kwargs):
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    self.samples.setdefault(label, []).append(time.perf_counter() - start)
+    return result
+
+  def median_ms(self, label):
+    values = self.samples.get(label)
+    return 1e3 * float(np.median(values)) if values else float("nan")
+
+  def count(self, label):
+    return len(self.samples.get(label, ()))
+
+
+def run_mode(mode, steps, data, spikes, out):
+  """Trains with a store in `mode`; returns the Timer and a summary dict."""
+  (train_x, train_y), (test_x, test_y) = data
+  rng = np.random.RandomState(1)
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.set_random_seed(0)
+    model = Classifier(train_x.shape[1], int(train_y.max()) + 1)
+    store = snapstore.SnapshotStore(scope="classifier", mode=mode, max_to_keep=3,
+                                    optimizer=model.optimizer, include_global_step=True)
+  timer = Timer()
+  test_feed = {model.x: test_x, model.y: test_y}
+  rollbacks = 0
+  step_of = {}  # tag -> global step it was taken at
+  spikes = set(spikes)
+  with tf.Session(graph=graph) as sess:
+    sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
+    out("[%s] store covers %d variables (%d KiB per snapshot): model, Adam slots and "
+        "beta powers, global_step" % (mode, len(store.keys), store.param_nbytes // 1024))
+    recent = []
+    for _ in range(steps):
+      step = sess.run(model.global_step)
+      if step % SNAPSHOT_EVERY == 0:
+        step_of[timer.time("snapshot", store.snapshot, session=sess)] = step
+      batch = rng.randint(0, len(train_x), 64)
+      feed = {model.x: train_x[batch], model.y: train_y[batch]}
+      if step in spikes:  # once: a replayed step after a rollback is normal
+        spikes.discard(step)
+        feed[model.learning_rate] = SPIKE_LEARNING_RATE
+      _, loss = sess.run([model.train_op, model.loss], feed)
+      check = sess.run(model.loss, feed)  # the same batch, after the step
+      median = float(np.median(recent)) if recent else None
+      if not np.isfinite(check) or (median and check > DIVERGENCE_FACTOR * max(median, 0.1)):
+        tag = store.tags()[-1]
+        timer.time("restore", store.restore, tag, session=sess)
+        rollbacks += 1
+        out("[%s] step %d: loss %.3g after a learning-rate spike (recent median %.3g) "
+            "-> rolled back to snapshot %r taken at step %d"
+            % (mode, step, check, median or float("nan"), tag, sess.run(model.global_step)))
+        continue
+      recent = (recent + [loss])[-20:]
+    current_acc, current_loss = sess.run([model.accuracy, model.loss], test_feed)
+    for tag in store.tags():  # every held snapshot next to the current parameters
+      past_acc, past_loss = timer.time("evaluate_with", store.evaluate_with,
+                                       [model.accuracy, model.loss], test_feed,
+                                       tag=tag, session=sess)
+      out("[%s] held-out data: snapshot %r (step %d) accuracy %.3f loss %.3f"
+          % (mode, tag, step_of[tag], past_acc, past_loss))
+    out("[%s] held-out data: current (step %d)    accuracy %.3f loss %.3f"
+        % (mode, sess.run(model.global_step), current_acc, current_loss))
+    # evaluate_with left the current parameters as they were.
+    assert sess.run(model.loss, test_feed) == current_loss
+    for _ in range(20):  # more timed calls, for steadier figures
+      timer.time("evaluate_with", store.evaluate_with, model.loss, test_feed, session=sess)
+      timer.time("restore", store.restore, session=sess)
+  return timer, {"rollbacks": rollbacks, "accuracy": current_acc}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--steps", type=int, default=300)
+  parser.add_argument("--modes", nargs="+", default=["device", "host"],
+                      choices=sorted(snapstore.MODES))
+  args = parser.parse_args(argv)
+  tf.logging.set_verbosity(tf.logging.ERROR)
+  data = make_data()
+  spikes = {int(args.steps * 0.4) + 7, int(args.steps * 0.7) + 3}
+  print("snapstore %s demo: %d training steps per mode, learning-rate spikes at steps "
+        "%s, snapshot every %d steps" % (snapstore.__version__, args.steps,
+                                         sorted(spikes), SNAPSHOT_EVERY))
+  results = {}
+  for mode in args.modes:
+    start = time.perf_counter()
+    results[mode] = run_mode(mode, args.steps, data, spikes, print) + (
+        time.perf_counter() - start,)
+  print("\nper mode (median ms per call; model + optimizer state)")
+  print("%-8s %9s %9s %9s %14s %9s %9s %8s" % (
+      "mode", "snapshot", "restore", "eval_with", "snapshots", "rollbacks",
+      "accuracy", "total s"))  # total: graph building and session start included
+  for mode, (timer, summary, seconds) in results.items():
+    print("%-8s %9.3f %9.3f %9.3f %14d %9d %9.3f %8.1f" % (
+        mode, timer.median_ms("snapshot"), timer.median_ms("restore"),
+        timer.median_ms("evaluate_with"), timer.count("snapshot"),
+        summary["rollbacks"], summary["accuracy"], seconds))
+  failed = [m for m, (_, s, _) in results.items() if s["rollbacks"] != len(spikes)]
+  if failed:
+    print("unexpected: modes %s did not roll back every spike" % failed)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
