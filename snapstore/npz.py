@@ -41,7 +41,7 @@ def save(path, keys, arrays, compress=False):
   Raises:
     SnapshotFileError: The directory does not exist or cannot be written.
   """
-  path = os.fspath(path)
+  path = _fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(directory):
     raise errors.SnapshotFileError(
@@ -80,7 +80,7 @@ def load(path, varset):
     IncompatibleSnapshotError: Missing or unexpected arrays, or arrays of
       another shape or dtype than their variables (all of them named).
   """
-  path = os.fspath(path)
+  path = _fspath(path)
   if not os.path.isfile(path):
     raise errors.SnapshotFileError("Cannot read %s: no such file." % path)
   try:
@@ -157,6 +157,11 @@ def _read(archive, info, path, key):
   if not array.dtype.isnative:
     array = array.astype(array.dtype.newbyteorder("="))
   return array
+
+
+def _fspath(path):
+  # os.fspath is new in Python 3.6.
+  return path.__fspath__() if hasattr(path, "__fspath__") else path
 
 
 def _remove_quietly(path):

@@ -300,7 +300,7 @@ class SnapshotStore(object):
       UnknownTagError: The store holds no snapshot `tag`.
       NoSessionError: Device mode needs a session to read its shadows.
     """
-    sess = self._session(session, "arrays", required=self._needs_session)
+    sess = self._session(session, "arrays", required=self._mode.data_needs_session)
     with self._lock:
       self._check_open()
       tag = self._existing(tag)
@@ -343,7 +343,7 @@ class SnapshotStore(object):
       UnknownTagError: The store holds no snapshot `tag`.
       SnapshotFileError: The file cannot be written.
     """
-    sess = self._session(session, "save_npz", required=self._needs_session)
+    sess = self._session(session, "save_npz", required=self._mode.data_needs_session)
     with self._lock:
       self._check_open()
       tag = self._existing(tag)
@@ -430,10 +430,6 @@ class SnapshotStore(object):
 
   # -- internals -----------------------------------------------------------------------
 
-  @property
-  def _needs_session(self):
-    return self._mode.name == "device"
-
   def _session(self, session, what, required=True):
     if not required and session is None and tf.get_default_session() is None:
       return None
@@ -468,7 +464,7 @@ class SnapshotStore(object):
           "or call recover()." % _first_line(e)) from e
 
   def _put(self, values, tag, session, what):
-    sess = self._session(session, what, required=self._needs_session)
+    sess = self._session(session, what, required=self._mode.data_needs_session)
     with self._lock:
       if sess is not None:
         self._prepare(sess)

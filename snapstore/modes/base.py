@@ -30,6 +30,8 @@ class CopyMode(abc.ABC):
   # unbounded number of snapshots (max_to_keep=0).
   default_max_to_keep = 1
   allows_unbounded = False
+  # Whether `arrays` and `put` run in TensorFlow (and so need a session).
+  data_needs_session = True
 
   def __init__(self, varset, max_to_keep, name):
     self._varset = varset

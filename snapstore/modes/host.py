@@ -29,6 +29,7 @@ class HostMode(base.CopyMode):
   name = "host"
   default_max_to_keep = 5
   allows_unbounded = True
+  data_needs_session = False
 
   def __init__(self, varset, max_to_keep, name):
     super(HostMode, self).__init__(varset, max_to_keep, name)
