@@ -170,7 +170,8 @@ def clone(outputs, inputs=None, replacements=None, scope="clone",
     tensor_map = dict(replaced)
     new_inputs = collections.OrderedDict()
     for t in inputs:
-      new_inputs[t] = tensor_map[t] = replaced.get(t) or builder.placeholder(t)
+      new_inputs[t] = tensor_map[t] = (replaced[t] if t in replaced
+                                       else builder.placeholder(t))
     new_vars = collections.OrderedDict()
     for var in originals:
       new_vars[var] = builder.variable(var, initial_value)

@@ -21,12 +21,11 @@ imported GraphDef ("Specified colocation to an op that does not exist during
 import"), which every variable read has. Both copy an op the same way this
 module does, with `tf.Operation(node_def, graph, inputs, ...)`.
 
-Copies get no Python control-flow context. A `tf.cond`'s Switch and Merge ops
-keep their runtime semantics without it, and TF's gradients for Switch and
-Merge have a context-free path (the one graphs loaded by `import_graph_def`
-use), so copied conds compute the same values and gradients. A
-`tf.while_loop` needs its `WhileContext` (frame names, gradient loops), so
-loops are reported by `loop_op` and refused by the callers.
+Control flow: a copied `tf.cond` runs as the original does (its Switch and
+Merge ops carry the semantics), and the copies get a `CondContext` rebuilt from
+the original's, which TF's cond gradients consult. A `tf.while_loop` would need
+its frame renamed, its `WhileContext` rebuilt in full and its TensorArrays
+copied along; `loop_op` reports loop ops and the callers refuse them.
 """
 import heapq
 
@@ -84,7 +83,7 @@ def writes_variable(op):
 def unsafe_stateful(op):
   """True if `op` has state that a copy would touch or duplicate.
 
-  Writers of variables, queues, iterators, summaries writers, stateful function
+  Writers of variables, queues, iterators, summary writers, stateful function
   calls and the like; not random-number generators, variable reads, Print or
   Assert (see `SAFE_STATEFUL_TYPES`).
   """
@@ -99,9 +98,16 @@ def resource_key(op):
   Two variable ops with the same key are one variable (for example a
   `VarHandleOp` rebuilt with the `shared_name` of another).
   """
-  shared = compat.as_str(op.get_attr("shared_name")) if "shared_name" in op.node_def.attr else ""
-  container = compat.as_str(op.get_attr("container")) if "container" in op.node_def.attr else ""
-  return (op.type == "VarHandleOp", container, shared or op.name)
+  # Like TF, an empty shared_name means the op's own name.
+  return (op.type == "VarHandleOp", _str_attr(op, "container"),
+          _str_attr(op, "shared_name") or op.name)
+
+
+def _str_attr(op, name):
+  try:
+    return compat.as_str(op.get_attr(name))
+  except ValueError:
+    return ""
 
 
 # -- selecting ops ------------------------------------------------------------------
@@ -171,23 +177,19 @@ def topological(op_set):
   Raises:
     ValueError: The ops form a cycle (only a while loop can).
   """
-  position = {}
-  for op in op_set:
-    position[op] = op._id  # pylint: disable=protected-access
-  pending = {}
-  for op in op_set:
-    pending[op] = len(set(_inputs_in(op, op_set)))
+  pending = dict((op, len(set(_inputs_in(op, op_set)))) for op in op_set)
   dependents = _dependents(op_set)
-  ready = [(position[op], op.name, op) for op, n in pending.items() if n == 0]
+  # pylint: disable=protected-access
+  ready = [(op._id, op) for op, n in pending.items() if n == 0]  # ids are unique
   heapq.heapify(ready)
   order = []
   while ready:
-    _, _, op = heapq.heappop(ready)
+    _, op = heapq.heappop(ready)
     order.append(op)
     for d in dependents.get(op, ()):
       pending[d] -= 1
       if pending[d] == 0:
-        heapq.heappush(ready, (position[d], d.name, d))
+        heapq.heappush(ready, (d._id, d))
   if len(order) != len(op_set):
     stuck = sorted(op.name for op, n in pending.items() if n > 0)
     raise ValueError("The ops to copy form a cycle (a while loop?): %s"

@@ -123,12 +123,14 @@ class MotivatingCasesTest(tf.test.TestCase, parameterized.TestCase):
       out = _dense_net(x, use_resource)
       c = snapstore.clone(out, inputs=[x], scope="shared", share_variables=True)
       other = tf.placeholder(tf.float32, [None, 4], name="other")
-      doubled = snapstore.clone(out, replacements={x: other * 2.0},
+      twice = other * 2.0
+      doubled = snapstore.clone(out, inputs=[x], replacements={x: twice},
                                 share_variables=True)
       (grad,) = tf.gradients(tf.reduce_sum(c.outputs),
                              [tf.trainable_variables("net")[0]])
       init = _initializer_ops()
     self.assertEqual(len(c.variables), 0)
+    self.assertIs(doubled.inputs[x], twice)
     self.assertLen(graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES), 4)
     self.assertIsNotNone(grad)  # the copy trains the shared variables
     with tf.Session(graph=graph) as sess:
