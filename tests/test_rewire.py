@@ -194,6 +194,24 @@ class ConstructsTest(_Case):
       phase = tf.keras.backend.learning_phase()
     self.assertFirstTrainingRunMatchesSwap({self.x: x, phase: True}, {self.x: x})
 
+  @parameterized.named_parameters(*KINDS)
+  def test_keras_layers_with_a_training_argument(self, use_resource):
+    x = np.random.RandomState(0).randn(8, 6).astype(np.float32)
+
+    def build():
+      self.x = tf.placeholder(tf.float32, [None, 6])
+      self.training = tf.placeholder_with_default(False, [])
+      h = tf.keras.layers.Dense(8, activation="relu")(self.x)
+      h = tf.keras.layers.BatchNormalization()(h, training=self.training)
+      h = tf.keras.layers.Dropout(0.5, seed=4)(h, training=self.training)
+      return tf.keras.layers.Dense(3)(h)
+    self._setup(build, use_resource, None)
+    self.assertIn("batch_normalization/moving_variance", self.store.keys)
+    self.assertPastMatchesSwap([{self.x: x}])
+    self._setup(build, use_resource, None)
+    self.assertFirstTrainingRunMatchesSwap({self.x: x, self.training: True},
+                                           {self.x: x})
+
   def test_keras_functional_model_with_conv_and_embedding(self):
     images = np.random.RandomState(0).randn(2, 6, 6, 1).astype(np.float32)
     words = np.array([[1, 2, 3], [4, 5, 0]], np.int32)
