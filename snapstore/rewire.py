@@ -119,7 +119,7 @@ class Rewirer(object):
     """`outputs` computed from slot `slot` (see `SnapshotStore.past`)."""
     leaves = subgraph.flatten(outputs)
     self._check_outputs(leaves)
-    tensor_map, op_map = self._tensors[slot], self._ops[slot]
+    tensor_map = self._tensors[slot]
     missing = [t for t in leaves
                if t not in tensor_map and t not in self._unchanged[slot]]
     if missing:
