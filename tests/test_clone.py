@@ -141,6 +141,34 @@ class MotivatingCasesTest(tf.test.TestCase, parameterized.TestCase):
                                sess.run(out, {x: 2.0 * x_value}))
 
 
+  @parameterized.named_parameters(*KINDS)
+  def test_a_variable_replaced_by_another(self, use_resource):
+    x_value = np.random.RandomState(0).randn(5, 4).astype(np.float32)
+    graph = tf.Graph()
+    with graph.as_default():
+      x = tf.placeholder(tf.float32, [None, 4], name="x")
+      out = _dense_net(x, use_resource)
+      kernel = tf.trainable_variables("net")[0]
+      self.assertEqual(kernel.op.name, "net/dense/kernel")
+      other = tf.get_variable("other", initializer=kernel.initialized_value(),
+                              use_resource=use_resource)
+      c = snapstore.clone(out, inputs=[x], replacements={kernel: other})
+      bump = (other.assign_add(tf.ones_like(other)) if use_resource
+              else tf.assign_add(other, tf.ones_like(other)))
+      init = _initializer_ops()
+    self.assertNotIn(kernel, c.variables)
+    self.assertLen(c.variables, 3)
+    with tf.Session(graph=graph) as sess:
+      sess.run(init)
+      feed = {x: x_value, c.inputs[x]: x_value}
+      a, b = sess.run([out, c.outputs], feed)
+      helpers.assert_bit_equal(b, a)
+      sess.run(bump)  # the copy reads `other`
+      a2, b2 = sess.run([out, c.outputs], feed)
+      helpers.assert_bit_equal(a2, a)
+      helpers.assert_bits_differ(b2, b, "copy after changing its kernel")
+
+
 class ConstructsTest(tf.test.TestCase, parameterized.TestCase):
   """Copies compute what the originals compute, with the same values."""
 
