@@ -416,10 +416,10 @@ def _refuse(to_copy, within, originals, initial_value, outputs):
       _fail(op, outputs, "it is the variable %s under another op (same "
             "shared_name), so the copy would still read the original"
             % copied_keys[subgraph.resource_key(op)].name)
-    if op in to_copy and subgraph.loop_op(op):
-      _fail(op, outputs, "it is part of a tf.while_loop, and a copy of a loop "
-            "loses its WhileContext (frame and gradients). Pass the loop's "
-            "outputs as inputs or replacements to copy what follows it")
+    why = subgraph.uncopyable_control_flow(op) if op in to_copy else None
+    if why:
+      _fail(op, outputs, why + ". Pass its outputs as inputs or replacements to "
+            "copy what follows it")
   if initial_value == "initializer":
     for var in originals:
       if getattr(var, "initial_value", None) is None:

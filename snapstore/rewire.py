@@ -220,10 +220,9 @@ class Rewirer(object):
                    % other.name)
       if op not in to_copy:
         continue
-      if subgraph.loop_op(op):
-        self._fail(op, outputs, "it is part of a tf.while_loop that reads the "
-                   "variables, and a copy of a loop loses its WhileContext "
-                   "(frame and gradients)")
+      why = subgraph.uncopyable_control_flow(op)
+      if why:
+        self._fail(op, outputs, why)
       if subgraph.writes_variable(op):
         self._fail(op, outputs, "it writes a variable, and a past evaluation must "
                    "write neither the snapshot nor the current parameters. If it "

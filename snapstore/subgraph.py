@@ -25,7 +25,8 @@ Control flow: a copied `tf.cond` runs as the original does (its Switch and
 Merge ops carry the semantics), and the copies get a `CondContext` rebuilt from
 the original's, which TF's cond gradients consult. A `tf.while_loop` would need
 its frame renamed, its `WhileContext` rebuilt in full and its TensorArrays
-copied along; `loop_op` reports loop ops and the callers refuse them.
+copied along; `uncopyable_control_flow` reports loop ops and the callers
+refuse them.
 """
 import heapq
 
@@ -66,9 +67,22 @@ SAFE_STATEFUL_TYPES = frozenset([
 
 # -- what an op is ---------------------------------------------------------------
 
-def loop_op(op):
-  """True if `op` is part of a v1 `tf.while_loop` (which copies cannot keep)."""
-  return op.type in _LOOP_OP_TYPES or control_flow_util.IsInWhileLoop(op)
+def uncopyable_control_flow(op):
+  """Why `op`'s control flow cannot be copied, or None if it can.
+
+  Ops outside control flow and in (nested) `tf.cond` branches can; ops of a
+  v1 `tf.while_loop` or of another context (XLA) cannot.
+  """
+  if op.type in _LOOP_OP_TYPES or control_flow_util.IsInWhileLoop(op):
+    return ("it is part of a tf.while_loop, and a copy of a loop loses its "
+            "WhileContext (frame and gradients)")
+  ctx = op._get_control_flow_context()  # pylint: disable=protected-access
+  while ctx is not None:
+    if not isinstance(ctx, control_flow_ops.CondContext):
+      return ("it runs in control-flow context %s, which snapstore does not "
+              "copy" % type(ctx).__name__)
+    ctx = ctx.outer_context
+  return None
 
 
 def writes_variable(op):

@@ -7,6 +7,7 @@ import numpy as np
 import snapstore
 from snapstore import graph_ops
 from snapstore._tf import tf
+from tensorflow.python.compiler.xla import xla  # pylint: disable=g-direct-tensorflow-import
 from tests import helpers
 
 KINDS = helpers.kind_cases()
@@ -347,8 +348,17 @@ class ErrorsTest(tf.test.TestCase):
     self.assertRefused(graph, snapstore.CloneError,
                        r"cannot copy rnn/rnn/while/Exit_3:0: on the way it meets op "
                        r"'rnn/rnn/while/.*' \(type .*\); it is part of a "
-                       r"tf.while_loop.*Pass the loop's outputs as inputs",
+                       r"tf.while_loop.*Pass its outputs as inputs",
                        state, inputs=[self.x])
+
+  def test_xla_compile_context(self):
+    graph = self._graph()
+    with graph.as_default():
+      (out,) = xla.compile(lambda: self.out * 2.0)
+    self.assertRefused(graph, snapstore.CloneError,
+                       r"meets op '.*' \(type .*\); it runs in control-flow "
+                       r"context XLACompileContext.*Pass its outputs as inputs",
+                       out, inputs=[self.x])
 
   def test_finalized_graph(self):
     graph = self._graph()

@@ -10,6 +10,7 @@ import numpy as np
 import snapstore
 from snapstore import graph_ops
 from snapstore._tf import tf
+from tensorflow.python.compiler.xla import xla  # pylint: disable=g-direct-tensorflow-import
 from tests import helpers
 
 KINDS = helpers.kind_cases()
@@ -562,6 +563,15 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
       store = snapstore.SnapshotStore(scope="net")
     self.assertRefused(graph, store, state,
                        r"op 'net/rnn/while/.*' \(type .*\).*part of a tf.while_loop")
+
+  def test_xla_compile_context(self):
+    graph = self._graph()
+    with graph.as_default():
+      kernel = tf.trainable_variables("net")[0]
+      (out,) = xla.compile(lambda: tf.matmul(self.x, kernel))
+      store = snapstore.SnapshotStore(scope="net")
+    self.assertRefused(graph, store, out, r"op '.*' \(type .*\); it runs in "
+                       r"control-flow context XLACompileContext")
 
   def test_unknown_stateful_op(self):
     graph = self._graph()
