@@ -31,16 +31,18 @@ Rules:
   assigns (batch-norm moving-average updates run as a control dependency of
   the outputs, `tf.assign`, optimizer updates) is refused, and so is any
   stateful op not known to be safe to run twice (queues, iterators, stateful
-  function calls). Random ops are copied with their seed attributes and draw
-  their own numbers (so dropout masks in the past and current graphs differ).
+  function calls). Random ops (dropout) are copied with their seed
+  attributes and draw from generators of their own: with a fixed seed, the
+  n-th run of a copy draws what the n-th run of its original drew.
 - No gradient into the shadows. Every copy that reads a shadow carries a
   gradient override that gives the shadow no gradient; gradients to other
   inputs (the fed `x`, an upstream network) are TF's own.
-- Correct or refused. `tf.while_loop` cannot be copied with its
+- Correct or refused. A `tf.while_loop` cannot be copied with its
   `WhileContext`, so outputs that depend on a loop that reads the variables
-  are refused, as is a variable read through another op aliasing a covered
-  variable (same `shared_name`). The error names the op. Outputs that do not
-  depend on the covered variables are returned unchanged.
+  are refused, as are ops in other non-cond control-flow contexts (XLA) and a
+  variable read through another op aliasing a covered variable (same
+  `shared_name`). The error names the op. Outputs that do not depend on the
+  covered variables are returned unchanged.
 
 `evaluate_with(past=True)` runs the rewired tensors when every fetch has one
 for the tag's slot (it never builds any), also mapping fed tensors to their
