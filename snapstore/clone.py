@@ -49,6 +49,7 @@ The ops are copied by `snapstore.subgraph`, which says why not by
 `graph_editor.copy_with_input_replacements` or `import_graph_def`.
 """
 import collections
+import contextlib
 
 from snapstore import errors
 from snapstore import graph_ops
@@ -266,16 +267,7 @@ class _Builder(object):
 
 
 def _maybe_device(device):
-  return tf.device(device) if device else _NullContext()
-
-
-class _NullContext(object):
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc_info):
-    return False
+  return tf.device(device) if device else contextlib.ExitStack()
 
 
 def _split(name):
