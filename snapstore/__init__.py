@@ -7,14 +7,20 @@ parameters next to current ones, without writing a checkpoint every step.
     tag = store.snapshot(session=sess)
     ...
     store.restore(tag, session=sess)
+    q_past = store.past(q, slot=0)          # q from the slot's parameters, one run
+    copy = snapstore.clone(q, inputs=[x], scope="copy")   # with new variables
 """
 from snapstore._version import __version__
+from snapstore.clone import Clone
+from snapstore.clone import clone
+from snapstore.errors import CloneError
 from snapstore.errors import Error
 from snapstore.errors import GraphMismatchError
 from snapstore.errors import IncompatibleSnapshotError
 from snapstore.errors import ModeError
 from snapstore.errors import NoSessionError
 from snapstore.errors import RestoreError
+from snapstore.errors import RewireError
 from snapstore.errors import SnapshotError
 from snapstore.errors import SnapshotFileError
 from snapstore.errors import UnknownTagError
@@ -25,6 +31,8 @@ from snapstore.variables import SHADOW_VARIABLES
 
 __all__ = [
     "__version__",
+    "Clone",
+    "CloneError",
     "Error",
     "GraphMismatchError",
     "IncompatibleSnapshotError",
@@ -32,10 +40,12 @@ __all__ = [
     "ModeError",
     "NoSessionError",
     "RestoreError",
+    "RewireError",
     "SHADOW_VARIABLES",
     "SnapshotError",
     "SnapshotFileError",
     "SnapshotInfo",
     "SnapshotStore",
     "UnknownTagError",
+    "clone",
 ]

@@ -74,3 +74,19 @@ class RestoreError(Error):
   values are kept and which call finishes the job; the store keeps them until
   that call succeeds.
   """
+
+
+class RewireError(Error):
+  """Raised when `SnapshotStore.past` cannot rewire outputs to a slot's shadows.
+
+  The message names the op and why (it writes a variable, it is part of a
+  `tf.while_loop`, ...). Nothing is built, and `evaluate_with(past=True)`
+  evaluates such fetches by swapping the parameters instead.
+  """
+
+
+class CloneError(Error):
+  """Raised when `snapstore.clone` cannot copy a subgraph faithfully.
+
+  The message names the op or variable and the way out. Nothing is built.
+  """

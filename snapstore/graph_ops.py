@@ -83,25 +83,35 @@ def make_shadow(primary, name, collections):
   Returns:
     A `tf.Variable` (a ResourceVariable if the primary is one).
   """
-  def initial_value():
-    init = getattr(primary, "initial_value", None)
-    if init is None:  # e.g. rebuilt from an old VariableDef
-      return primary.read_value()
-    return tf.cond(tf.is_variable_initialized(primary), primary.read_value,
-                   lambda: tf.identity(init))
-
   # For ref variables TF rewrites an initial value that reads other variables
   # to use their `initialized_value()`, and warns that this is deprecated; the
   # warning is about TF's own rewrite, not the user's code.
   with ops.colocate_with(primary), ops.name_scope(primary.op.name + "/"), \
       deprecation.silence():
     return tf_variables.VariableV1(
-        initial_value=initial_value,
+        initial_value=lambda: value_at_init(primary),
         trainable=False,
         collections=collections,
         name=name,
         dtype=primary.dtype.base_dtype,
         use_resource=is_resource(primary))
+
+
+def value_at_init(primary):
+  """A tensor with `primary`'s value when evaluated by an initializer.
+
+  It reads the primary when the primary is initialized, and evaluates the
+  primary's own initial value when not, so that running the global and local
+  initializers in one `session.run` gives the result exactly the value the
+  primary got (a random initializer is evaluated once per run). The read is
+  colocated with the primary (a resource can only be read on its device).
+  """
+  init = getattr(primary, "initial_value", None)
+  with ops.colocate_with(primary):
+    if init is None:  # e.g. rebuilt from an old VariableDef
+      return primary.read_value()
+    return tf.cond(tf.is_variable_initialized(primary), primary.read_value,
+                   lambda: tf.identity(init))
 
 
 class Feeder(object):

@@ -34,6 +34,7 @@ import numpy as np
 from snapstore import errors
 from snapstore import modes
 from snapstore import npz
+from snapstore import rewire
 from snapstore import session as session_lib
 from snapstore._tf import tf
 from snapstore.variables import VariableSet
@@ -91,6 +92,7 @@ class SnapshotStore(object):
     self._next_auto_tag = 0
     self._pending = _NOTHING  # token of current values a failed put-back left
     self._closed = False
+    self._rewirer = None  # made by the first past() call
 
   # -- what the store covers -----------------------------------------------------
 
@@ -238,6 +240,11 @@ class SnapshotStore(object):
     before. Fetched training ops change only the loaded snapshot's copy, never
     the store's snapshot or the current values.
 
+    In device mode, when every fetch has a rewired version for the tag's slot
+    (built beforehand by `past(fetches, slot)`), the rewired tensors run
+    instead, reading the slot directly: no copy, nothing set aside, no ops
+    built. Otherwise, or in host mode, the swap above is used.
+
     Args:
       fetches: As for `Session.run`.
       feed_dict: As for `Session.run`.
@@ -262,6 +269,9 @@ class SnapshotStore(object):
       if not past:
         return sess.run(fetches, feed_dict=feed_dict)
       tag = self._existing(tag)
+      rewired = self._rewired(fetches, feed_dict, tag)
+      if rewired is not None:
+        return sess.run(rewired[0], feed_dict=rewired[1])
       try:
         token = self._mode.stash(sess)
       except tf.errors.OpError as e:
@@ -402,6 +412,40 @@ class SnapshotStore(object):
     values = self._device("shadows").shadows(self._check_slot(slot))
     return collections.OrderedDict(zip(self._varset.keys, values))
 
+  def past(self, outputs, slot=0):
+    """Tensors computing `outputs` from device slot `slot` instead of the variables.
+
+    Fetch them next to `outputs` to evaluate past and current parameters in
+    one `session.run` with no copy; refresh the slot with `snapshot_op(slot)`
+    (or `snapshot()`). Built at graph-construction time and cached: asking
+    again returns the same tensors. See `snapstore.rewire` for what is copied,
+    what is refused and why; gradients never flow into the shadows.
+
+    Args:
+      outputs: A tensor, or a list, tuple or dict of tensors, of the model.
+      slot: The device slot to read.
+
+    Returns:
+      The rewired tensors, in the structure of `outputs`. A tensor that does
+      not depend on the covered variables is returned as it is.
+
+    Raises:
+      ModeError: The store is not in device mode.
+      ValueError: No such slot, no tensors, or a variable's reference/handle.
+      TypeError: Something other than tensors.
+      GraphMismatchError: Tensors of another graph.
+      RewireError: An op on the way cannot be rewired faithfully (the message
+        names it); nothing is built.
+    """
+    device = self._device("past")
+    slot = self._check_slot(slot)
+    with self._lock:
+      if self._rewirer is None:
+        self._rewirer = rewire.Rewirer(
+            self._name, self._varset.variables,
+            [device.shadows(k) for k in range(device.num_slots)])
+      return self._rewirer.past(outputs, slot)
+
   def slot_of(self, tag):
     """The device slot holding snapshot `tag`."""
     device = self._device("slot_of")
@@ -452,6 +496,12 @@ class SnapshotStore(object):
           "written back: %s. The store keeps them; call recover() with a "
           "working session." % _first_line(e)) from e
     self._pending = _NOTHING
+
+  def _rewired(self, fetches, feed_dict, tag):
+    """(fetches, feed_dict) reading the tag's slot, or None to use the swap."""
+    if self._rewirer is None:
+      return None
+    return self._rewirer.lookup(fetches, feed_dict, self._mode.slot_of(tag))
 
   def _put_back(self, token, sess):
     try:
