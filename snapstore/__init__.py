@@ -9,16 +9,27 @@ parameters next to current ones, without writing a checkpoint every step.
     store.restore(tag, session=sess)
 """
 from snapstore._version import __version__
+from snapstore.averaging import MovingAverage
+from snapstore.averaging import RunningMean
 from snapstore.errors import Error
 from snapstore.errors import GraphMismatchError
 from snapstore.errors import IncompatibleSnapshotError
 from snapstore.errors import ModeError
+from snapstore.errors import NonFiniteError
 from snapstore.errors import NoSessionError
+from snapstore.errors import PinnedTagError
 from snapstore.errors import RestoreError
 from snapstore.errors import SnapshotError
 from snapstore.errors import SnapshotFileError
+from snapstore.errors import TrialError
 from snapstore.errors import UnknownTagError
+from snapstore.guards import Guard
+from snapstore.guards import Trial
+from snapstore.hooks import SnapshotCallback
+from snapstore.hooks import SnapshotHook
+from snapstore.lookahead import Lookahead
 from snapstore.modes import MODES
+from snapstore.rollback import RollbackOptimizer
 from snapstore.store import SnapshotInfo
 from snapstore.store import SnapshotStore
 from snapstore.variables import SHADOW_VARIABLES
@@ -27,15 +38,26 @@ __all__ = [
     "__version__",
     "Error",
     "GraphMismatchError",
+    "Guard",
     "IncompatibleSnapshotError",
+    "Lookahead",
     "MODES",
     "ModeError",
+    "MovingAverage",
     "NoSessionError",
+    "NonFiniteError",
+    "PinnedTagError",
     "RestoreError",
+    "RollbackOptimizer",
+    "RunningMean",
     "SHADOW_VARIABLES",
+    "SnapshotCallback",
     "SnapshotError",
     "SnapshotFileError",
+    "SnapshotHook",
     "SnapshotInfo",
     "SnapshotStore",
+    "Trial",
+    "TrialError",
     "UnknownTagError",
 ]
