@@ -72,6 +72,10 @@ class WrapperOptimizer(tf.train.Optimizer):
     return variables
 
   def _state(self, graph):
+    """The state of `graph`; by default of the only graph with a train op, or
+    of the default graph."""
+    if graph is None and len(self._states) == 1:
+      return next(iter(self._states.values()))
     graph = graph or tf.get_default_graph()
     state = self._states.get(graph)
     if state is None:
