@@ -144,22 +144,25 @@ class MovingAverage(_SlotAverage):
       if num_updates is not None:
         n = tf.cast(num_updates, tf.float32, name="num_updates")
         warmup = (1.0 + n) / (10.0 + n)
-      rates = {}  # (kind, value) -> rate tensor, made once per rate
+      rates = {}  # (kind, value, dtype) -> rate tensor, made once per rate
       updates = []
       for var, shadow in self._pairs:
-        if not var.dtype.base_dtype.is_floating:
+        dtype = var.dtype.base_dtype
+        if not dtype.is_floating:
           updates.append(graph_ops.copy([var], [shadow], "copy"))
           continue
         if tau_non_trainable is not None and id(var) not in trainable:
-          key = ("tau", tau_non_trainable)
+          key = ("tau", tau_non_trainable, dtype)
+        elif decay is not None:
+          key = ("decay", decay, dtype)
         else:
-          key = ("decay", decay) if decay is not None else ("tau", tau)
-        if key == ("tau", 1.0):  # a hard copy, exact also for inf and NaN
+          key = ("tau", tau, dtype)
+        if key[:2] == ("tau", 1.0):  # a hard copy, exact also for inf and NaN
           updates.append(graph_ops.copy([var], [shadow], "copy"))
           continue
         if key not in rates:
-          rates[key] = (_rate_from_decay(decay, warmup) if key[0] == "decay"
-                        else _rate(key[1], warmup))
+          rates[key] = (_rate_from_decay(decay, warmup, dtype) if key[0] == "decay"
+                        else _rate(key[1], warmup, dtype))
         updates.append(_ema_update(var, shadow, rates[key]))
       self._update_op = tf.group(*updates, name=scope)
 
@@ -255,27 +258,25 @@ class RunningMean(_SlotAverage):
     return tf.group(*updates)
 
 
-def _rate(tau, warmup):
-  rate = tf.constant(tau, tf.float32, name="tau")
+def _rate(tau, warmup, dtype):
+  rate = tf.constant(tau, dtype, name="tau")
   if warmup is not None:
-    rate = tf.maximum(rate, 1.0 - warmup)
+    rate = tf.maximum(rate, tf.cast(1.0 - warmup, dtype))
   return rate
 
 
-def _rate_from_decay(decay, warmup):
+def _rate_from_decay(decay, warmup, dtype):
   # The arithmetic of tf.train.ExponentialMovingAverage.apply and
-  # assign_moving_average: decay in float32, warm-up, then 1 - decay.
+  # assign_moving_average: decay in float32, warm-up, 1 - decay, then a cast.
   decay = tf.convert_to_tensor(decay, name="decay")
   if warmup is not None:
     decay = tf.minimum(decay, warmup)
-  return 1.0 - decay
+  rate = 1.0 - decay
+  return rate if dtype == rate.dtype else tf.cast(rate, dtype)
 
 
 def _ema_update(var, shadow, rate):
   with ops.colocate_with(var):
-    dtype = var.dtype.base_dtype
-    if rate.dtype != dtype:
-      rate = tf.cast(rate, dtype)
     return _assign_sub(shadow, (graph_ops.read(shadow) - graph_ops.read(var)) * rate)
 
 
