@@ -15,21 +15,27 @@ the state of random ops (a retried step draws new dropout masks).
 
 In graph mode a loss is only known after `session.run`, so the guard runs the
 step for you (`guard.run`, which also fetches the watched tensors) or checks
-values you fetched yourself (`guard.check`):
+values you fetched yourself (`guard.check`). A loss fetched in the same run as
+the train op is computed before the update; to check what the step did, fetch
+the loss again after it, as below. (Otherwise a step that ruins the
+parameters passes, and the next guard snapshots the ruined parameters.
+`SnapshotHook` avoids the second run by rolling back to an older snapshot.)
 
     store = snapstore.SnapshotStore(scope="net", optimizer=opt,
                                     include_global_step=True)
     with tf.Session() as sess:
       ...
       for feed in batches:
-        # Roll back and go on with the next batch when the loss blows up.
+        # Roll back and go on with the next batch when the step blows up.
         with store.guard(watch=loss, reraise=False, session=sess) as guard:
           guard.run(train_op, feed)
+          guard.run(loss, feed)  # the loss after the step
 
         # Or try the batch up to 3 times, halving the learning rate each time.
         for attempt in store.guard(watch=loss, retries=2, session=sess):
           with attempt:
             attempt.run(train_op, {**feed, lr: 0.1 * 0.5 ** attempt.number})
+            attempt.run(loss, feed)
 
       # Keep a step only if the loss on a held-out batch did not rise.
       with store.trial(metric=loss, feed_dict=held_out, session=sess) as trial:
@@ -56,6 +62,7 @@ class Guard(object):
       for attempt in store.guard(watch=loss, retries=2, session=sess):
         with attempt:
           attempt.run(train_op, feed)
+          attempt.run(loss, feed)  # the loss after the step
 
   Every use (a `with` block or a `for` loop) starts with a fresh snapshot
   under `tag`, so one guard can serve every step of a loop. The snapshot stays

@@ -120,11 +120,8 @@ class Lookahead(WrapperOptimizer):
     grads_and_vars = tuple(grads_and_vars)
     fast = self._trained_variables(grads_and_vars)
     graph = fast[0].graph
-    # The store's copies are used outside the train step (evaluate_with), so
-    # they must not inherit the caller's control dependencies.
-    with tf.control_dependencies(None):
-      store = SnapshotStore(var_list=fast, mode="device", max_to_keep=1,
-                            name=self._name, saveable=True)
+    store = SnapshotStore(var_list=fast, mode="device", max_to_keep=1,
+                          name=self._name, saveable=True)
     store.pin_slot(0, SLOW)
     fast = list(store.variables.values())
     slow = list(store.shadows(0).values())

@@ -159,10 +159,9 @@ class RollbackOptimizer(WrapperOptimizer):
         rollbacks = self._create_non_slot_variable(np.int64(0),
                                                    self._name + "_rollbacks", first)
       inner_state = self._optimizer.variables()
-      with tf.control_dependencies(None):
-        store = SnapshotStore(var_list=variables, mode="device", max_to_keep=1,
-                              optimizer=self._optimizer if inner_state else None,
-                              name=self._name)
+      store = SnapshotStore(var_list=variables, mode="device", max_to_keep=1,
+                            optimizer=self._optimizer if inner_state else None,
+                            name=self._name)
       before_step = set(id(v) for v in inner_state)
       with tf.name_scope(name, self._name) as scope:
         record = tf.group(graph_ops.assign(loss_before, loss),

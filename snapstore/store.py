@@ -84,7 +84,10 @@ class SnapshotStore(object):
     self._varset = VariableSet(var_list=var_list, scope=scope,
                                collection=collection, optimizer=optimizer,
                                include_global_step=include_global_step)
-    with self._varset.graph.as_default(), tf.name_scope(name) as scope_name:
+    # The store's ops run on their own: they must not inherit the control
+    # dependencies (a train op) of the block the store is built in.
+    with self._varset.graph.as_default(), tf.control_dependencies(None), \
+        tf.name_scope(name) as scope_name:
       self._name = scope_name.rstrip("/")
       self._mode = mode_cls(self._varset, max_to_keep, self._name, **mode_options)
     self._lock = threading.RLock()
@@ -306,6 +309,7 @@ class SnapshotStore(object):
 
         with store.guard(watch=loss, reraise=False, session=sess) as guard:
           guard.run(train_op, feed)
+          guard.run(loss, feed)  # the loss after the step
 
     Returns:
       A `snapstore.guards.Guard`.

@@ -140,6 +140,25 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
       store.restore("ema", session=sess)  # e.g. at the end of training
       helpers.assert_bit_equal(sess.run(model.variables["w"]), average)
 
+  def test_store_built_inside_the_train_ops_control_dependencies(self):
+    graph = tf.Graph()
+    with graph.as_default():
+      model = _Model()
+      feed_me = tf.placeholder(tf.float32, [])
+      with tf.control_dependencies([model.train_op, feed_me]):
+        store = model.store(max_to_keep=2)  # its ops must not depend on the step
+        ema = snapstore.MovingAverage(store, tau=0.5)
+    with tf.Session(graph=graph) as sess:
+      helpers.init(sess)
+      live = model.values(sess)
+      store.snapshot("x", session=sess)
+      store.restore("x", session=sess)
+      store.evaluate_with(model.step, tag="ema", session=sess)
+      store.arrays("ema", session=sess)
+      helpers.assert_state(model.values(sess), live)  # the train op never ran
+      with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "feed a value"):
+        sess.run(ema.update_op)  # the update does depend on the step
+
   def test_no_ops_are_added_after_construction(self):
     graph = tf.Graph()
     with graph.as_default():
