@@ -42,6 +42,8 @@ the variables back by then, but `train()` still stops with
 `NanLossDuringTrainingError` (an infinite loss is rolled back and training
 goes on).
 """
+import weakref
+
 import numpy as np
 
 from snapstore import checks
@@ -118,7 +120,63 @@ class _Keeper(object):
           % (value, step, self._max_consecutive, self.trusted))
 
 
-class SnapshotHook(tf.train.SessionRunHook):
+class _Protocol(object):
+  """What SnapshotHook and SnapshotCallback share: options, and the keeper."""
+
+  def _configure(self, every_n_steps, every_n_secs, steps_name,
+                 max_consecutive_rollbacks, on_rollback):
+    self._timer_args = _timer_args(every_n_steps, every_n_secs, steps_name)
+    if max_consecutive_rollbacks is not None:
+      checks.integer(max_consecutive_rollbacks, "max_consecutive_rollbacks", 0)
+    self._max_consecutive = max_consecutive_rollbacks
+    self._on_rollback = checks.function(on_rollback, "on_rollback")
+    self._keeper = None
+    self._stores = weakref.WeakKeyDictionary()  # graph -> store built for it
+
+  def _store_for(self, store, graph, build):
+    """`store` if a SnapshotStore, else the one `build()` made for `graph`."""
+    if not isinstance(store, SnapshotStore):
+      store = self._stores.get(graph)
+      if store is None:  # built once per graph: a graph is often finalized later
+        with graph.as_default():
+          store = build()
+        if not isinstance(store, SnapshotStore):
+          raise TypeError("The store function returned %r, not a SnapshotStore."
+                          % (store,))
+        self._stores[graph] = store
+    if store.graph is not graph:
+      raise errors.GraphMismatchError(
+          "%s's store covers variables of another graph than the one being run. "
+          "With an Estimator (which builds a new graph for each train() call), "
+          "pass a function that creates the store." % type(self).__name__)
+    return store
+
+  def _start(self, store, watching):
+    self._keeper = _Keeper(store, tf.train.SecondOrStepTimer(*self._timer_args),
+                           watching, self._max_consecutive, self._on_rollback)
+
+  @property
+  def store(self):
+    """The store, once training has started (None before)."""
+    return self._keeper.store if self._keeper else None
+
+  @property
+  def rollbacks(self):
+    """Rollbacks since training started."""
+    return self._keeper.rollbacks if self._keeper else 0
+
+  @property
+  def snapshots(self):
+    """Snapshots taken since training started."""
+    return self._keeper.snapshots if self._keeper else 0
+
+  @property
+  def trusted(self):
+    """Tag of the newest snapshot known to give a finite loss (or None)."""
+    return self._keeper.trusted if self._keeper else None
+
+
+class SnapshotHook(_Protocol, tf.train.SessionRunHook):
   """Snapshots every N steps or seconds; rolls back on a non-finite loss.
 
   See the module docstring for the protocol.
@@ -153,54 +211,17 @@ class SnapshotHook(tf.train.SessionRunHook):
     if not (loss is None or isinstance(loss, (tf.Tensor, str)) or callable(loss)):
       raise TypeError("loss must be a tensor, a tensor name or a function "
                       "returning a tensor, got %r." % (loss,))
-    self._timer_args = _timer_args(every_n_steps, every_n_secs, "every_n_steps")
-    if max_consecutive_rollbacks is not None:
-      checks.integer(max_consecutive_rollbacks, "max_consecutive_rollbacks", 0)
-    checks.function(on_rollback, "on_rollback")
+    self._configure(every_n_steps, every_n_secs, "every_n_steps",
+                    max_consecutive_rollbacks, on_rollback)
     self._store_arg = store
     self._loss_arg = loss
-    self._max_consecutive = max_consecutive_rollbacks
-    self._on_rollback = on_rollback
-    self._keeper = None
     self._loss = None
-
-  @property
-  def store(self):
-    """The store, once `begin()` has run (None before)."""
-    return self._keeper.store if self._keeper else None
-
-  @property
-  def rollbacks(self):
-    """Rollbacks since `begin()`."""
-    return self._keeper.rollbacks if self._keeper else 0
-
-  @property
-  def snapshots(self):
-    """Snapshots taken since `begin()`."""
-    return self._keeper.snapshots if self._keeper else 0
-
-  @property
-  def trusted(self):
-    """Tag of the newest snapshot known to give a finite loss (or None)."""
-    return self._keeper.trusted if self._keeper else None
 
   def begin(self):
     graph = tf.get_default_graph()
-    store = self._store_arg
-    if not isinstance(store, SnapshotStore):
-      store = store()
-      if not isinstance(store, SnapshotStore):
-        raise TypeError("The store function returned %r, not a SnapshotStore."
-                        % (store,))
-    if store.graph is not graph:
-      raise errors.GraphMismatchError(
-          "SnapshotHook's store covers variables of another graph than the one "
-          "being run. With an Estimator (which builds a new graph for each "
-          "train() call), pass a function that creates the store.")
+    store = self._store_for(self._store_arg, graph, self._store_arg)
     self._loss = _resolve_loss(self._loss_arg, graph)
-    self._keeper = _Keeper(store, tf.train.SecondOrStepTimer(*self._timer_args),
-                           self._loss is not None, self._max_consecutive,
-                           self._on_rollback)
+    self._start(store, watching=self._loss is not None)
 
   def before_run(self, run_context):
     self._keeper.before_step(run_context.session)
@@ -212,7 +233,7 @@ class SnapshotHook(tf.train.SessionRunHook):
     self._keeper.after_step(run_context.session, run_values.results)
 
 
-class SnapshotCallback(tf.keras.callbacks.Callback):
+class SnapshotCallback(_Protocol, tf.keras.callbacks.Callback):
   """The `SnapshotHook` protocol for `model.fit` in TF1 Keras.
 
   Snapshots every N batches (or seconds) and rolls back when the batch loss
@@ -244,40 +265,16 @@ class SnapshotCallback(tf.keras.callbacks.Callback):
     if not (store is None or isinstance(store, SnapshotStore) or callable(store)):
       raise TypeError("store must be a SnapshotStore, a function model -> "
                       "SnapshotStore, or None, got %r." % (store,))
-    self._timer_args = _timer_args(every_n_batches, every_n_secs,
-                                   "every_n_batches")
-    if max_consecutive_rollbacks is not None:
-      checks.integer(max_consecutive_rollbacks, "max_consecutive_rollbacks", 0)
-    checks.function(on_rollback, "on_rollback")
+    self._configure(every_n_batches, every_n_secs, "every_n_batches",
+                    max_consecutive_rollbacks, on_rollback)
     self._store_arg = store
     self._monitor = monitor
-    self._max_consecutive = max_consecutive_rollbacks
-    self._on_rollback = on_rollback
-    self._stores = {}  # graph -> store built for it
-    self._keeper = None
-
-  @property
-  def store(self):
-    return self._keeper.store if self._keeper else None
-
-  @property
-  def rollbacks(self):
-    return self._keeper.rollbacks if self._keeper else 0
-
-  @property
-  def snapshots(self):
-    return self._keeper.snapshots if self._keeper else 0
-
-  @property
-  def trusted(self):
-    return self._keeper.trusted if self._keeper else None
 
   def on_train_begin(self, logs=None):
-    session = tf.keras.backend.get_session()
-    store = self._store_for(session.graph)
-    self._keeper = _Keeper(store, tf.train.SecondOrStepTimer(*self._timer_args),
-                           self._monitor is not None, self._max_consecutive,
-                           self._on_rollback)
+    graph = tf.keras.backend.get_session().graph
+    factory = self._store_arg if self._store_arg is not None else _keras_store
+    store = self._store_for(self._store_arg, graph, lambda: factory(self.model))
+    self._start(store, watching=self._monitor is not None)
 
   def on_train_batch_begin(self, batch, logs=None):
     self._keeper.before_step(tf.keras.backend.get_session())
@@ -291,25 +288,6 @@ class SnapshotCallback(tf.keras.callbacks.Callback):
                              self._monitor, sorted(logs or ())))
       value = logs[self._monitor]
     self._keeper.after_step(tf.keras.backend.get_session(), value)
-
-  def _store_for(self, graph):
-    if isinstance(self._store_arg, SnapshotStore):
-      store = self._store_arg
-    elif graph in self._stores:
-      store = self._stores[graph]
-    else:
-      with graph.as_default():
-        store = (self._store_arg(self.model) if self._store_arg is not None
-                 else _keras_store(self.model))
-      if not isinstance(store, SnapshotStore):
-        raise TypeError("The store function returned %r, not a SnapshotStore."
-                        % (store,))
-      self._stores[graph] = store
-    if store.graph is not graph:
-      raise errors.GraphMismatchError(
-          "SnapshotCallback's store covers variables of another graph than the "
-          "Keras session's.")
-    return store
 
 
 def _keras_store(model):

@@ -130,6 +130,11 @@ class SnapshotHookTest(tf.test.TestCase, parameterized.TestCase):
         raw = sess._tf_sess()  # pylint: disable=protected-access
       self.assertIs(hook.store.graph, graph)
       self.assertEqual(calls, [raw])
+      # Another session on the (now finalized) graph: the store built for it is reused.
+      store = hook.store
+      with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        sess.run(model.train_op, feeds[2])
+      self.assertIs(hook.store, store)
 
 
 class SnapshotHookErrorsTest(tf.test.TestCase):
