@@ -85,7 +85,7 @@ class Guard(object):
     reraise: After the last failed attempt, re-raise the exception (default)
       or swallow it.
     catch: An exception type or tuple of types that fail an attempt (and roll
-      back). Default: `Exception`.
+      back), besides the guard's own `NonFiniteError`. Default: `Exception`.
     tag: The store tag of the guard's snapshot.
     session: The session for snapshots, rollbacks and `run`; default: the
       default session. A `MonitoredSession` is used as is by `run` (its hooks
@@ -106,7 +106,7 @@ class Guard(object):
     if not isinstance(reraise, bool):
       raise TypeError("reraise must be a bool, got %r." % (reraise,))
     self._reraise = reraise
-    self._catch = _exception_types(catch)
+    self._catch = _exception_types(catch) + (errors.NonFiniteError,)
     self._tag = _check_tag(store, tag)
     self._session = session
     self._active = None  # the running attempt
@@ -180,9 +180,7 @@ class Guard(object):
         guarded block fails and the guard rolls back.
       RuntimeError: Called outside the guarded block.
     """
-    if self._active is None:
-      raise RuntimeError("guard.run() runs inside the guarded block (`with guard:` "
-                         "or `with attempt:`), where a failure can be rolled back.")
+    self._check_active("run")
     session = self._user_session()
     result, watched = session.run((fetches, self._watch), feed_dict=feed_dict,
                                   options=options, run_metadata=run_metadata)
@@ -196,7 +194,9 @@ class Guard(object):
 
     Raises:
       NonFiniteError: A value has a NaN or infinite element.
+      RuntimeError: Called outside the guarded block.
     """
+    self._check_active("check")
     self._check(["value %d" % i for i in range(len(values))], values)
 
   # -- internals ----------------------------------------------------------------------
@@ -206,9 +206,15 @@ class Guard(object):
     self.failed = False
     self._store.snapshot(self._tag, session=self._session)
 
+  def _check_active(self, what):
+    if self._active is None:
+      raise RuntimeError("guard.%s() runs inside the guarded block (`with guard:` "
+                         "or `with attempt:`), where a failure can be rolled back."
+                         % what)
+
   def _user_session(self):
     session_lib.resolve(self._session, self._store.graph, "guard.run")
-    return self._session or tf.get_default_session()
+    return self._session if self._session is not None else tf.get_default_session()
 
   def _check(self, names, values):
     bad = []
@@ -220,11 +226,10 @@ class Guard(object):
       if not np.all(np.isfinite(value)):
         bad.append("%s is %s" % (_name(name), _describe(value)))
     if bad:
-      number = self._active.number + 1 if self._active else 1
       raise errors.NonFiniteError(
           "%s (attempt %d of %d). The guard rolls the store's variables back "
-          "to snapshot %r." % ("; ".join(bad), number, self._retries + 1,
-                               self._tag))
+          "to snapshot %r." % ("; ".join(bad), self._active.number + 1,
+                               self._retries + 1, self._tag))
 
   def _rollback(self, exc):
     try:

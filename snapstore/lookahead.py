@@ -47,9 +47,11 @@ class Lookahead(WrapperOptimizer):
   of the way to the fast weights, and the fast weights are set to the result,
   bit for bit (see the module docstring for the rule).
 
-  Defaults `k=5, alpha=0.5`: the setting of the paper's experiments (its
-  Section 5 reports Lookahead robust to k in {5, 10} and alpha in {0.5,
-  0.8}); the authors' reference implementation defaults to alpha=0.8.
+  Defaults `k=5, alpha=0.5`: the setting the paper uses for its ImageNet
+  experiments (Section 5); its sensitivity study (Section 6) varies k over
+  {5, 10} and alpha over {0.5, 0.8} and finds Lookahead robust to both. The
+  authors' reference code (github.com/michaelrzhang/lookahead) defaults to
+  k=5, alpha=0.8.
 
   The inner optimizer's own state (momentum, Adam's moments and beta powers)
   is left as it is at a synchronization: Algorithm 1 of the paper resets only
@@ -144,7 +146,7 @@ class Lookahead(WrapperOptimizer):
         synced = tf.cond(tf.equal(tf.math.floormod(count, self._k), 0),
                          lambda: self._synchronize(fast, slow), tf.no_op,
                          name="synchronize")
-      return tf.group(inner_step, synced, name=scope)
+      return self._replaces(inner_step, tf.group(inner_step, synced, name=scope))
 
   def _synchronize(self, fast, slow):
     assigns = []
@@ -163,12 +165,12 @@ class Lookahead(WrapperOptimizer):
     """The device store holding the slow weights of `graph` under tag "slow".
 
     Use it to read, restore or save the slow weights (`store.arrays("slow")`,
-    `store.restore("slow")`, `store.save_npz(path, "slow")`). Do not snapshot
-    other tags into it: its one slot is the slow weights.
+    `store.restore("slow")`, `store.save_npz(path, "slow")`). Its one slot is
+    pinned to the slow weights, so it takes no snapshots under other tags.
 
     Raises:
       ValueError: This Lookahead has no train op in `graph` (default: the
-        default graph).
+        graph of its only train op, else the default graph).
     """
     return self._state(graph).store
 

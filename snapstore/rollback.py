@@ -27,8 +27,10 @@ What is rolled back: the variables the step updated, the inner optimizer's
 slots for them and its non-slot variables (Adam's beta powers). Not rolled
 back: the global step (a rejected step still counts, so step-based schedules
 and `StopAtStepHook` move on), the learning rate variable (it is what
-`backoff` changes), and anything else. A check runs once per step: a second
-check, or a check without a step, does nothing and returns False.
+`backoff` changes), and anything else. A check decides once per step: a second
+check, or a check without a step, does nothing and returns False. Run the check
+in a `session.run` of its own, after the train op's: fetched in the same run it
+would race the update.
 
 `loss_before` is the loss the train step computed; compare it with the check
 on the same batch (feed the same placeholders). With an input pipeline in the
@@ -170,7 +172,7 @@ class RollbackOptimizer(WrapperOptimizer):
         with tf.control_dependencies([record, store.snapshot_op(0)]):
           step = self._optimizer.apply_gradients(grads_and_vars,
                                                  global_step=global_step)
-        train_op = tf.group(step, name=scope)
+        train_op = self._replaces(step, tf.group(step, name=scope))
       missed = [v.name for v in self._optimizer.variables()
                 if id(v) not in before_step]
       if missed:

@@ -464,8 +464,9 @@ class SnapshotStore(object):
     network, a `MovingAverage`, Lookahead's slow weights), so that
     `evaluate_with(tag=tag)`, `restore(tag)`, `arrays(tag)` and `save_npz` use
     it. A pinned tag is never evicted and cannot be deleted; `snapshot(tag)`
-    and `load_arrays(..., tag)` overwrite the slot. Pinning the tag the slot
-    already holds pins it in place. No graph ops are added.
+    and `load_arrays(..., tag)` overwrite the slot. Pinning makes the tag the
+    newest, as taking a snapshot would; pinning the tag the slot already holds
+    pins it in place. No graph ops are added.
 
     Args:
       slot: A device slot, 0 to `num_slots - 1`.

@@ -71,6 +71,18 @@ class WrapperOptimizer(tf.train.Optimizer):
           "op." % (type(self).__name__, self._name, type(self).__name__))
     return variables
 
+  def _replaces(self, inner_op, train_op):
+    """Lists `train_op` in the graph's TRAIN_OP collection instead of `inner_op`.
+
+    `tf.train.Optimizer.apply_gradients` lists its op there; the inner
+    optimizer's op alone is not a complete step of the wrapper.
+    """
+    ops = train_op.graph.get_collection_ref(tf.GraphKeys.TRAIN_OP)
+    if inner_op in ops:
+      ops.remove(inner_op)
+    ops.append(train_op)
+    return train_op
+
   def _state(self, graph):
     """The state of `graph`; by default of the only graph with a train op, or
     of the default graph."""

@@ -115,6 +115,12 @@ class GuardTest(_GuardCase):
         changed = self._state()
         raise KeyError("not caught")
     helpers.assert_state(self._state(), changed)
+    # A watched tensor's failure always rolls back.
+    with store.guard(catch=tf.errors.OpError, reraise=False, session=sess) as guard:
+      sess.run(model.train_op, model.feeds(1, 1)[0])
+      guard.check(np.inf)
+    self.assertTrue(guard.failed)
+    helpers.assert_state(self._state(), changed)
 
   def test_success_keeps_the_update_and_the_snapshot(self):
     model, store, sess = self._setup()
@@ -243,10 +249,12 @@ class GuardErrorsTest(_GuardCase):
       with store.guard(retries=2, session=sess):
         pass
 
-  def test_run_outside_the_block(self):
+  def test_run_and_check_outside_the_block(self):
     model, store, sess = self._setup()
     with self.assertRaisesRegex(RuntimeError, r"guard.run\(\) runs inside"):
       store.guard(session=sess).run(model.loss, model.feeds(1, 1)[0])
+    with self.assertRaisesRegex(RuntimeError, r"guard.check\(\) runs inside"):
+      store.guard(session=sess).check(np.nan)
 
   def test_attempts_must_be_entered(self):
     _, store, sess = self._setup()
