@@ -149,7 +149,7 @@ class MovingAverage(_SlotAverage):
       for var, shadow in self._pairs:
         dtype = var.dtype.base_dtype
         if not dtype.is_floating:
-          updates.append(graph_ops.copy([var], [shadow], "copy"))
+          updates.append(_copy(var, shadow))
           continue
         if tau_non_trainable is not None and id(var) not in trainable:
           key = ("tau", tau_non_trainable, dtype)
@@ -158,7 +158,7 @@ class MovingAverage(_SlotAverage):
         else:
           key = ("tau", tau, dtype)
         if key[:2] == ("tau", 1.0):  # a hard copy, exact also for inf and NaN
-          updates.append(graph_ops.copy([var], [shadow], "copy"))
+          updates.append(_copy(var, shadow))
           continue
         if key not in rates:
           rates[key] = (_rate_from_decay(decay, warmup, dtype) if key[0] == "decay"
@@ -228,7 +228,8 @@ class RunningMean(_SlotAverage):
       with tf.control_dependencies([averaged]):
         self._update_op = tf.group(
             _assign_add(self._count, tf.constant(1, tf.int64)), name=scope)
-      self._reset_op = graph_ops.assign(self._count, tf.constant(0, tf.int64))
+      with tf.control_dependencies(None):  # a reset never waits for a step
+        self._reset_op = graph_ops.assign(self._count, tf.constant(0, tf.int64))
 
   @property
   def count(self):
@@ -248,7 +249,7 @@ class RunningMean(_SlotAverage):
     updates = []
     for var, shadow in self._pairs:
       if not var.dtype.base_dtype.is_floating:
-        updates.append(graph_ops.copy([var], [shadow], "copy"))
+        updates.append(_copy(var, shadow))
         continue
       with ops.colocate_with(var):
         dtype = var.dtype.base_dtype
@@ -256,6 +257,10 @@ class RunningMean(_SlotAverage):
         delta = (graph_ops.read(var) - mean) / tf.cast(n + 1, dtype)
         updates.append(_assign_add(shadow, delta))
     return tf.group(*updates)
+
+
+def _copy(var, shadow):
+  return graph_ops.assign(shadow, graph_ops.read(var))
 
 
 def _rate(tau, warmup, dtype):

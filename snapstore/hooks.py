@@ -115,9 +115,10 @@ class _Keeper(object):
     if (self._max_consecutive is not None
         and self._consecutive > self._max_consecutive):
       raise errors.NonFiniteError(
-          "The loss is %s at step %d, after %d rollbacks in a row. The variables "
-          "hold snapshot %r, the newest one that gave a finite loss."
-          % (value, step, self._max_consecutive, self.trusted))
+          "The loss is %s at step %d: %d rollbacks in a row, more than "
+          "max_consecutive_rollbacks=%d. The variables hold snapshot %r, the "
+          "newest one that gave a finite loss."
+          % (value, step, self._consecutive, self._max_consecutive, self.trusted))
 
 
 class _Protocol(object):

@@ -77,8 +77,8 @@ class SnapshotHookTest(tf.test.TestCase, parameterized.TestCase):
         sess.run(model.train_op, _bad(feeds[3], model))
         sess.run(model.train_op, _bad(feeds[4], model))
         with self.assertRaisesRegex(snapstore.NonFiniteError,
-                                    "after 2 rollbacks in a row. The variables hold "
-                                    "snapshot 2"):
+                                    "3 rollbacks in a row, more than max_consecutive_"
+                                    "rollbacks=2. The variables hold snapshot 2"):
           sess.run(model.train_op, _bad(feeds[5], model))
         helpers.assert_state(th.state(store, sess._tf_sess()),  # pylint: disable=protected-access
                              recorder.before[2])

@@ -211,6 +211,8 @@ class SlowWeightsTest(tf.test.TestCase, parameterized.TestCase):
       self.assertIs(opt.get_slot(w, "momentum"), opt.optimizer.get_slot(w, "momentum"))
       self.assertIs(opt.get_slot(w, "slow"), opt.slow_weights()["net/w"])
       self.assertEqual(opt.store().pinned(), ["slow"])
+      # The whole Lookahead step is the graph's train op, not the inner step.
+      self.assertEqual(tf.get_collection(tf.GraphKeys.TRAIN_OP), [model.train_op])
       # The slow weights are saved by a default Saver, like optimizer slots.
       self.assertIn(opt.get_slot(w, "slow"),
                     tf.get_collection(tf.GraphKeys.GLOBAL_VARIABLES))

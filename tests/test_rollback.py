@@ -195,7 +195,8 @@ class RollbackErrorsTest(tf.test.TestCase):
         other = tf.constant(1.0)
       with self.assertRaisesRegex(snapstore.GraphMismatchError, "another graph"):
         opt.apply_gradients(grads, loss=other)
-      opt.apply_gradients(grads, loss=tf.reduce_sum(w))
+      train_op = opt.apply_gradients(grads, loss=tf.reduce_sum(w))
+      self.assertEqual(tf.get_collection(tf.GraphKeys.TRAIN_OP), [train_op])
       with self.assertRaisesRegex(ValueError, "already has a train op"):
         opt.minimize(tf.reduce_sum(w))
 
