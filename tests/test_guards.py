@@ -55,7 +55,8 @@ class GuardTest(_GuardCase):
     start = self._state()
     feed = model.feeds(1, 1)[0]
     seen = []
-    for attempt in store.guard(watch=model.loss, retries=3, session=sess):
+    guard = store.guard(watch=model.loss, retries=3, session=sess)
+    for attempt in guard:
       with attempt:
         seen.append((attempt.number, self._state()))
         lr = BLOW_UP if attempt.number < 2 else 0.01
@@ -64,7 +65,8 @@ class GuardTest(_GuardCase):
     self.assertEqual([n for n, _ in seen], [0, 1, 2])
     for number, values in seen:  # every attempt started from the snapshot
       helpers.assert_state(values, start, "attempt %d" % number)
-    self.assertLen(store.guard(session=sess).failures, 0)
+    self.assertLen(guard.failures, 2)
+    self.assertFalse(guard.failed)
     retried = self._state()
     store.restore("guard", session=sess)
     sess.run(model.train_op, feed)  # lr 0.01, the default
