@@ -22,6 +22,11 @@ step. Measured, as time per training step:
                                 the floor of any snapshot that is a session.run
                                 of its own (a reference, not a snapstore path)
 
+To explain the figures, the script also times single calls (median of
+`--calls` calls each): `store.snapshot()` in device mode, the same grouped op
+run through a `make_callable` (no snapstore Python), and a `tf.no_op()` run
+through a `make_callable` (the fixed cost of any `session.run`).
+
 Every variant runs in one graph and one session. Rounds of `--steps` steps
 are interleaved (each round runs every variant once, starting at the next
 variant) after warm-up rounds. A variant's overhead is the median, over
@@ -61,6 +66,8 @@ def parse_args(argv=None):
                  help="training steps per variant per round (default 200)")
   p.add_argument("--rounds", type=int, default=20, help="timed rounds (default 20)")
   p.add_argument("--warmup", type=int, default=2, help="untimed rounds (default 2)")
+  p.add_argument("--calls", type=int, default=2000,
+                 help="calls per single-call timing (default 2000)")
   p.add_argument("--json", metavar="PATH", default=None,
                  help="write the configuration and raw timings to PATH")
   args = p.parse_args(argv)
@@ -90,6 +97,7 @@ class Loop(object):
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
       no_op = tf.no_op()
     self.graph.finalize()
+    self.snapshot_op = self.device.snapshot_op(0)
     self.model = model
     self.sess = tf.Session(graph=self.graph)
     self.sess.run(init)
@@ -145,6 +153,26 @@ class Loop(object):
         ("extra no_op run, every step", extra_run),
     ]
 
+  def single_calls(self, calls):
+    """Median microseconds per call of the pieces a snapshot call is made of."""
+    sess = self.sess
+    snapshot_op = sess.make_callable(self.snapshot_op)
+    pieces = [("store.snapshot() (device)",
+               lambda: self.device.snapshot(0, session=sess)),
+              ("callable(store.snapshot_op(0))", snapshot_op),
+              ("callable(tf.no_op())", self.no_op)]
+    result = []
+    for name, fn in pieces:
+      for _ in range(100):
+        fn()
+      times = []
+      for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+      result.append((name, 1e6 * statistics.median(times)))
+    return result
+
   def time_round(self, step, steps):
     feeds = self.feeds
     start = time.perf_counter()
@@ -163,6 +191,7 @@ def run(args):
       seconds = loop.time_round(step, args.steps)
       if r >= args.warmup:
         samples[name].append(seconds)
+  calls = loop.single_calls(args.calls)
   loop.sess.close()
   base = samples["baseline"]
   rows = []
@@ -176,7 +205,7 @@ def run(args):
         "overhead_q1": _quantile(ratios, 0.25) - 1.0,
         "overhead_q3": _quantile(ratios, 0.75) - 1.0,
     })
-  return loop, samples, rows
+  return loop, samples, rows, calls
 
 
 def _quantile(values, q):
@@ -195,7 +224,7 @@ def main(argv=None):
   print("%(platform)s, %(cpus)s CPUs, Python %(python)s, TensorFlow "
         "%(tensorflow)s" % info)
   info["load_before"] = os.getloadavg()
-  loop, samples, rows = run(args)
+  loop, samples, rows, calls = run(args)
   info["load_after"] = os.getloadavg()
   # Other processes on the machine show up as noise in every row.
   print("load average (1, 5, 15 min): before %s, after %s" % (
@@ -210,6 +239,8 @@ def main(argv=None):
     print("%-34s %12.1f %12.1f %8.1f%% (%5.1f..%5.1f)" % (
         row["variant"], row["median_us_per_step"], row["min_us_per_step"],
         100 * row["overhead"], 100 * row["overhead_q1"], 100 * row["overhead_q3"]))
+  print()
+  print("single calls (median us): " + ", ".join("%s %.1f" % c for c in calls))
   target = next(r for r in rows if r["variant"] == TARGET_VARIANT)
   met = target["overhead"] <= TARGET
   print()
@@ -220,6 +251,7 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
       json.dump({"config": vars(args), "environment": info, "rows": rows,
+                 "single_calls_us": dict(calls),
                  "samples_seconds_per_step": samples,
                  "target": {"variant": TARGET_VARIANT, "bound": TARGET, "met": met}},
                 f, indent=1, sort_keys=True)
