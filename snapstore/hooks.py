@@ -13,11 +13,13 @@ infinite:
       while not sess.should_stop():
         sess.run(train_op)
 
-    # An Estimator builds its graph in model_fn: give a function making the store.
+    # An Estimator builds its graph in model_fn: give functions that find the
+    # store's variables and the loss there (Estimator.train adds the
+    # EstimatorSpec's loss to the LOSSES collection, last).
     hook = snapstore.SnapshotHook(
         lambda: snapstore.SnapshotStore(collection=tf.GraphKeys.GLOBAL_VARIABLES,
                                         max_to_keep=2),
-        every_n_steps=100, loss="loss:0")
+        every_n_steps=100, loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[-1])
     estimator.train(input_fn, hooks=[hook])
 
     model.fit(x, y, callbacks=[snapstore.SnapshotCallback(every_n_batches=50)])

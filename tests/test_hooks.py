@@ -215,7 +215,7 @@ class EstimatorTest(tf.test.TestCase):
     hook = snapstore.SnapshotHook(
         lambda: snapstore.SnapshotStore(collection=tf.GraphKeys.GLOBAL_VARIABLES,
                                         max_to_keep=2),
-        every_n_steps=2, loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[0])
+        every_n_steps=2, loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[-1])
     config = tf.estimator.RunConfig(log_step_count_steps=None,
                                     save_summary_steps=None)
     estimator = tf.estimator.Estimator(_model_fn, model_dir=self.get_temp_dir(),
