@@ -11,6 +11,8 @@ parameters next to current ones, without writing a checkpoint every step.
     copy = snapstore.clone(q, inputs=[x], scope="copy")   # with new variables
 """
 from snapstore._version import __version__
+from snapstore.averaging import MovingAverage
+from snapstore.averaging import RunningMean
 from snapstore.clone import Clone
 from snapstore.clone import clone
 from snapstore.errors import CloneError
@@ -18,13 +20,22 @@ from snapstore.errors import Error
 from snapstore.errors import GraphMismatchError
 from snapstore.errors import IncompatibleSnapshotError
 from snapstore.errors import ModeError
+from snapstore.errors import NonFiniteError
 from snapstore.errors import NoSessionError
+from snapstore.errors import PinnedTagError
 from snapstore.errors import RestoreError
 from snapstore.errors import RewireError
 from snapstore.errors import SnapshotError
 from snapstore.errors import SnapshotFileError
+from snapstore.errors import TrialError
 from snapstore.errors import UnknownTagError
+from snapstore.guards import Guard
+from snapstore.guards import Trial
+from snapstore.hooks import SnapshotCallback
+from snapstore.hooks import SnapshotHook
+from snapstore.lookahead import Lookahead
 from snapstore.modes import MODES
+from snapstore.rollback import RollbackOptimizer
 from snapstore.store import SnapshotInfo
 from snapstore.store import SnapshotStore
 from snapstore.variables import SHADOW_VARIABLES
@@ -35,17 +46,28 @@ __all__ = [
     "CloneError",
     "Error",
     "GraphMismatchError",
+    "Guard",
     "IncompatibleSnapshotError",
+    "Lookahead",
     "MODES",
     "ModeError",
+    "MovingAverage",
     "NoSessionError",
+    "NonFiniteError",
+    "PinnedTagError",
     "RestoreError",
     "RewireError",
+    "RollbackOptimizer",
+    "RunningMean",
     "SHADOW_VARIABLES",
+    "SnapshotCallback",
     "SnapshotError",
     "SnapshotFileError",
+    "SnapshotHook",
     "SnapshotInfo",
     "SnapshotStore",
+    "Trial",
+    "TrialError",
     "UnknownTagError",
     "clone",
 ]

@@ -90,3 +90,30 @@ class CloneError(Error):
 
   The message names the op or variable and the way out. Nothing is built.
   """
+
+
+class NonFiniteError(Error):
+  """Raised when a watched tensor (a loss) is NaN or infinite.
+
+  Raised by `store.guard()` when it re-raises, and by `SnapshotHook` /
+  `SnapshotCallback` when rolling back does not help. The message names the
+  tensors and the snapshot the variables were rolled back to.
+  """
+
+
+class TrialError(Error):
+  """Raised when a `store.trial()` block ends without a decision.
+
+  The block neither called `keep()` nor `reject()` and the trial has no
+  `metric` to decide by; the trial's update is rolled back.
+  """
+
+
+class PinnedTagError(Error):
+  """Raised when a call would delete or evict a pinned snapshot.
+
+  A pinned tag names a device slot that in-graph ops write (`pin_slot`):
+  Lookahead's slow weights, a moving average, a target network. Deleting or
+  evicting it would hand that slot to another snapshot while the ops still
+  write it.
+  """

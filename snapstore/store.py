@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from snapstore import errors
+from snapstore import guards
 from snapstore import modes
 from snapstore import npz
 from snapstore import rewire
@@ -84,7 +85,10 @@ class SnapshotStore(object):
     self._varset = VariableSet(var_list=var_list, scope=scope,
                                collection=collection, optimizer=optimizer,
                                include_global_step=include_global_step)
-    with self._varset.graph.as_default(), tf.name_scope(name) as scope_name:
+    # The store's ops run on their own: they must not inherit the control
+    # dependencies (a train op) of the block the store is built in.
+    with self._varset.graph.as_default(), tf.control_dependencies(None), \
+        tf.name_scope(name) as scope_name:
       self._name = scope_name.rstrip("/")
       self._mode = mode_cls(self._varset, max_to_keep, self._name, **mode_options)
     self._lock = threading.RLock()
@@ -93,6 +97,7 @@ class SnapshotStore(object):
     self._pending = _NOTHING  # token of current values a failed put-back left
     self._closed = False
     self._rewirer = None  # made by the first past() call
+    self._pinned = set()  # tags of slots that in-graph ops write (pin_slot)
 
   # -- what the store covers -----------------------------------------------------
 
@@ -227,6 +232,11 @@ class SnapshotStore(object):
     with self._lock:
       self._check_open()
       tag = self._existing(tag, allow_default=False)
+      if tag in self._pinned:
+        raise errors.PinnedTagError(
+            "Snapshot %r is pinned to device slot %d, which in-graph ops write "
+            "(pin_slot); it cannot be deleted while the store exists."
+            % (tag, self._mode.slot_of(tag)))
       self._mode.delete(tag)
       del self._order[tag]
 
@@ -296,6 +306,44 @@ class SnapshotStore(object):
     sess = self._session(session, "recover")
     with self._lock:
       self._prepare(sess)
+
+  # -- training-loop blocks (snapstore.guards) ---------------------------------------
+
+  def guard(self, watch=None, retries=0, reraise=True, catch=(Exception,),
+            tag="guard", session=None):
+    """A block that rolls the variables back when it raises or a loss is not finite.
+
+    Takes a snapshot (under `tag`) on entry; when the block raises, or a
+    watched tensor that `guard.run` fetches is NaN or infinite, restores it
+    and retries (`retries`), re-raises or carries on. See `snapstore.guards`.
+
+        with store.guard(watch=loss, reraise=False, session=sess) as guard:
+          guard.run(train_op, feed)
+          guard.run(loss, feed)  # the loss after the step
+
+    Returns:
+      A `snapstore.guards.Guard`.
+    """
+    return guards.Guard(self, watch=watch, retries=retries, reraise=reraise,
+                        catch=catch, tag=tag, session=session)
+
+  def trial(self, metric=None, feed_dict=None, accept=None, tag="trial",
+            session=None):
+    """A block whose update is kept or rolled back by a criterion.
+
+    Snapshots on entry (under `tag`); on exit keeps the block's update if the
+    block called `trial.keep()`, or if `accept(before, after)` holds for
+    `metric` evaluated before and after the block (default: `after` is finite
+    and no larger); otherwise restores the snapshot. See `snapstore.guards`.
+
+        with store.trial(metric=loss, feed_dict=held_out, session=sess) as trial:
+          sess.run(train_op, feed)
+
+    Returns:
+      A `snapstore.guards.Trial`.
+    """
+    return guards.Trial(self, metric=metric, feed_dict=feed_dict, accept=accept,
+                        tag=tag, session=session)
 
   # -- arrays and files ------------------------------------------------------------
 
@@ -452,6 +500,57 @@ class SnapshotStore(object):
     with self._lock:
       return device.slot_of(self._existing(tag, allow_default=False))
 
+  def pin_slot(self, slot, tag):
+    """Names device slot `slot` `tag`, for ops that write the slot in the graph.
+
+    Nothing is copied: from now on `tag` names whatever the slot holds, as
+    written by your own ops (`snapshot_op(slot)` in the train step for a target
+    network, a `MovingAverage`, Lookahead's slow weights), so that
+    `evaluate_with(tag=tag)`, `restore(tag)`, `arrays(tag)` and `save_npz` use
+    it. A pinned tag is never evicted and cannot be deleted; `snapshot(tag)`
+    and `load_arrays(..., tag)` overwrite the slot. Pinning makes the tag the
+    newest, as taking a snapshot would; pinning the tag the slot already holds
+    pins it in place. No graph ops are added.
+
+    Args:
+      slot: A device slot, 0 to `num_slots - 1`.
+      tag: An int or non-empty string.
+
+    Returns:
+      The tag.
+
+    Raises:
+      ModeError: The store is not in device mode.
+      ValueError: No such slot; the slot holds another snapshot; or `tag` is
+        held in another slot.
+      TypeError: A tag that is not an int or a non-empty string.
+    """
+    device = self._device("pin_slot")
+    slot = self._check_slot(slot)
+    if tag is None:
+      raise TypeError("pin_slot() needs a tag (an int or a non-empty string).")
+    tag = self._new_tag(tag)
+    with self._lock:
+      self._check_open()
+      holder = device.tag_in(slot)
+      if holder is not None and holder != tag:
+        raise ValueError(
+            "Slot %d holds snapshot %r; delete it first or pin another slot."
+            % (slot, holder))
+      if holder is None and tag in self._order:
+        raise ValueError("Tag %r is held in slot %d, not slot %d."
+                         % (tag, device.slot_of(tag), slot))
+      device.pin(tag, slot)
+      self._pinned.add(tag)
+      if holder is None:
+        self._record(tag, None)
+      return tag
+
+  def pinned(self):
+    """The pinned tags (see `pin_slot`), oldest first."""
+    with self._lock:
+      return [t for t in self._order if t in self._pinned]
+
   # -- lifetime ----------------------------------------------------------------------
 
   def close(self):
@@ -542,7 +641,14 @@ class SnapshotStore(object):
     capacity = self._mode.capacity
     if tag in self._order or capacity is None or len(self._order) < capacity:
       return None
-    return next(iter(self._order))
+    for held in self._order:  # oldest first; pinned slots are never reused
+      if held not in self._pinned:
+        return held
+    raise errors.PinnedTagError(
+        "Cannot store snapshot %r: every slot of the store is pinned (%s). "
+        "Create the store with a larger max_to_keep, or snapshot under a "
+        "pinned tag to overwrite its slot."
+        % (tag, ", ".join(repr(t) for t in self._order)))
 
   def _record(self, tag, victim):
     if victim is not None:

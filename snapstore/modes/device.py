@@ -70,6 +70,7 @@ class DeviceMode(base.CopyMode):
         name="initializer")
     self._slot_of = {}
     self._free = list(range(max_to_keep))
+    self._pinned_slots = set()
     self._scratch_used = False
 
   # -- ops and variables for the user's own graph ------------------------------
@@ -93,6 +94,22 @@ class DeviceMode(base.CopyMode):
 
   def slot_of(self, tag):
     return self._slot_of[tag]
+
+  def tag_in(self, slot):
+    """The tag held in `slot`, or None."""
+    for tag, s in self._slot_of.items():
+      if s == slot:
+        return tag
+    return None
+
+  def pin(self, tag, slot):
+    """Binds `tag` to `slot` without copying; in-graph ops own the slot.
+
+    A pinned slot keeps its tag when writing it fails part-way: its ops write
+    it again anyway, and the slot must never go to another snapshot.
+    """
+    self._bind(tag, slot, None)
+    self._pinned_slots.add(slot)
 
   # -- CopyMode ------------------------------------------------------------------
 
@@ -147,8 +164,9 @@ class DeviceMode(base.CopyMode):
       self._run(session, op, feed_list, values)
     except tf.errors.OpError:
       # A partly written slot holds no snapshot any more.
-      for tag in [t for t, s in self._slot_of.items() if s == slot]:
-        self.delete(tag)
+      if slot not in self._pinned_slots:
+        for tag in [t for t, s in self._slot_of.items() if s == slot]:
+          self.delete(tag)
       raise
 
   def _bind(self, tag, slot, victim):

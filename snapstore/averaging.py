@@ -1,0 +1,321 @@
+"""Averages of a model's variables, kept in a device store's shadows.
+
+Two kinds, each one grouped op built once, that writes one device slot of a
+`SnapshotStore(mode="device")` and pins it under a tag (see
+`SnapshotStore.pin_slot`), so that `store.evaluate_with(..., tag=...)`,
+`store.restore(tag)` and `store.save_npz(path, tag)` use the average:
+
+- `MovingAverage`: the exponential (Polyak) moving average with rate tau,
+
+      average <- average - tau * (average - variable)
+
+  as `tf.train.ExponentialMovingAverage(decay=1 - tau)` computes it, with its
+  `num_updates` warm-up if given, and a separate rate for non-trainable
+  variables (batch-norm statistics). `tau=1.0` is a hard copy (a target
+  network's periodic update).
+- `RunningMean`: the running mean of stochastic weight averaging (Izmailov et
+  al. 2018, "Averaging Weights Leads to Wider Optima and Better
+  Generalization") with its count n:
+
+      average <- average + (variable - average) / (n + 1);  n <- n + 1
+
+  the first update (n = 0) copying the variables exactly.
+
+Variables that are not floats (a global step, integer counters) are copied,
+not averaged. Build the average after the train op and order it after the
+step as with `tf.train.ExponentialMovingAverage`:
+
+    store = snapstore.SnapshotStore(scope="net", mode="device", saveable=True)
+    with tf.control_dependencies([train_op]):
+      ema = snapstore.MovingAverage(store, tau=0.001)
+    train_and_average = ema.update_op
+    ...
+    ema_loss = store.evaluate_with(loss, feed, tag=ema.tag, session=sess)
+
+The average starts at the variables' initial values (the shadows' initial
+value), as TF's EMA does. `saveable=True` on the store puts the averages in
+checkpoints.
+"""
+import numpy as np
+
+from snapstore import checks
+from snapstore import errors
+from snapstore import graph_ops
+from snapstore import variables
+from snapstore._tf import tf
+from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.ops import state_ops  # pylint: disable=g-direct-tensorflow-import
+
+
+class _SlotAverage(object):
+  """An average written by in-graph ops into a pinned device slot of `store`."""
+
+  def __init__(self, store, slot, tag, what):
+    if store.mode != "device":
+      raise errors.ModeError(
+          "%s keeps its average in device shadows; this store uses mode %r. "
+          "Create the store with mode='device'." % (what, store.mode))
+    self._store = store
+    self._slot = slot
+    self._tag = store.pin_slot(slot, tag)
+    self._pairs = list(zip(store.variables.values(), store.shadows(slot).values()))
+
+  @property
+  def store(self):
+    return self._store
+
+  @property
+  def slot(self):
+    return self._slot
+
+  @property
+  def tag(self):
+    """The store tag naming the average."""
+    return self._tag
+
+  @property
+  def update_op(self):
+    """The grouped op updating the average (one run is one update)."""
+    return self._update_op
+
+  def averages(self):
+    """An OrderedDict from variable key to the shadow holding its average."""
+    return self._store.shadows(self._slot)
+
+  def evaluate_with(self, fetches, feed_dict=None, session=None):
+    """Runs `fetches` with the averages, then puts the variables back bit for bit."""
+    return self._store.evaluate_with(fetches, feed_dict, tag=self._tag,
+                                     session=session)
+
+
+class MovingAverage(_SlotAverage):
+  """An exponential moving average in a device slot (see module docstring).
+
+  Give the rate as `tau` or, in TF's terms, as `decay = 1 - tau`. With
+  `decay`, the arithmetic is exactly that of
+  `tf.train.ExponentialMovingAverage(decay, num_updates)` (the rate is
+  computed in float32 as `1 - decay`), so both give bit-identical averages;
+  with `tau`, the rate is `tau` itself, rounded once to the variable's dtype.
+
+  With `num_updates` (e.g. the global step), the rate early in training is
+  larger, as in TF's EMA: `rate = max(tau, 1 - (1 + n) / (10 + n))`, i.e.
+  `decay = min(decay, (1 + n) / (10 + n))`.
+
+  Args:
+    store: A device-mode `SnapshotStore`; the average lives in its `slot`.
+    tau: The rate, 0 < tau <= 1; 1.0 makes each update a hard copy.
+    decay: Instead of `tau`: 0 <= decay < 1, as for TF's EMA.
+    tau_non_trainable: The rate for covered variables that are not in
+      TRAINABLE_VARIABLES (batch-norm moving statistics, optimizer state).
+      Default: the same rate.
+    num_updates: Optional scalar tensor counting updates, for the warm-up.
+    slot: The device slot holding the average.
+    tag: The tag the slot is pinned under.
+    name: Name scope of the ops.
+
+  Raises:
+    ModeError: The store is not in device mode.
+    ValueError: Both or neither of `tau` and `decay`; a rate out of range;
+      the slot holds another snapshot (see `pin_slot`).
+    TypeError: A `num_updates` that is not a numeric scalar tensor.
+    GraphMismatchError: `num_updates` of another graph.
+  """
+
+  def __init__(self, store, tau=None, decay=None, tau_non_trainable=None,
+               num_updates=None, slot=0, tag="ema", name="moving_average"):
+    if (tau is None) == (decay is None):
+      raise ValueError("Give the rate as tau= or as decay= (decay = 1 - tau), "
+                       "not %s." % ("both" if tau is not None else "neither"))
+    if tau is not None:
+      _check_rate(tau, "tau")
+    else:
+      _check_rate(decay, "decay", decay=True)
+    if tau_non_trainable is not None:
+      _check_rate(tau_non_trainable, "tau_non_trainable")
+    if num_updates is not None:
+      _check_num_updates(num_updates, store.graph)
+    super(MovingAverage, self).__init__(store, slot, tag, "MovingAverage")
+    self._tau = tau
+    self._decay = decay
+    trainable = set(id(v) for v in
+                    store.graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES))
+    with store.graph.as_default(), tf.name_scope(name) as scope:
+      warmup = None
+      if num_updates is not None:
+        n = tf.cast(num_updates, tf.float32, name="num_updates")
+        warmup = (1.0 + n) / (10.0 + n)
+      rates = {}  # (kind, value, dtype) -> rate tensor, made once per rate
+      updates = []
+      for var, shadow in self._pairs:
+        dtype = var.dtype.base_dtype
+        if not dtype.is_floating:
+          updates.append(_copy(var, shadow))
+          continue
+        if tau_non_trainable is not None and id(var) not in trainable:
+          key = ("tau", tau_non_trainable, dtype)
+        elif decay is not None:
+          key = ("decay", decay, dtype)
+        else:
+          key = ("tau", tau, dtype)
+        if key[:2] == ("tau", 1.0):  # a hard copy, exact also for inf and NaN
+          updates.append(_copy(var, shadow))
+          continue
+        if key not in rates:
+          rates[key] = (_rate_from_decay(decay, warmup, dtype) if key[0] == "decay"
+                        else _rate(key[1], warmup, dtype))
+        updates.append(_ema_update(var, shadow, rates[key]))
+      self._update_op = tf.group(*updates, name=scope)
+
+  @property
+  def tau(self):
+    """The rate given as tau, or None when given as decay."""
+    return self._tau
+
+  @property
+  def decay(self):
+    """The rate given as decay, or None when given as tau."""
+    return self._decay
+
+
+class RunningMean(_SlotAverage):
+  """The SWA running mean of the variables, in a device slot, with its count.
+
+  Each run of `update_op` adds the variables' current values to the mean
+  (see the module docstring); `count` is the number of values averaged.
+  `reset_op` sets the count to 0, so the next update starts a new mean. The
+  count variable lives with the shadows (in GLOBAL_VARIABLES when the store
+  is `saveable`, else LOCAL_VARIABLES), so a checkpoint of the average has
+  its count.
+
+      swa = snapstore.RunningMean(store)
+      for epoch in range(epochs):
+        ...train an epoch...
+        if epoch >= swa_start:
+          sess.run(swa.update_op)
+      store.restore(swa.tag, session=sess)   # the SWA weights
+
+  Args:
+    store: A device-mode `SnapshotStore`; the mean lives in its `slot`.
+    slot: The device slot holding the mean.
+    tag: The tag the slot is pinned under.
+    name: Name scope of the ops and of the count variable.
+
+  Raises:
+    ModeError: The store is not in device mode.
+    ValueError: The slot holds another snapshot (see `pin_slot`).
+  """
+
+  def __init__(self, store, slot=0, tag="swa", name="running_mean"):
+    super(RunningMean, self).__init__(store, slot, tag, "RunningMean")
+    first_var, first_shadow = self._pairs[0]
+    graph = store.graph
+    collections = [variables.SHADOW_VARIABLES]
+    if any(v is first_shadow for v in
+           graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)):
+      collections.append(tf.GraphKeys.GLOBAL_VARIABLES)
+    else:
+      collections.append(tf.GraphKeys.LOCAL_VARIABLES)
+    with graph.as_default(), tf.name_scope(name) as scope:
+      with ops.init_scope(), ops.colocate_with(first_var):
+        self._count = tf.Variable(
+            np.int64(0), trainable=False, collections=collections,
+            name="count",
+            use_resource=graph_ops.is_resource(first_var))
+      n = graph_ops.read(self._count)
+      averaged = tf.cond(tf.equal(n, 0),
+                         lambda: self._copy_all(),
+                         lambda: self._add_to_mean(n), name="average")
+      with tf.control_dependencies([averaged]):
+        self._update_op = tf.group(
+            _assign_add(self._count, tf.constant(1, tf.int64)), name=scope)
+      with tf.control_dependencies(None):  # a reset never waits for a step
+        self._reset_op = graph_ops.assign(self._count, tf.constant(0, tf.int64))
+
+  @property
+  def count(self):
+    """The int64 variable counting the values in the mean."""
+    return self._count
+
+  @property
+  def reset_op(self):
+    """An op setting the count to 0: the next update restarts the mean."""
+    return self._reset_op
+
+  def _copy_all(self):
+    return graph_ops.copy([v for v, _ in self._pairs],
+                          [s for _, s in self._pairs], "copy")
+
+  def _add_to_mean(self, n):
+    updates = []
+    for var, shadow in self._pairs:
+      if not var.dtype.base_dtype.is_floating:
+        updates.append(_copy(var, shadow))
+        continue
+      with ops.colocate_with(var):
+        dtype = var.dtype.base_dtype
+        mean = graph_ops.read(shadow)
+        delta = (graph_ops.read(var) - mean) / tf.cast(n + 1, dtype)
+        updates.append(_assign_add(shadow, delta))
+    return tf.group(*updates)
+
+
+def _copy(var, shadow):
+  return graph_ops.assign(shadow, graph_ops.read(var))
+
+
+def _rate(tau, warmup, dtype):
+  rate = tf.constant(tau, dtype, name="tau")
+  if warmup is not None:
+    rate = tf.maximum(rate, tf.cast(1.0 - warmup, dtype))
+  return rate
+
+
+def _rate_from_decay(decay, warmup, dtype):
+  # The arithmetic of tf.train.ExponentialMovingAverage.apply and
+  # assign_moving_average: decay in float32, warm-up, 1 - decay, then a cast.
+  decay = tf.convert_to_tensor(decay, name="decay")
+  if warmup is not None:
+    decay = tf.minimum(decay, warmup)
+  rate = 1.0 - decay
+  return rate if dtype == rate.dtype else tf.cast(rate, dtype)
+
+
+def _ema_update(var, shadow, rate):
+  with ops.colocate_with(var):
+    return _assign_sub(shadow, (graph_ops.read(shadow) - graph_ops.read(var)) * rate)
+
+
+def _assign_sub(var, delta):
+  if graph_ops.is_resource(var):
+    return var.assign_sub(delta, use_locking=True, read_value=False)
+  return state_ops.assign_sub(var, delta, use_locking=True).op
+
+
+def _assign_add(var, delta):
+  if graph_ops.is_resource(var):
+    return var.assign_add(delta, use_locking=True, read_value=False)
+  return state_ops.assign_add(var, delta, use_locking=True).op
+
+
+def _check_rate(value, name, decay=False):
+  checks.number(value, name)
+  if decay and not 0 <= value < 1:
+    raise ValueError("decay must be in [0, 1), got %r." % (value,))
+  if not decay and not 0 < value <= 1:
+    raise ValueError("%s must be in (0, 1] (1.0 is a hard copy), got %r."
+                     % (name, value))
+
+
+def _check_num_updates(num_updates, graph):
+  if not isinstance(num_updates, (tf.Tensor, tf.Variable)):
+    raise TypeError("num_updates must be a scalar tensor or variable (e.g. the "
+                    "global step), got %r." % (num_updates,))
+  dtype = num_updates.dtype.base_dtype
+  if not (dtype.is_integer or dtype.is_floating) or num_updates.shape.ndims != 0:
+    raise TypeError("num_updates must be a numeric scalar, got %s of dtype %s "
+                    "and shape %s." % (num_updates.name, dtype.name,
+                                       num_updates.shape))
+  if num_updates.graph is not graph:
+    raise errors.GraphMismatchError(
+        "num_updates %s belongs to another graph than the store's variables."
+        % num_updates.name)

@@ -1,0 +1,447 @@
+"""Blocks of a training loop that roll the store's variables back when they fail.
+
+`store.guard(...)` takes a snapshot on entry and restores it when the block
+raises or when a watched tensor (a loss) comes out NaN or infinite; it then
+retries the block from the restored state, re-raises, or carries on.
+`store.trial(...)` tries an update and keeps it or rolls it back by a criterion.
+
+What a rollback restores is exactly the store's variables. With
+`optimizer=opt` and `include_global_step=True` those are the model, the
+optimizer's slots and non-slot variables (Adam's `beta1_power`) and the global
+step, so a rollback is exact: training on the same batches again gives
+bit-identical parameters. Nothing else goes back: variables the store does not
+cover, the position of input pipelines (the next run reads the next batch), and
+the state of random ops (a retried step draws new dropout masks).
+
+In graph mode a loss is only known after `session.run`, so the guard runs the
+step for you (`guard.run`, which also fetches the watched tensors) or checks
+values you fetched yourself (`guard.check`). A loss fetched in the same run as
+the train op is computed before the update; to check what the step did, fetch
+the loss again after it, as below. (Otherwise a step that ruins the
+parameters passes, and the next guard snapshots the ruined parameters.
+`SnapshotHook` avoids the second run by rolling back to an older snapshot.)
+
+    store = snapstore.SnapshotStore(scope="net", optimizer=opt,
+                                    include_global_step=True)
+    with tf.Session() as sess:
+      ...
+      for feed in batches:
+        # Roll back and go on with the next batch when the step blows up.
+        with store.guard(watch=loss, reraise=False, session=sess) as guard:
+          guard.run(train_op, feed)
+          guard.run(loss, feed)  # the loss after the step
+
+        # Or try the batch up to 3 times, halving the learning rate each time.
+        for attempt in store.guard(watch=loss, retries=2, session=sess):
+          with attempt:
+            attempt.run(train_op, {**feed, lr: 0.1 * 0.5 ** attempt.number})
+            attempt.run(loss, feed)
+
+      # Keep a step only if the loss on a held-out batch did not rise.
+      with store.trial(metric=loss, feed_dict=held_out, session=sess) as trial:
+        sess.run(train_op, feed)
+      print(trial.kept, trial.before, trial.after)
+
+Guards and trials are plain Python objects: creating one per step adds no
+graph ops.
+"""
+import numpy as np
+
+from snapstore import checks
+from snapstore import errors
+from snapstore import session as session_lib
+from snapstore._tf import tf
+
+
+class Guard(object):
+  """Snapshot on entry; roll back when the block raises or a loss is not finite.
+
+  Create with `store.guard(...)`. Use it as `with guard:` for one attempt, or
+  iterate over it for up to `1 + retries` attempts:
+
+      for attempt in store.guard(watch=loss, retries=2, session=sess):
+        with attempt:
+          attempt.run(train_op, feed)
+          attempt.run(loss, feed)  # the loss after the step
+
+  Every use (a `with` block or a `for` loop) starts with a fresh snapshot
+  under `tag`, so one guard can serve every step of a loop. The snapshot stays
+  in the store afterwards (replaced by the next use) and counts against its
+  `max_to_keep`.
+
+  When an attempt raises an exception of a `catch` type (including the
+  `NonFiniteError` of a watched tensor), the store's variables are restored
+  from the snapshot. Then the next attempt runs, if any is left; after the
+  last one the exception is re-raised (`reraise=True`) or swallowed
+  (`reraise=False`; `failed` tells). Other exceptions (KeyboardInterrupt, or
+  types outside `catch`) propagate at once, without a rollback.
+
+  Args:
+    store: The `SnapshotStore` whose variables are guarded.
+    watch: A float tensor or a list of them (a loss) that `run` fetches and
+      checks; any NaN or infinite element fails the attempt.
+    retries: How many more attempts to make after a failed one (iteration
+      only; a `with` block runs once).
+    reraise: After the last failed attempt, re-raise the exception (default)
+      or swallow it.
+    catch: An exception type or tuple of types that fail an attempt (and roll
+      back), besides the guard's own `NonFiniteError`. Default: `Exception`.
+    tag: The store tag of the guard's snapshot.
+    session: The session for snapshots, rollbacks and `run`; default: the
+      default session. A `MonitoredSession` is used as is by `run` (its hooks
+      see the training step) and unwrapped for the store's copies.
+
+  Raises:
+    TypeError: A watched value that is not a float tensor; a bad `catch`,
+      `retries`, `reraise` or `tag`.
+    ValueError: Negative `retries`.
+    GraphMismatchError: A watched tensor of another graph than the store's.
+  """
+
+  def __init__(self, store, watch=None, retries=0, reraise=True,
+               catch=(Exception,), tag="guard", session=None):
+    self._store = store
+    self._watch = _watched_tensors(watch, store.graph)
+    self._retries = checks.integer(retries, "retries", 0)
+    if not isinstance(reraise, bool):
+      raise TypeError("reraise must be a bool, got %r." % (reraise,))
+    self._reraise = reraise
+    self._catch = _exception_types(catch) + (errors.NonFiniteError,)
+    self._tag = _check_tag(store, tag)
+    self._session = session
+    self._active = None  # the running attempt
+    self.failures = []
+    self.failed = False
+
+  @property
+  def tag(self):
+    return self._tag
+
+  @property
+  def watch(self):
+    """The watched tensors."""
+    return list(self._watch)
+
+  # -- one attempt: `with guard:` -------------------------------------------------
+
+  def __enter__(self):
+    if self._retries:
+      raise ValueError(
+          "retries=%d needs the block to run again, which a `with` statement "
+          "cannot do. Iterate instead: `for attempt in store.guard(...): with "
+          "attempt: ...`, or use guard.call(fn)." % self._retries)
+    self._begin()
+    self._active = _Attempt(self, 0, last=True).__enter__()
+    return self
+
+  def __exit__(self, exc_type, exc, tb):
+    attempt, self._active = self._active, None
+    return attempt.__exit__(exc_type, exc, tb)
+
+  # -- several attempts: `for attempt in guard:` ----------------------------------
+
+  def __iter__(self):
+    self._begin()
+    for number in range(self._retries + 1):
+      attempt = _Attempt(self, number, last=number == self._retries)
+      yield attempt
+      if attempt.outcome is None:
+        raise RuntimeError("Use each attempt of a guard as a context manager: "
+                           "`for attempt in guard: with attempt: ...`.")
+      if attempt.outcome == "ok" or self.failed:
+        return
+
+  def call(self, fn, *args, **kwargs):
+    """Runs `fn(*args, **kwargs)` under the guard, with its retries.
+
+    Inside `fn`, `guard.run` runs and checks steps.
+
+    Returns:
+      What `fn` returned, or None when every attempt failed and
+      `reraise=False`.
+    """
+    for attempt in self:
+      with attempt:
+        return fn(*args, **kwargs)
+    return None
+
+  # -- inside an attempt ------------------------------------------------------------
+
+  def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+    """Runs `fetches` as `Session.run` does, and checks the watched tensors.
+
+    The watched tensors are fetched in the same run.
+
+    Returns:
+      What `Session.run(fetches, ...)` returns.
+
+    Raises:
+      NonFiniteError: A watched tensor has a NaN or infinite element. The
+        guarded block fails and the guard rolls back.
+      RuntimeError: Called outside the guarded block.
+    """
+    self._check_active("run")
+    session = self._user_session()
+    result, watched = session.run((fetches, self._watch), feed_dict=feed_dict,
+                                  options=options, run_metadata=run_metadata)
+    self._check([t.name for t in self._watch], watched)
+    return result
+
+  def check(self, *values):
+    """Fails the attempt if any of `values` (fetched numbers) is NaN or infinite.
+
+    For losses you fetch yourself. Values are named by position.
+
+    Raises:
+      NonFiniteError: A value has a NaN or infinite element.
+      RuntimeError: Called outside the guarded block.
+    """
+    self._check_active("check")
+    self._check(["value %d" % i for i in range(len(values))], values)
+
+  # -- internals ----------------------------------------------------------------------
+
+  def _begin(self):
+    self.failures = []
+    self.failed = False
+    self._store.snapshot(self._tag, session=self._session)
+
+  def _check_active(self, what):
+    if self._active is None:
+      raise RuntimeError("guard.%s() runs inside the guarded block (`with guard:` "
+                         "or `with attempt:`), where a failure can be rolled back."
+                         % what)
+
+  def _user_session(self):
+    session_lib.resolve(self._session, self._store.graph, "guard.run")
+    return self._session if self._session is not None else tf.get_default_session()
+
+  def _check(self, names, values):
+    bad = []
+    for name, value in zip(names, values):
+      value = np.asarray(value)
+      if value.dtype.kind not in "fc":
+        raise TypeError("%s is not a float value (dtype %s); only floats can "
+                        "be NaN or infinite." % (_name(name), value.dtype))
+      if not np.all(np.isfinite(value)):
+        bad.append("%s is %s" % (_name(name), _describe(value)))
+    if bad:
+      raise errors.NonFiniteError(
+          "%s (attempt %d of %d). The guard rolls the store's variables back "
+          "to snapshot %r." % ("; ".join(bad), self._active.number + 1,
+                               self._retries + 1, self._tag))
+
+  def _rollback(self, exc):
+    try:
+      self._store.restore(self._tag, session=self._session)
+    except errors.Error as e:
+      raise e from exc
+
+
+class _Attempt(object):
+  """One run of a guarded block (see `Guard`)."""
+
+  def __init__(self, guard, number, last):
+    self._guard = guard
+    self.number = number  # 0 for the first attempt
+    self.last = last
+    self.outcome = None  # "ok" or "failed" once the block has run
+
+  def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+    """Runs and checks a step; see `Guard.run`."""
+    return self._guard.run(fetches, feed_dict, options, run_metadata)
+
+  def check(self, *values):
+    """See `Guard.check`."""
+    self._guard.check(*values)
+
+  def __enter__(self):
+    self._guard._active = self  # pylint: disable=protected-access
+    return self
+
+  def __exit__(self, exc_type, exc, tb):
+    guard = self._guard
+    guard._active = None  # pylint: disable=protected-access
+    if exc is None:
+      self.outcome = "ok"
+      return False
+    self.outcome = "failed"
+    if not isinstance(exc, guard._catch):  # pylint: disable=protected-access
+      return False
+    guard.failures.append(exc)
+    guard._rollback(exc)  # pylint: disable=protected-access
+    if not self.last:
+      return True
+    guard.failed = True
+    return not guard._reraise  # pylint: disable=protected-access
+
+
+class Trial(object):
+  """Tries an update; keeps it or rolls it back by a criterion.
+
+  Create with `store.trial(...)`. On entry the store's variables are
+  snapshotted (under `tag`) and, with a `metric`, the metric is evaluated
+  (`before`). The block makes its update. On exit the trial decides:
+
+  - the block raised: roll back, and the exception propagates;
+  - the block called `keep()` / `reject()` / `decide(flag)`: that decision;
+  - otherwise, with a `metric`: evaluate it again (`after`) and keep the
+    update if `accept(before, after)` is true (default: `after` is finite and
+    no larger than `before`);
+  - otherwise: roll back and raise `TrialError`.
+
+  After the block, `kept` says what happened. The metric runs in the raw
+  session (a `MonitoredSession`'s hooks do not see it).
+
+      with store.trial(metric=loss, feed_dict=held_out, session=sess) as trial:
+        sess.run(train_op, feed)
+      if not trial.kept:
+        ...  # the variables hold exactly what they held before the block
+
+  Args:
+    store: The `SnapshotStore` whose variables are tried.
+    metric: A tensor (or any fetches) to evaluate before and after the block.
+    feed_dict: The feed for `metric`, e.g. a held-out batch.
+    accept: A function `(before, after) -> bool`; needs `metric`.
+    tag: The store tag of the trial's snapshot.
+    session: As for the store's methods.
+
+  Raises:
+    ValueError: `accept` without `metric`.
+    TypeError: A non-callable `accept`, or a bad `tag`.
+    GraphMismatchError: A metric of another graph than the store's.
+  """
+
+  def __init__(self, store, metric=None, feed_dict=None, accept=None,
+               tag="trial", session=None):
+    if accept is not None and metric is None:
+      raise ValueError("accept=... compares the metric before and after the "
+                       "block; pass metric= too (or decide with trial.keep()).")
+    if accept is not None and not callable(accept):
+      raise TypeError("accept must be a function (before, after) -> bool, got "
+                      "%r." % (accept,))
+    if metric is not None:
+      _check_graph(tf.nest.flatten(metric), store.graph)
+    self._store = store
+    self._metric = metric
+    self._feed_dict = feed_dict
+    self._accept = accept or _not_worse
+    self._tag = _check_tag(store, tag)
+    self._session = session
+    self._decision = None
+    self.before = None
+    self.after = None
+    self.kept = None
+
+  @property
+  def tag(self):
+    return self._tag
+
+  def keep(self):
+    """Keeps the block's update."""
+    self._decision = True
+
+  def reject(self):
+    """Rolls the block's update back on exit."""
+    self._decision = False
+
+  def decide(self, keep):
+    """Keeps the update if `keep` is true, else rolls it back on exit."""
+    self._decision = bool(keep)
+
+  def __enter__(self):
+    self._decision = None
+    self.before = self.after = self.kept = None
+    self._store.snapshot(self._tag, session=self._session)
+    if self._metric is not None:
+      self.before = self._evaluate()
+    return self
+
+  def __exit__(self, exc_type, exc, tb):
+    if exc is not None:
+      self._roll_back(exc)
+      return False
+    decision = self._decision
+    if decision is None and self._metric is not None:
+      self.after = self._evaluate()
+      decision = bool(self._accept(self.before, self.after))
+    if decision is None:
+      error = errors.TrialError(
+          "The trial block ended without a decision, so its update was rolled "
+          "back. Call trial.keep() or trial.reject() in the block, or pass "
+          "metric= (and accept=) to store.trial().")
+      self._roll_back(error)
+      raise error
+    if not decision:
+      self._roll_back(None)
+    self.kept = decision
+    return False
+
+  def _evaluate(self):
+    sess = session_lib.resolve(self._session, self._store.graph, "trial")
+    return sess.run(self._metric, feed_dict=self._feed_dict)
+
+  def _roll_back(self, exc):
+    self.kept = False
+    try:
+      self._store.restore(self._tag, session=self._session)
+    except errors.Error as e:
+      raise e from exc
+
+
+def _not_worse(before, after):
+  before, after = np.asarray(before), np.asarray(after)
+  if not np.all(np.isfinite(after)):
+    return False
+  return bool(np.all(~np.isfinite(before) | (after <= before)))
+
+
+def _watched_tensors(watch, graph):
+  if watch is None:
+    return []
+  watch = list(watch) if isinstance(watch, (list, tuple)) else [watch]
+  for t in watch:
+    if not isinstance(t, tf.Tensor):
+      raise TypeError("watch takes float tensors (e.g. the loss), got %r. For a "
+                      "variable, pass a tensor reading it." % (t,))
+    if not (t.dtype.is_floating or t.dtype.is_complex):
+      raise TypeError("Watched tensor %s has dtype %s; only float tensors can "
+                      "be NaN or infinite." % (t.name, t.dtype.name))
+  _check_graph(watch, graph)
+  return watch
+
+
+def _check_graph(tensors, graph):
+  for t in tensors:
+    if getattr(t, "graph", graph) is not graph:
+      raise errors.GraphMismatchError(
+          "%s belongs to another graph than the store's variables; pass tensors "
+          "of the store's graph (store.graph)." % getattr(t, "name", t))
+
+
+def _exception_types(catch):
+  types = catch if isinstance(catch, tuple) else (catch,)
+  if not types or not all(isinstance(t, type) and issubclass(t, BaseException)
+                          for t in types):
+    raise TypeError("catch must be an exception type or a tuple of them, got %r."
+                    % (catch,))
+  return types
+
+
+def _check_tag(store, tag):
+  if tag is None:
+    raise TypeError("A guard or trial needs a fixed tag (an int or a non-empty "
+                    "string), got None.")
+  return store._new_tag(tag)  # pylint: disable=protected-access
+
+
+def _name(name):
+  return "Watched tensor %s" % name if ":" in name else name.capitalize()
+
+
+def _describe(value):
+  flat = value.reshape(-1)
+  bad = flat[~np.isfinite(flat)]
+  if flat.size == 1:
+    return str(flat[0])
+  return "%d of %d elements not finite (first: %s)" % (bad.size, flat.size, bad[0])

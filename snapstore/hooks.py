@@ -1,0 +1,340 @@
+"""Snapshots and rollbacks for training loops you do not write yourself.
+
+`SnapshotHook` is a `tf.train.SessionRunHook` for `MonitoredTrainingSession`
+and Estimators; `SnapshotCallback` is a `tf.keras.callbacks.Callback` for
+`model.fit` in TF1 Keras. Both take a snapshot of a store every N steps (or
+seconds) and, given a loss, roll the variables back when it comes out NaN or
+infinite:
+
+    store = snapstore.SnapshotStore(scope="net", mode="device", max_to_keep=2,
+                                    optimizer=opt, include_global_step=True)
+    hook = snapstore.SnapshotHook(store, every_n_steps=100, loss=loss)
+    with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+      while not sess.should_stop():
+        sess.run(train_op)
+
+    # An Estimator builds its graph in model_fn: give functions that find the
+    # store's variables and the loss there (Estimator.train adds the
+    # EstimatorSpec's loss to the LOSSES collection, last).
+    hook = snapstore.SnapshotHook(
+        lambda: snapstore.SnapshotStore(collection=tf.GraphKeys.GLOBAL_VARIABLES,
+                                        max_to_keep=2),
+        every_n_steps=100, loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[-1])
+    estimator.train(input_fn, hooks=[hook])
+
+    model.fit(x, y, callbacks=[snapstore.SnapshotCallback(every_n_batches=50)])
+
+How a rollback works. A snapshot is taken before a step runs (the step's
+parameters), and trusted once that step's loss, which is computed at those
+parameters, is finite. When a loss is not finite, the variables are restored
+from the newest trusted snapshot (a snapshot taken right before the failing
+step is dropped) and training goes on with the next batch. So the store must
+keep two snapshots (`max_to_keep >= 2`): the trusted one and the one being
+checked. After `max_consecutive_rollbacks` rollbacks without a finite loss in
+between, `NonFiniteError` is raised (with the variables restored).
+
+Steps are counted per run of the session (per batch in Keras), from 0, so
+they keep counting forward across rollbacks; the first step always takes a
+snapshot. Like any hook, the snapshots go through the raw session and do not
+count as steps.
+
+Estimators: `Estimator.train` always adds its own `NanTensorHook`, which ends
+training on a NaN loss. It runs after your hooks, so `SnapshotHook` has rolled
+the variables back by then, but `train()` still stops with
+`NanLossDuringTrainingError` (an infinite loss is rolled back and training
+goes on).
+"""
+import weakref
+
+import numpy as np
+
+from snapstore import checks
+from snapstore import errors
+from snapstore._tf import tf
+from snapstore.store import SnapshotStore
+
+
+class _Keeper(object):
+  """Periodic snapshots, trusted after a finite loss; rollback when not finite."""
+
+  def __init__(self, store, timer, watching, max_consecutive_rollbacks,
+               on_rollback):
+    if watching and store.max_to_keep is not None and store.max_to_keep < 2:
+      raise ValueError(
+          "Rolling back on a loss needs a store that keeps 2 snapshots (the "
+          "trusted one and the one being checked); this one keeps %d. Create it "
+          "with max_to_keep=2." % store.max_to_keep)
+    self.store = store
+    self._timer = timer
+    self._watching = watching
+    self._max_consecutive = max_consecutive_rollbacks
+    self._on_rollback = on_rollback
+    self.step = 0
+    self.trusted = None  # tag of the newest snapshot known to give a finite loss
+    self._checking = None  # tag of the snapshot taken before this step
+    self._consecutive = 0
+    self.snapshots = 0
+    self.rollbacks = 0
+
+  def before_step(self, session):
+    if not self._timer.should_trigger_for_step(self.step):
+      return
+    tag = self.store.snapshot(session=session)
+    self._timer.update_last_triggered_step(self.step)
+    self.snapshots += 1
+    if self._watching:
+      self._checking = tag
+    else:
+      self.trusted = tag
+
+  def after_step(self, session, value):
+    step, self.step = self.step, self.step + 1
+    if not self._watching:
+      return
+    if value is None:
+      raise ValueError("No loss value for step %d to check." % step)
+    value = np.asarray(value)
+    if np.all(np.isfinite(value)):
+      if self._checking is not None:
+        self.trusted, self._checking = self._checking, None
+      self._consecutive = 0
+      return
+    if self._checking is not None:
+      # Its parameters gave this loss: never roll back to it.
+      if self._checking in self.store:
+        self.store.delete(self._checking)
+      self._checking = None
+      self._timer.reset()
+    if self.trusted is None or self.trusted not in self.store:
+      raise errors.NonFiniteError(
+          "The loss is %s at step %d and there is no trusted snapshot to roll "
+          "back to (the store holds %s)." % (value, step, self.store.tags()))
+    self.store.restore(self.trusted, session=session)
+    self.rollbacks += 1
+    self._consecutive += 1
+    if self._on_rollback is not None:
+      self._on_rollback(session)
+    if (self._max_consecutive is not None
+        and self._consecutive > self._max_consecutive):
+      raise errors.NonFiniteError(
+          "The loss is %s at step %d: %d rollbacks in a row, more than "
+          "max_consecutive_rollbacks=%d. The variables hold snapshot %r, the "
+          "newest one that gave a finite loss."
+          % (value, step, self._consecutive, self._max_consecutive, self.trusted))
+
+
+class _Protocol(object):
+  """What SnapshotHook and SnapshotCallback share: options, and the keeper."""
+
+  def _configure(self, every_n_steps, every_n_secs, steps_name,
+                 max_consecutive_rollbacks, on_rollback):
+    self._timer_args = _timer_args(every_n_steps, every_n_secs, steps_name)
+    if max_consecutive_rollbacks is not None:
+      checks.integer(max_consecutive_rollbacks, "max_consecutive_rollbacks", 0)
+    self._max_consecutive = max_consecutive_rollbacks
+    self._on_rollback = checks.function(on_rollback, "on_rollback")
+    self._keeper = None
+    self._stores = weakref.WeakKeyDictionary()  # graph -> store built for it
+
+  def _store_for(self, store, graph, build):
+    """`store` if a SnapshotStore, else the one `build()` made for `graph`."""
+    if not isinstance(store, SnapshotStore):
+      store = self._stores.get(graph)
+      if store is None:  # built once per graph: a graph is often finalized later
+        with graph.as_default():
+          store = build()
+        if not isinstance(store, SnapshotStore):
+          raise TypeError("The store function returned %r, not a SnapshotStore."
+                          % (store,))
+        self._stores[graph] = store
+    if store.graph is not graph:
+      raise errors.GraphMismatchError(
+          "%s's store covers variables of another graph than the one being run. "
+          "With an Estimator (which builds a new graph for each train() call), "
+          "pass a function that creates the store." % type(self).__name__)
+    return store
+
+  def _start(self, store, watching):
+    self._keeper = _Keeper(store, tf.train.SecondOrStepTimer(*self._timer_args),
+                           watching, self._max_consecutive, self._on_rollback)
+
+  @property
+  def store(self):
+    """The store, once training has started (None before)."""
+    return self._keeper.store if self._keeper else None
+
+  @property
+  def rollbacks(self):
+    """Rollbacks since training started."""
+    return self._keeper.rollbacks if self._keeper else 0
+
+  @property
+  def snapshots(self):
+    """Snapshots taken since training started."""
+    return self._keeper.snapshots if self._keeper else 0
+
+  @property
+  def trusted(self):
+    """Tag of the newest snapshot known to give a finite loss (or None)."""
+    return self._keeper.trusted if self._keeper else None
+
+
+class SnapshotHook(_Protocol, tf.train.SessionRunHook):
+  """Snapshots every N steps or seconds; rolls back on a non-finite loss.
+
+  See the module docstring for the protocol.
+
+  Args:
+    store: A `SnapshotStore`, or a function of no arguments returning one,
+      called in `begin()`, when the graph is complete but not finalized (how
+      to use the hook with an Estimator, whose graph is built in `model_fn`).
+      With a `loss`, the store must keep 2 snapshots.
+    every_n_steps: Snapshot every this many runs of the session.
+    every_n_secs: Or: snapshot when this many seconds have passed.
+    loss: The tensor to check after each run: a float `Tensor`, a tensor name
+      ("loss:0"), or a function of no arguments returning the tensor (called
+      in `begin()`). None: snapshots only, no rollback.
+    max_consecutive_rollbacks: Raise `NonFiniteError` after this many
+      rollbacks without a finite loss in between; None: never.
+    on_rollback: A function called with the (raw) session after each rollback,
+      e.g. to lower a learning rate.
+
+  Raises:
+    ValueError: Both or neither of `every_n_steps` and `every_n_secs`, or
+      non-positive values.
+    TypeError: A store that is neither a `SnapshotStore` nor callable, or a
+      bad `loss` or `on_rollback`.
+  """
+
+  def __init__(self, store, every_n_steps=None, every_n_secs=None, loss=None,
+               max_consecutive_rollbacks=3, on_rollback=None):
+    if not (isinstance(store, SnapshotStore) or callable(store)):
+      raise TypeError("store must be a SnapshotStore or a function returning "
+                      "one, got %r." % (store,))
+    if not (loss is None or isinstance(loss, (tf.Tensor, str)) or callable(loss)):
+      raise TypeError("loss must be a tensor, a tensor name or a function "
+                      "returning a tensor, got %r." % (loss,))
+    self._configure(every_n_steps, every_n_secs, "every_n_steps",
+                    max_consecutive_rollbacks, on_rollback)
+    self._store_arg = store
+    self._loss_arg = loss
+    self._loss = None
+
+  def begin(self):
+    graph = tf.get_default_graph()
+    store = self._store_for(self._store_arg, graph, self._store_arg)
+    self._loss = _resolve_loss(self._loss_arg, graph)
+    self._start(store, watching=self._loss is not None)
+
+  def before_run(self, run_context):
+    self._keeper.before_step(run_context.session)
+    if self._loss is None:
+      return None
+    return tf.train.SessionRunArgs(self._loss)
+
+  def after_run(self, run_context, run_values):
+    self._keeper.after_step(run_context.session, run_values.results)
+
+
+class SnapshotCallback(_Protocol, tf.keras.callbacks.Callback):
+  """The `SnapshotHook` protocol for `model.fit` in TF1 Keras.
+
+  Snapshots every N batches (or seconds) and rolls back when the batch loss
+  (`logs[monitor]`) is NaN or infinite. The session is
+  `tf.keras.backend.get_session()`.
+
+  Args:
+    store: A `SnapshotStore`, a function `model -> SnapshotStore`, or None for
+      a device store of the model's weights (trainable and not: batch-norm
+      statistics too) and the optimizer's state (slots and `iterations`),
+      keeping 2 snapshots: an exact rollback. Built once per graph, at the
+      start of `fit`.
+    every_n_batches: Snapshot every this many batches.
+    every_n_secs: Or: snapshot when this many seconds have passed.
+    monitor: The key of the value to check in the batch logs; None: snapshots
+      only, no rollback.
+    max_consecutive_rollbacks: Raise `NonFiniteError` after this many
+      rollbacks without a finite loss in between; None: never.
+    on_rollback: A function called with the session after each rollback.
+
+  Raises:
+    ValueError: Both or neither of `every_n_batches` and `every_n_secs`.
+    TypeError: A bad `store` or `on_rollback`.
+  """
+
+  def __init__(self, store=None, every_n_batches=None, every_n_secs=None,
+               monitor="loss", max_consecutive_rollbacks=3, on_rollback=None):
+    super(SnapshotCallback, self).__init__()
+    if not (store is None or isinstance(store, SnapshotStore) or callable(store)):
+      raise TypeError("store must be a SnapshotStore, a function model -> "
+                      "SnapshotStore, or None, got %r." % (store,))
+    self._configure(every_n_batches, every_n_secs, "every_n_batches",
+                    max_consecutive_rollbacks, on_rollback)
+    self._store_arg = store
+    self._monitor = monitor
+
+  def on_train_begin(self, logs=None):
+    graph = tf.keras.backend.get_session().graph
+    factory = self._store_arg if self._store_arg is not None else _keras_store
+    store = self._store_for(self._store_arg, graph, lambda: factory(self.model))
+    self._start(store, watching=self._monitor is not None)
+
+  def on_train_batch_begin(self, batch, logs=None):
+    self._keeper.before_step(tf.keras.backend.get_session())
+
+  def on_train_batch_end(self, batch, logs=None):
+    value = None
+    if self._monitor is not None:
+      if not logs or self._monitor not in logs:
+        raise ValueError("The batch logs have no %r to check (they have %s); "
+                         "pass monitor= one of them, or None." % (
+                             self._monitor, sorted(logs or ())))
+      value = logs[self._monitor]
+    self._keeper.after_step(tf.keras.backend.get_session(), value)
+
+
+def _keras_store(model):
+  """A device store of the model's weights and its optimizer's state."""
+  optimizer = model.optimizer
+  var_list = list(model.weights)
+  inner = getattr(optimizer, "optimizer", None)
+  if isinstance(inner, tf.train.Optimizer):  # Keras's TFOptimizer wrapper
+    var_list.append(optimizer.iterations)
+    optimizer = inner
+  if optimizer is not None and not optimizer.variables():
+    optimizer = None  # plain SGD: nothing beyond the weights
+  return SnapshotStore(var_list=var_list, optimizer=optimizer, mode="device",
+                       max_to_keep=2, name="snapshot_callback")
+
+
+def _timer_args(every_n_steps, every_n_secs, steps_name):
+  if (every_n_steps is None) == (every_n_secs is None):
+    raise ValueError("Pass exactly one of %s and every_n_secs." % steps_name)
+  if every_n_steps is not None:
+    return None, checks.integer(every_n_steps, steps_name, 1)
+  if checks.number(every_n_secs, "every_n_secs") <= 0:
+    raise ValueError("every_n_secs must be > 0, got %r." % (every_n_secs,))
+  return float(every_n_secs), None
+
+
+def _resolve_loss(loss, graph):
+  if loss is None:
+    return None
+  if isinstance(loss, str):
+    try:
+      loss = graph.get_tensor_by_name(loss)
+    except (KeyError, ValueError) as e:
+      raise ValueError("loss=%r names no tensor of the graph (%s). Pass a name "
+                       "like 'loss:0', the tensor, or a function returning it."
+                       % (loss, e))
+  elif not isinstance(loss, tf.Tensor):
+    loss = loss()
+  if not isinstance(loss, tf.Tensor):
+    raise TypeError("The loss function returned %r, not a tensor." % (loss,))
+  if loss.graph is not graph:
+    raise errors.GraphMismatchError(
+        "The loss %s belongs to another graph than the one being run." % loss.name)
+  if not loss.dtype.is_floating:
+    raise TypeError("The loss %s has dtype %s; only float tensors can be NaN or "
+                    "infinite." % (loss.name, loss.dtype.name))
+  return loss

@@ -1,0 +1,264 @@
+"""RollbackOptimizer: take a step, check the loss, roll the step back if it rose.
+
+A training step with `RollbackOptimizer` is two runs, both plain graph ops with
+no Python branching:
+
+1. `train_op` (from `minimize`): records the loss at the current parameters,
+   copies the parameters and the inner optimizer's state into a device
+   snapshot, then lets the inner optimizer take its step.
+2. `opt.check`: evaluates the loss again, at the new parameters, on the batch
+   you feed it. If the loss is not finite, or rose by more than the tolerance,
+
+       loss_after - loss_before > tolerance + relative_tolerance * |loss_before|,
+
+   the parameters and the optimizer state are restored, bit for bit, to what
+   they were before the step, and the learning rate variable (if given) is
+   multiplied by `backoff`. It returns True when it rolled back.
+
+    lr = tf.Variable(0.1, trainable=False, name="lr")
+    opt = snapstore.RollbackOptimizer(tf.train.MomentumOptimizer(lr, 0.9),
+                                      learning_rate=lr, backoff=0.5)
+    train_op = opt.minimize(loss, global_step=step)
+    ...
+    sess.run(train_op, feed)
+    rolled_back = sess.run(opt.check, feed)      # the same batch
+
+What is rolled back: the variables the step updated, the inner optimizer's
+slots for them and its non-slot variables (Adam's beta powers). Not rolled
+back: the global step (a rejected step still counts, so step-based schedules
+and `StopAtStepHook` move on), the learning rate variable (it is what
+`backoff` changes), and anything else. A check decides once per step: a second
+check, or a check without a step, does nothing and returns False. Run the check
+in a `session.run` of its own, after the train op's: fetched in the same run it
+would race the update.
+
+`loss_before` is the loss the train step computed; compare it with the check
+on the same batch (feed the same placeholders). With an input pipeline in the
+graph, each run draws a new batch, so build the loss the check evaluates on
+fixed data instead.
+"""
+import collections
+
+import numpy as np
+
+from snapstore import checks
+from snapstore import errors
+from snapstore import graph_ops
+from snapstore._tf import tf
+from snapstore.store import SnapshotStore
+from snapstore.wrapper import WrapperOptimizer
+from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
+
+_State = collections.namedtuple(
+    "_State", ["store", "loss_before", "armed", "rollbacks", "check"])
+
+
+class RollbackOptimizer(WrapperOptimizer):
+  """Rolls an inner optimizer's step back when it made the loss rise.
+
+  See the module docstring for the protocol: run `train_op`, then `check`
+  with the same batch.
+
+  Memory: one device copy of the trained variables and of the inner
+  optimizer's state (a `SnapshotStore(mode="device")` with one slot, shadows
+  named `<variable>/<name>/slot_0`, in LOCAL_VARIABLES: not checkpointed).
+
+  Args:
+    optimizer: The inner `tf.train.Optimizer`. Its state must be created by
+      its `_create_slots` (true of every optimizer in `tf.train`).
+    tolerance: How much the loss may rise before the step is rolled back.
+    relative_tolerance: More allowed rise, as a fraction of |loss_before|.
+    learning_rate: A scalar float variable the inner optimizer reads its
+      learning rate from, to multiply by `backoff` at each rollback.
+    backoff: The factor for `learning_rate` at each rollback, 0 < backoff.
+    use_locking: Passed to `tf.train.Optimizer`.
+    name: Name of the ops, variables and shadows.
+
+  Raises:
+    TypeError: `optimizer` is not a `tf.train.Optimizer`; `learning_rate` is
+      not a scalar float variable; a tolerance or `backoff` that is not a
+      number.
+    ValueError: A negative tolerance; `backoff` without `learning_rate` or
+      the other way round; `backoff <= 0`.
+  """
+
+  def __init__(self, optimizer, tolerance=0.0, relative_tolerance=0.0,
+               learning_rate=None, backoff=None, use_locking=False,
+               name="Rollback"):
+    for value, what in ((tolerance, "tolerance"),
+                        (relative_tolerance, "relative_tolerance")):
+      if checks.number(value, what) < 0:
+        raise ValueError("%s must be >= 0, got %r." % (what, value))
+    if (learning_rate is None) != (backoff is None):
+      raise ValueError("learning_rate= and backoff= go together: the learning "
+                       "rate variable is multiplied by backoff at each rollback.")
+    if backoff is not None:
+      if checks.number(backoff, "backoff") <= 0:
+        raise ValueError("backoff must be > 0, got %r." % (backoff,))
+      if not (isinstance(learning_rate, tf.Variable)
+              and learning_rate.dtype.base_dtype.is_floating
+              and learning_rate.shape.ndims == 0):
+        raise TypeError("learning_rate must be a scalar float tf.Variable (the "
+                        "one the inner optimizer was built with), got %r."
+                        % (learning_rate,))
+    super(RollbackOptimizer, self).__init__(optimizer, use_locking, name)
+    self._tolerance = float(tolerance)
+    self._relative_tolerance = float(relative_tolerance)
+    self._learning_rate = learning_rate
+    self._backoff = backoff
+
+  # -- building the train op ---------------------------------------------------------
+
+  def minimize(self, loss, global_step=None, var_list=None,
+               gate_gradients=tf.train.Optimizer.GATE_OP, aggregation_method=None,
+               colocate_gradients_with_ops=False, name=None, grad_loss=None):
+    """As `tf.train.Optimizer.minimize`; `loss` is also what `check` evaluates."""
+    grads_and_vars = self.compute_gradients(
+        loss, var_list=var_list, gate_gradients=gate_gradients,
+        aggregation_method=aggregation_method,
+        colocate_gradients_with_ops=colocate_gradients_with_ops,
+        grad_loss=grad_loss)
+    return self.apply_gradients(grads_and_vars, global_step=global_step,
+                                name=name, loss=loss)
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None,
+                      loss=None):  # pylint: disable=arguments-differ
+    """Builds the train op and the check for `loss`.
+
+    Args:
+      grads_and_vars: As for `tf.train.Optimizer.apply_gradients`.
+      global_step: Incremented by the inner step (and not rolled back).
+      name: Name of the returned op.
+      loss: The scalar float loss tensor to compare before and after the step.
+
+    Returns:
+      The train op.
+
+    Raises:
+      ValueError: No `loss`, no gradients, or a train op in this graph already.
+      TypeError: `loss` is not a scalar float tensor.
+      GraphMismatchError: `loss` is of another graph than the variables.
+    """
+    grads_and_vars = tuple(grads_and_vars)
+    variables = self._trained_variables(grads_and_vars)
+    graph = variables[0].graph
+    _check_loss(loss, graph)
+    if self._learning_rate is not None and self._learning_rate.graph is not graph:
+      raise errors.GraphMismatchError(
+          "learning_rate %s belongs to another graph than the trained variables."
+          % self._learning_rate.name)
+    first = min(variables, key=lambda v: v.name)
+    with graph.as_default():
+      # The inner optimizer's state must exist before the store covers it, and
+      # the store's copy must run before the inner step writes.
+      with ops.init_scope():
+        self._optimizer._create_slots(variables)  # pylint: disable=protected-access
+        loss_before = self._create_non_slot_variable(
+            np.zeros((), loss.dtype.as_numpy_dtype), self._name + "_loss_before",
+            first)
+        armed = self._create_non_slot_variable(np.bool_(False),
+                                               self._name + "_armed", first)
+        rollbacks = self._create_non_slot_variable(np.int64(0),
+                                                   self._name + "_rollbacks", first)
+      inner_state = self._optimizer.variables()
+      store = SnapshotStore(var_list=variables, mode="device", max_to_keep=1,
+                            optimizer=self._optimizer if inner_state else None,
+                            name=self._name)
+      before_step = set(id(v) for v in inner_state)
+      with tf.name_scope(name, self._name) as scope:
+        record = tf.group(graph_ops.assign(loss_before, loss),
+                          graph_ops.assign(armed, tf.constant(True)),
+                          name="record_loss")
+        with tf.control_dependencies([record, store.snapshot_op(0)]):
+          step = self._optimizer.apply_gradients(grads_and_vars,
+                                                 global_step=global_step)
+        train_op = self._replaces(step, tf.group(step, name=scope))
+      missed = [v.name for v in self._optimizer.variables()
+                if id(v) not in before_step]
+      if missed:
+        raise ValueError(
+            "The inner optimizer created state while building its step (%s) that "
+            "RollbackOptimizer could not snapshot first; it needs an optimizer "
+            "whose _create_slots creates all of its variables." % ", ".join(missed))
+      check = self._build_check(loss, store, loss_before, armed, rollbacks)
+    self._states[graph] = _State(store, loss_before, armed, rollbacks, check)
+    return train_op
+
+  def _build_check(self, loss, store, loss_before, armed, rollbacks):
+    variables = list(store.variables.values())
+    shadows = list(store.shadows(0).values())
+
+    def roll_back():
+      restore = graph_ops.copy(shadows, variables, "restore")
+      with tf.control_dependencies([restore]):
+        done = [_increment(rollbacks)]
+        if self._learning_rate is not None:
+          lr = self._learning_rate
+          done.append(graph_ops.assign(
+              lr, graph_ops.read(lr) * tf.cast(self._backoff, lr.dtype.base_dtype)))
+      with tf.control_dependencies(done):
+        return tf.constant(True)
+
+    with tf.name_scope(self._name + "_check"):
+      before = graph_ops.read(loss_before)
+      allowed = self._tolerance + self._relative_tolerance * tf.abs(before)
+      worse = tf.logical_or(tf.logical_not(tf.math.is_finite(loss)),
+                            loss - before > allowed)
+      rolled_back = tf.cond(tf.logical_and(graph_ops.read(armed), worse),
+                            roll_back, lambda: tf.constant(False), name="decide")
+      with tf.control_dependencies([rolled_back]):
+        disarm = graph_ops.assign(armed, tf.constant(False))
+      with tf.control_dependencies([disarm]):
+        return tf.identity(rolled_back, name="rolled_back")
+
+  # -- what the user runs and reads ------------------------------------------------------
+
+  @property
+  def check(self):
+    """A bool tensor: run it after the train op (same feed) to check the step.
+
+    Evaluating it evaluates the loss at the new parameters and rolls the step
+    back if the loss rose; its value is True when it rolled back. For the
+    default graph.
+    """
+    return self._state(None).check
+
+  @property
+  def rollbacks(self):
+    """An int64 variable counting the rollbacks (default graph)."""
+    return self._state(None).rollbacks
+
+  @property
+  def loss_before(self):
+    """The variable holding the loss the last train step computed (default graph)."""
+    return self._state(None).loss_before
+
+  @property
+  def learning_rate(self):
+    """The learning rate variable `backoff` scales, or None."""
+    return self._learning_rate
+
+  def store(self, graph=None):
+    """The device store holding the state from before the last step."""
+    return self._state(graph).store
+
+
+def _increment(var):
+  if graph_ops.is_resource(var):
+    return var.assign_add(tf.constant(1, var.dtype.base_dtype), read_value=False)
+  return tf.assign_add(var, tf.constant(1, var.dtype.base_dtype)).op
+
+
+def _check_loss(loss, graph):
+  if loss is None:
+    raise ValueError("RollbackOptimizer needs the loss to check the step: "
+                     "minimize(loss) passes it; with apply_gradients, pass loss=.")
+  if not isinstance(loss, tf.Tensor):
+    raise TypeError("loss must be a tensor, got %r." % (loss,))
+  if not loss.dtype.is_floating or loss.shape.ndims != 0:
+    raise TypeError("loss must be a scalar float tensor, got %s with dtype %s "
+                    "and shape %s." % (loss.name, loss.dtype.name, loss.shape))
+  if loss.graph is not graph:
+    raise errors.GraphMismatchError(
+        "The loss %s belongs to another graph than the trained variables."
+        % loss.name)

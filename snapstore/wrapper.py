@@ -1,0 +1,101 @@
+"""What snapstore's optimizer wrappers share: delegation and per-graph state.
+
+`Lookahead` and `RollbackOptimizer` subclass `tf.train.Optimizer`, delegate
+gradients and slots to an inner optimizer, and order their own in-graph work
+around the inner step with control dependencies, as contrib's
+`MovingAverageOptimizer` does. Each builds one train op per graph and keeps the
+state of that graph (its device store and variables) here.
+"""
+import weakref
+
+from snapstore._tf import tf
+
+
+class WrapperOptimizer(tf.train.Optimizer):
+  """A `tf.train.Optimizer` around an inner one, with state per graph.
+
+  Args:
+    optimizer: The inner `tf.train.Optimizer`.
+    use_locking: Passed to `tf.train.Optimizer`.
+    name: The optimizer's name.
+
+  Raises:
+    TypeError: `optimizer` is not a `tf.train.Optimizer`.
+  """
+
+  def __init__(self, optimizer, use_locking, name):
+    if not isinstance(optimizer, tf.train.Optimizer):
+      raise TypeError(
+          "%s wraps a tf.train.Optimizer (e.g. tf.train.AdamOptimizer(...)), got "
+          "%r. Keras optimizers are not supported." % (type(self).__name__,
+                                                        optimizer))
+    super(WrapperOptimizer, self).__init__(use_locking, name)
+    self._optimizer = optimizer
+    self._states = weakref.WeakKeyDictionary()  # graph -> the subclass's state
+
+  @property
+  def optimizer(self):
+    """The inner optimizer."""
+    return self._optimizer
+
+  def compute_gradients(self, *args, **kwargs):  # pylint: disable=arguments-differ
+    """Computes gradients with the inner optimizer (see `tf.train.Optimizer`)."""
+    return self._optimizer.compute_gradients(*args, **kwargs)
+
+  def get_slot(self, var, name):
+    return self._optimizer.get_slot(var, name)
+
+  def get_slot_names(self):
+    return self._optimizer.get_slot_names()
+
+  def variables(self):
+    """The inner optimizer's variables, then the wrapper's own, for the default graph."""
+    own = super(WrapperOptimizer, self).variables() + self._extra_variables(
+        self._states.get(tf.get_default_graph()))
+    return self._optimizer.variables() + sorted(own, key=lambda v: v.name)
+
+  def _extra_variables(self, state):
+    """Variables of `state` (maybe None) that are neither slots nor non-slot."""
+    del state
+    return []
+
+  def _trained_variables(self, grads_and_vars):
+    """The variables with a gradient, checked to be of a graph without a train op."""
+    variables = [v for g, v in grads_and_vars if g is not None]
+    if not variables:
+      raise ValueError("No gradients provided for any variable: %s."
+                       % ([v.name for _, v in grads_and_vars],))
+    if variables[0].graph in self._states:
+      raise ValueError(
+          "%s %r already has a train op in this graph; create one %s per train "
+          "op." % (type(self).__name__, self._name, type(self).__name__))
+    return variables
+
+  def _replaces(self, inner_op, train_op):
+    """Lists `train_op` in the graph's TRAIN_OP collection instead of `inner_op`.
+
+    `tf.train.Optimizer.apply_gradients` lists its op there; the inner
+    optimizer's op alone is not a complete step of the wrapper.
+    """
+    ops = train_op.graph.get_collection_ref(tf.GraphKeys.TRAIN_OP)
+    if inner_op in ops:
+      ops.remove(inner_op)
+    ops.append(train_op)
+    return train_op
+
+  def _state(self, graph):
+    """The state of `graph`; by default of the only graph with a train op, or
+    of the default graph."""
+    if graph is None and len(self._states) == 1:
+      return next(iter(self._states.values()))
+    graph = graph or tf.get_default_graph()
+    state = self._states.get(graph)
+    if state is None:
+      raise ValueError(
+          "%s %r has no train op in this graph yet; call minimize() or "
+          "apply_gradients() first." % (type(self).__name__, self._name))
+    return state
+
+  def _state_of_session(self, session):
+    sess = session or tf.get_default_session()
+    return self._state(sess.graph if sess is not None else None)

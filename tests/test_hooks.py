@@ -1,0 +1,320 @@
+"""SnapshotHook under MonitoredTrainingSession and an Estimator; SnapshotCallback in fit."""
+from absl.testing import parameterized
+import numpy as np
+
+import snapstore
+from snapstore._tf import tf
+from tests import helpers
+from tests import training_helpers as th
+
+
+def _bad(feed, model):
+  """The batch `feed` with a NaN input: the loss on it is NaN."""
+  feed = dict(feed)
+  x = feed[model.x].copy()
+  x[0, 0] = np.nan
+  feed[model.x] = x
+  return feed
+
+
+class _StateRecorder(tf.train.SessionRunHook):
+  """Records the store's variables before every run (listed before the hook)."""
+
+  def __init__(self, store):
+    self.store = store
+    self.before = []
+
+  def before_run(self, run_context):
+    self.before.append(th.state(self.store, run_context.session))
+
+
+class SnapshotHookTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(*helpers.mode_and_kind_cases())
+  def test_rolls_back_to_the_newest_trusted_snapshot(self, mode, use_resource):
+    with tf.Graph().as_default():
+      model = th.Regression(use_resource=use_resource)
+      store = model.store(mode=mode, max_to_keep=2)
+      hook = snapstore.SnapshotHook(store, every_n_steps=3, loss=model.loss)
+      recorder = _StateRecorder(store)
+      feeds = model.feeds(0, 12)
+      for i in (7, 9):
+        feeds[i] = _bad(feeds[i], model)
+      with tf.train.MonitoredTrainingSession(hooks=[recorder, hook]) as sess:
+        raw = sess._tf_sess()  # pylint: disable=protected-access
+        for i, feed in enumerate(feeds):
+          sess.run(model.train_op, feed)
+          if i == 7:
+            # Step 7's loss is inf: back to the snapshot taken before step 6,
+            # the newest one whose parameters gave a finite loss.
+            helpers.assert_state(th.state(store, raw), recorder.before[6], "step 7")
+            self.assertEqual(store.tags(), [1, 2])
+            self.assertEqual(hook.trusted, 2)
+          if i == 9:
+            # The snapshot taken right before step 9 is dropped: its parameters
+            # gave the inf loss. Back to the same trusted snapshot.
+            helpers.assert_state(th.state(store, raw), recorder.before[6], "step 9")
+            self.assertEqual(store.tags(), [2])
+          if i == 10:  # after a dropped snapshot, the next step snapshots
+            self.assertEqual(store.tags(), [2, 4])
+        self.assertEqual(hook.rollbacks, 2)
+        self.assertEqual(hook.snapshots, 5)  # before steps 0, 3, 6, 9, 10
+        self.assertEqual(hook.trusted, 4)
+        for key, value in th.state(store, raw).items():
+          self.assertTrue(np.all(np.isfinite(value)), key)
+
+  def test_consecutive_rollbacks_raise_after_the_limit(self):
+    with tf.Graph().as_default():
+      model = th.Regression()
+      store = model.store(max_to_keep=2)
+      hook = snapstore.SnapshotHook(store, every_n_steps=1, loss=model.loss,
+                                    max_consecutive_rollbacks=2)
+      recorder = _StateRecorder(store)
+      feeds = model.feeds(0, 8)
+      with tf.train.MonitoredTrainingSession(hooks=[recorder, hook]) as sess:
+        for feed in feeds[:3]:
+          sess.run(model.train_op, feed)
+        sess.run(model.train_op, _bad(feeds[3], model))
+        sess.run(model.train_op, _bad(feeds[4], model))
+        with self.assertRaisesRegex(snapstore.NonFiniteError,
+                                    "3 rollbacks in a row, more than max_consecutive_"
+                                    "rollbacks=2. The variables hold snapshot 2"):
+          sess.run(model.train_op, _bad(feeds[5], model))
+        helpers.assert_state(th.state(store, sess._tf_sess()),  # pylint: disable=protected-access
+                             recorder.before[2])
+      self.assertEqual(hook.rollbacks, 3)
+
+  def test_no_trusted_snapshot_yet(self):
+    with tf.Graph().as_default():
+      model = th.Regression()
+      hook = snapstore.SnapshotHook(model.store(max_to_keep=2), every_n_steps=5,
+                                    loss=model.loss)
+      with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        with self.assertRaisesRegex(snapstore.NonFiniteError,
+                                    "no trusted snapshot to roll back to"):
+          sess.run(model.train_op, _bad(model.feeds(0, 1)[0], model))
+
+  @parameterized.named_parameters(("steps", 2, None, 3), ("secs", None, 3600.0, 1))
+  def test_snapshots_only_without_a_loss(self, every_n_steps, every_n_secs, count):
+    with tf.Graph().as_default():
+      model = th.Regression()
+      store = model.store(max_to_keep=1)
+      hook = snapstore.SnapshotHook(store, every_n_steps=every_n_steps,
+                                    every_n_secs=every_n_secs)
+      recorder = _StateRecorder(store)
+      with tf.train.MonitoredTrainingSession(hooks=[recorder, hook]) as sess:
+        for feed in model.feeds(0, 5):
+          sess.run(model.train_op, feed)
+        store.restore(session=sess)
+        helpers.assert_state(th.state(store, sess._tf_sess()),  # pylint: disable=protected-access
+                             recorder.before[4 if count == 3 else 0])
+      self.assertEqual(hook.snapshots, count)
+      self.assertEqual(hook.rollbacks, 0)
+
+  def test_store_factory_loss_name_and_on_rollback(self):
+    calls = []
+    with tf.Graph().as_default() as graph:
+      model = th.Regression()
+
+      def lower_learning_rate(session):
+        calls.append(session)
+
+      hook = snapstore.SnapshotHook(
+          lambda: model.store(max_to_keep=2), every_n_steps=1, loss="loss:0",
+          on_rollback=lower_learning_rate)
+      self.assertIsNone(hook.store)
+      feeds = model.feeds(0, 3)
+      with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        sess.run(model.train_op, feeds[0])
+        sess.run(model.train_op, _bad(feeds[1], model))
+        raw = sess._tf_sess()  # pylint: disable=protected-access
+      self.assertIs(hook.store.graph, graph)
+      self.assertEqual(calls, [raw])
+      # Another session on the (now finalized) graph: the store built for it is reused.
+      store = hook.store
+      with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        sess.run(model.train_op, feeds[2])
+      self.assertIs(hook.store, store)
+
+
+class SnapshotHookErrorsTest(tf.test.TestCase):
+
+  def test_bad_arguments(self):
+    with tf.Graph().as_default():
+      model = th.Regression()
+      store = model.store(max_to_keep=2)
+    with self.assertRaisesRegex(ValueError, "exactly one of every_n_steps and "
+                                "every_n_secs"):
+      snapstore.SnapshotHook(store)
+    with self.assertRaisesRegex(ValueError, "exactly one"):
+      snapstore.SnapshotHook(store, every_n_steps=1, every_n_secs=1.0)
+    with self.assertRaisesRegex(ValueError, "every_n_steps must be >= 1, got 0"):
+      snapstore.SnapshotHook(store, every_n_steps=0)
+    with self.assertRaisesRegex(ValueError, "every_n_secs must be > 0"):
+      snapstore.SnapshotHook(store, every_n_secs=-1)
+    with self.assertRaisesRegex(TypeError, "store must be a SnapshotStore or a "
+                                "function"):
+      snapstore.SnapshotHook("store", every_n_steps=1)
+    with self.assertRaisesRegex(TypeError, "loss must be a tensor, a tensor name"):
+      snapstore.SnapshotHook(store, every_n_steps=1, loss=1.0)
+    with self.assertRaisesRegex(TypeError, "on_rollback must be a function"):
+      snapstore.SnapshotHook(store, every_n_steps=1, on_rollback=1)
+    with self.assertRaisesRegex(ValueError, "max_consecutive_rollbacks must be >= 0"):
+      snapstore.SnapshotHook(store, every_n_steps=1, max_consecutive_rollbacks=-1)
+
+  def _begin(self, hook, graph):
+    with graph.as_default():
+      hook.begin()
+
+  def test_problems_found_in_begin(self):
+    graph = tf.Graph()
+    with graph.as_default():
+      model = th.Regression()
+      one_slot = model.store(max_to_keep=1)
+      counter = tf.train.get_global_step()
+    with self.assertRaisesRegex(ValueError, "needs a store that keeps 2 snapshots"):
+      self._begin(snapstore.SnapshotHook(one_slot, every_n_steps=1,
+                                         loss=model.loss), graph)
+    with self.assertRaisesRegex(ValueError, "loss='nope:0' names no tensor"):
+      self._begin(snapstore.SnapshotHook(one_slot, every_n_steps=1, loss="nope:0"),
+                  graph)
+    with self.assertRaisesRegex(TypeError, "only float tensors"):
+      self._begin(snapstore.SnapshotHook(one_slot, every_n_steps=1,
+                                         loss=lambda: counter.read_value()), graph)
+    with self.assertRaisesRegex(TypeError, "returned 'x', not a SnapshotStore"):
+      self._begin(snapstore.SnapshotHook(lambda: "x", every_n_steps=1), graph)
+    with self.assertRaisesRegex(snapstore.GraphMismatchError,
+                                "pass a function that creates the store"):
+      self._begin(snapstore.SnapshotHook(one_slot, every_n_steps=1), tf.Graph())
+
+
+def _model_fn(features, labels, mode):
+  with tf.variable_scope("net"):
+    w = tf.get_variable("w", [3], initializer=tf.zeros_initializer())
+  loss = tf.reduce_mean(tf.square(tf.tensordot(features["x"], w, 1) - labels))
+  train_op = tf.train.MomentumOptimizer(0.01, 0.9).minimize(
+      loss, global_step=tf.train.get_global_step())
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _input_fn(bad_batch):
+  def input_fn():
+    rng = np.random.RandomState(1)
+    x = rng.randn(16 * 8, 3).astype(np.float32)
+    if bad_batch is not None:
+      x[bad_batch * 8] = 1e30  # its squared error overflows: an infinite loss
+    y = x.dot([1.0, -2.0, 0.5]).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(8)
+  return input_fn
+
+
+class EstimatorTest(tf.test.TestCase):
+
+  def test_rolls_back_inside_estimator_train(self):
+    # Estimator.train builds its graph in model_fn: the hook builds the store.
+    hook = snapstore.SnapshotHook(
+        lambda: snapstore.SnapshotStore(collection=tf.GraphKeys.GLOBAL_VARIABLES,
+                                        max_to_keep=2),
+        every_n_steps=2, loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[-1])
+    config = tf.estimator.RunConfig(log_step_count_steps=None,
+                                    save_summary_steps=None)
+    estimator = tf.estimator.Estimator(_model_fn, model_dir=self.get_temp_dir(),
+                                       config=config)
+    estimator.train(_input_fn(bad_batch=5), hooks=[hook])
+    self.assertEqual(hook.rollbacks, 1)
+    self.assertEqual(hook.store.keys, ("global_step", "net/w", "net/w/Momentum"))
+    w = estimator.get_variable_value("net/w")
+    self.assertTrue(np.all(np.isfinite(w)))
+    self.assertAllClose(w, [1.0, -2.0, 0.5], atol=0.5)
+    # 16 batches; the rollback took the global step back to where the trusted
+    # snapshot was taken (before step 4), so two steps were undone.
+    self.assertEqual(estimator.get_variable_value("global_step"), 14)
+    # A second train() call builds a new graph, and the hook a new store.
+    first_store = hook.store
+    estimator.train(_input_fn(bad_batch=None), hooks=[hook], steps=2)
+    self.assertIsNot(hook.store, first_store)
+    self.assertEqual(hook.rollbacks, 0)
+
+
+class _WeightsRecorder(tf.keras.callbacks.Callback):
+
+  def __init__(self):
+    super(_WeightsRecorder, self).__init__()
+    self.before = []
+
+  def on_train_batch_begin(self, batch, logs=None):
+    self.before.append(self.model.get_weights())
+
+
+class SnapshotCallbackTest(tf.test.TestCase):
+
+  def _data(self):
+    rng = np.random.RandomState(0)
+    x = rng.randn(256, 4).astype(np.float32)
+    y = (x.sum(axis=1) > 0).astype(np.float32)
+    x[64 * 2 + 3] = 1e30  # batch 2 of every epoch
+    return x, y
+
+  def test_rolls_back_in_model_fit(self):
+    x, y = self._data()
+    with tf.Graph().as_default():
+      model = tf.keras.Sequential([
+          tf.keras.layers.Dense(8, activation="relu", input_shape=(4,)),
+          tf.keras.layers.BatchNormalization(),
+          tf.keras.layers.Dense(1)])
+      model.compile(tf.keras.optimizers.Adam(0.01), "mse")
+      recorder = _WeightsRecorder()
+      callback = snapstore.SnapshotCallback(every_n_batches=1)
+      model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0,
+                callbacks=[recorder, callback])
+      self.assertEqual(callback.rollbacks, 2)
+      # The default store: every weight (batch-norm statistics too) and Adam's
+      # state, iterations included.
+      keys = callback.store.keys
+      self.assertIn("batch_normalization/moving_mean", keys)
+      self.assertIn("training/Adam/dense/kernel/m", keys)
+      self.assertIn("training/Adam/iter", keys)
+      for w in model.get_weights():
+        self.assertTrue(np.all(np.isfinite(w)))
+      # Batch 2's loss was inf: back to the weights before batch 1 (the
+      # snapshot before batch 2 is dropped); batch 3 started from there.
+      for got, want in zip(recorder.before[3], recorder.before[1]):
+        helpers.assert_bit_equal(got, want)
+      # A second fit reuses the store built for this graph.
+      store = callback.store
+      model.fit(x[:64], y[:64], batch_size=64, epochs=1, verbose=0,
+                callbacks=[callback])
+      self.assertIs(callback.store, store)
+
+  def test_tf_train_optimizer_factory_and_missing_monitor(self):
+    x, y = self._data()
+    with tf.Graph().as_default():
+      model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(4,))])
+      model.compile(tf.train.GradientDescentOptimizer(0.01), "mse")
+      callback = snapstore.SnapshotCallback(every_n_batches=2)
+      model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0,
+                callbacks=[callback])
+      self.assertEqual(callback.rollbacks, 1)
+      self.assertIn("TFOptimizer/iterations", callback.store.keys)
+      built = []
+
+      def factory(m):
+        built.append(m)
+        return snapstore.SnapshotStore(var_list=m.weights, max_to_keep=2)
+
+      callback = snapstore.SnapshotCallback(factory, every_n_batches=1,
+                                            monitor="acc")
+      with self.assertRaisesRegex(ValueError, "The batch logs have no 'acc'"):
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[callback])
+      self.assertEqual(built, [model])
+
+  def test_bad_arguments(self):
+    with self.assertRaisesRegex(ValueError, "exactly one of every_n_batches"):
+      snapstore.SnapshotCallback()
+    with self.assertRaisesRegex(TypeError, "store must be a SnapshotStore, a "
+                                "function model -> SnapshotStore, or None"):
+      snapstore.SnapshotCallback(store=3, every_n_batches=1)
+
+
+if __name__ == "__main__":
+  tf.test.main()
