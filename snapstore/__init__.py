@@ -17,8 +17,11 @@ from snapstore.errors import NoSessionError
 from snapstore.errors import RestoreError
 from snapstore.errors import SnapshotError
 from snapstore.errors import SnapshotFileError
+from snapstore.errors import SpillError
 from snapstore.errors import UnknownTagError
 from snapstore.modes import MODES
+from snapstore.spill import open_spill
+from snapstore.spill import SpillEntry
 from snapstore.store import SnapshotInfo
 from snapstore.store import SnapshotStore
 from snapstore.variables import SHADOW_VARIABLES
@@ -37,5 +40,8 @@ __all__ = [
     "SnapshotFileError",
     "SnapshotInfo",
     "SnapshotStore",
+    "SpillEntry",
+    "SpillError",
     "UnknownTagError",
+    "open_spill",
 ]

@@ -74,3 +74,13 @@ class RestoreError(Error):
   values are kept and which call finishes the job; the store keeps them until
   that call succeeds.
   """
+
+
+class SpillError(Error):
+  """Raised when writing a snapshot to, or deleting one from, a spill file failed.
+
+  Writes run on a background thread, so the error is raised by the store's next
+  call (which then does nothing else; call it again). The message names the
+  snapshot's tag and the cause, e.g. a full disk. A snapshot whose write failed
+  stays in host memory, usable as before, and is written again later.
+  """
