@@ -231,6 +231,12 @@ class JournaledFile(io.RawIOBase):
     if self.abandoned:
       raise ValueError("commit() after abandon()")
     with self._lock:
+      physical = os.fstat(self._fd).st_size
+      # HDF5 may allocate space it has not written yet (a dataset written
+      # later): the committed file must reach that far, or it reads as
+      # truncated. Growing before the commit point is rolled back like a write.
+      if self._size > physical:
+        os.ftruncate(self._fd, self._size)
       if self._durable:
         os.fsync(self._fd)
       if self._journal_fd is not None:
@@ -239,7 +245,7 @@ class JournaledFile(io.RawIOBase):
         os.unlink(journal_path(self._path))  # the commit point
         if self._durable:
           _fsync_dir(self._path)
-      if self._size < os.fstat(self._fd).st_size:
+      if self._size < physical:
         os.ftruncate(self._fd, self._size)
       self._committed = self._size
       self._saved.clear()

@@ -533,6 +533,8 @@ def _initialize(f, specs):
 
 
 def _complete(group):
+  if group is None:  # a link HDF5 cannot follow: damaged, never read
+    return False
   try:
     return int(group.attrs.get("complete", 0)) == 1
   except (RuntimeError, OSError, KeyError):
