@@ -100,6 +100,7 @@ class JournaledFile(io.RawIOBase):
     self._free = []       # sorted disjoint [start, end) ranges safe to overwrite
     self._written = []    # ranges written in this transaction
     self.abandoned = False
+    self._failure = None  # a failed write in this transaction
 
   # -- io.RawIOBase, as h5py's fileobj driver uses it -----------------------------
 
@@ -200,11 +201,17 @@ class JournaledFile(io.RawIOBase):
     if self.abandoned:
       return n
     with self._lock:
-      self._protect(offset, offset + n)
-      done = 0
-      while done < n:
-        done += os.pwrite(self._fd, view[done:], offset + done)
       self._written.append((offset, offset + n))
+      try:
+        self._protect(offset, offset + n)
+        done = 0
+        while done < n:
+          done += os.pwrite(self._fd, view[done:], offset + done)
+      except BaseException as e:
+        # HDF5 does not report every failed write to its caller; remember it,
+        # so that this transaction can never be committed.
+        self._failure = e
+        raise
       self._size = max(self._size, offset + n)
     return n
 
@@ -230,6 +237,10 @@ class JournaledFile(io.RawIOBase):
     """Makes every write since the last commit permanent, atomically."""
     if self.abandoned:
       raise ValueError("commit() after abandon()")
+    if self._failure is not None:
+      raise IOError(getattr(self._failure, "errno", None) or errno.EIO,
+                    "a write of this transaction failed (%s); it cannot be "
+                    "committed" % (self._failure,))
     with self._lock:
       physical = os.fstat(self._fd).st_size
       # HDF5 may allocate space it has not written yet (a dataset written
@@ -256,7 +267,8 @@ class JournaledFile(io.RawIOBase):
 
   @property
   def in_transaction(self):
-    return self._journal_fd is not None or bool(self._written)
+    return (self._journal_fd is not None or bool(self._written)
+            or self._failure is not None)
 
   def _protect(self, start, end):
     """Copies committed pages in [start, end) to the journal, once per commit."""

@@ -63,13 +63,13 @@ class DiskMode(spilling.SpillingMode):
           "host memory (an int >= 0; one snapshot is %d bytes), got %r."
           % (varset.nbytes, memory_budget))
     self._budget = int(memory_budget)
-    self._max_to_keep = max_to_keep
     super(DiskMode, self).__init__(
         host.HostMode(varset, None, name), varset, spill_path,
         compression=compression, compression_opts=compression_opts,
         max_pending=max_pending, durable=durable)
     self.name = DiskMode.name
     self.data_needs_session = False
+    self._max_to_keep = max_to_keep  # all tiers together, not the host tier's
 
   @property
   def capacity(self):
