@@ -99,11 +99,12 @@ class SpillingMode(base.CopyMode):
     try:
       dropped = self._file.delete_incomplete()
       if dropped or self._file.rolled_back:
-        _LOG.warning(
-            "snapstore: spill file %s was left by a process that stopped while "
-            "writing; rolled back to its last commit%s.", self._file.path,
-            ", removed incomplete snapshot(s) %s" % ", ".join(map(repr, dropped))
-            if dropped else "")
+        done = (["rolled back its unfinished change"] if self._file.rolled_back
+                 else []) + (["removed incomplete snapshot(s) %s"
+                              % ", ".join(map(repr, dropped))] if dropped else [])
+        _LOG.warning("snapstore: spill file %s was left by a process that "
+                     "stopped while writing to it; %s.", self._file.path,
+                     " and ".join(done))
       self._in_file = dict((e.tag, e) for e in self._file.entries())
       self._writer = writer.BackgroundWriter("snapstore-spill", max_pending)
     except BaseException:
