@@ -224,8 +224,18 @@ class JournaledFile(io.RawIOBase):
     if length <= 0:
       return
     with self._lock:
-      i = bisect.bisect_left(self._free, (offset, offset + length))
-      self._free.insert(i, (offset, offset + length))
+      self._add_free(offset, offset + length)
+
+  def _add_free(self, lo, hi):
+    """Adds [lo, hi) to the free ranges, keeping them sorted and disjoint."""
+    keep = []
+    for a, b in self._free:
+      if b < lo or a > hi:
+        keep.append((a, b))
+      else:
+        lo, hi = min(lo, a), max(hi, b)
+    bisect.insort(keep, (lo, hi))
+    self._free = keep
 
   def abandon(self):
     """Ignores every later write: the open transaction is left to roll back."""
@@ -258,12 +268,16 @@ class JournaledFile(io.RawIOBase):
           _fsync_dir(self._path)
       if self._size < physical:
         os.ftruncate(self._fd, self._size)
-      self._committed = self._size
-      self._saved.clear()
       if self._written:
         # Space written in this transaction may be in use from now on.
         self._free = [r for r in self._free if not _overlaps_any(r, self._written)]
-        self._written = []
+      # Space HDF5 allocated in this transaction but did not write (a dataset
+      # to be written later) holds nothing the committed file depends on.
+      for lo, hi in _gaps(self._committed, self._size, self._written):
+        self._add_free(lo, hi)
+      self._written = []
+      self._committed = self._size
+      self._saved.clear()
 
   @property
   def in_transaction(self):
@@ -275,8 +289,8 @@ class JournaledFile(io.RawIOBase):
     end = min(end, self._committed)
     if start >= end:
       return
-    pages = [p for p in range(start // PAGE, (end - 1) // PAGE + 1)
-             if p not in self._saved and not self._is_free(p)]
+    pages = [p for lo, hi in self._not_free(start // PAGE, (end - 1) // PAGE + 1)
+             for p in range(lo, hi) if p not in self._saved]
     if not pages:
       return
     if self._journal_fd is None:
@@ -296,10 +310,15 @@ class JournaledFile(io.RawIOBase):
       os.fsync(self._journal_fd)
     self._saved.update(pages)
 
-  def _is_free(self, page):
-    lo, hi = page * PAGE, (page + 1) * PAGE
-    i = bisect.bisect_right(self._free, (lo, float("inf"))) - 1
-    return i >= 0 and self._free[i][0] <= lo and self._free[i][1] >= hi
+  def _not_free(self, first, stop):
+    """Page ranges in [first, stop) not wholly inside a free range."""
+    covered = []
+    i = max(0, bisect.bisect_right(self._free, (first * PAGE, float("inf"))) - 1)
+    for lo, hi in self._free[i:]:
+      if lo >= stop * PAGE:
+        break
+      covered.append((-(-lo // PAGE), hi // PAGE))  # pages wholly inside
+    return _gaps(first, stop, covered)
 
   def _begin(self):
     path = journal_path(self._path)
@@ -391,6 +410,20 @@ def _parse_journal(raw):
     records.append((offset, data))
     pos += _RECORD.size + length
   return size, records
+
+
+def _gaps(start, end, ranges):
+  """The parts of [start, end) that no range in `ranges` covers."""
+  gaps, pos = [], start
+  for lo, hi in sorted(ranges):
+    if hi <= pos or lo >= end:
+      continue
+    if lo > pos:
+      gaps.append((pos, lo))
+    pos = max(pos, hi)
+  if pos < end:
+    gaps.append((pos, end))
+  return gaps
 
 
 def _overlaps_any(r, ranges):

@@ -53,24 +53,35 @@ class SnapshotStore(object):
     collection: A graph collection to cover (filtered by `scope` if given).
       Without `var_list`, `scope` or `collection`: the trainable variables.
     mode: Where snapshots live: "device" (shadow variables next to the
-      originals; snapshot and restore are in-graph copies) or "host" (numpy
-      arrays in this process).
+      originals; snapshot and restore are in-graph copies), "host" (numpy
+      arrays in this process) or "disk" (host arrays under a memory budget,
+      the oldest spilled to an HDF5 file; see `modes/disk.py`).
     max_to_keep: How many snapshots to keep before the oldest is evicted. In
       device mode this many slots of shadow variables are allocated (default
-      1). Host mode defaults to 5; 0 keeps every snapshot.
+      1). Host mode defaults to 5; 0 keeps every snapshot. Disk mode bounds
+      all tiers together and defaults to no bound. With a spill file, device
+      and host modes bound only snapshots not spilled.
     optimizer: A `tf.train.Optimizer` (or Keras optimizer, or list) whose state
       for the covered variables is covered too: slots and non-slot variables
       such as Adam's `beta1_power`. Build its train op first.
     include_global_step: Cover the graph's global step.
     name: Name scope of the store's ops; shadows are named after it.
     **mode_options: Options of the mode. Device: `saveable=False` (True puts
-      shadows in GLOBAL_VARIABLES, so a default Saver saves them).
+      shadows in GLOBAL_VARIABLES, so a default Saver saves them). Disk:
+      `spill_path` and `memory_budget` (bytes), required. Every mode:
+      `spill_path=` adds an HDF5 spill file for `spill(tag)`, with
+      `compression=None` ("lzf", "gzip"), `compression_opts`, `max_pending=2`
+      (writes queued before `spill`/`snapshot` block) and `durable=False`
+      (fsync each commit). See `modes/spilling.py`.
 
   Raises:
     ValueError: An unknown mode (the message lists the valid ones), a bad
       `max_to_keep`, or a variable set `VariableSet` rejects (empty, unknown
       shapes, unsupported dtypes, duplicate keys).
     TypeError: An option the mode does not take, or non-variables.
+    SnapshotFileError: A spill file that cannot be created or written, is not
+      a snapstore spill file, or is in use by another store.
+    IncompatibleSnapshotError: A spill file of other variables.
   """
 
   def __init__(self, var_list=None, scope=None, collection=None, mode="device",

@@ -86,9 +86,12 @@ class DiskMode(spilling.SpillingMode):
     """Spills the oldest host snapshots (by the store's `order`) over budget."""
     self._collect()
     self._retry_failed()
+    over = self._inner.nbytes - self._budget
+    if over <= 0:
+      return
     in_memory = set(self._inner.tags())
     for tag, info in order.items():
-      if self._inner.nbytes <= self._budget:
+      if over <= 0:
         break
       if tag in in_memory:
-        self.spill(tag, info, None)
+        over -= self._move_to_file(tag, info, None)

@@ -137,11 +137,8 @@ class SpillingMode(base.CopyMode):
     """Moves snapshot `tag` to the file (in the background); see module doc."""
     self._collect()
     self._retry_failed()
-    if tag in self._held or tag in self._in_file:
-      return
-    arrays = self._inner.arrays(tag, session)
-    self._inner.delete(tag)
-    self._queue(_Held(tag, info, arrays))
+    if tag not in self._held and tag not in self._in_file:
+      self._move_to_file(tag, info, session)
 
   def flush(self):
     """Writes everything queued or failed, and waits for it."""
@@ -281,6 +278,13 @@ class SpillingMode(base.CopyMode):
     for old in (tag, victim):
       if old is not None and (old in self._held or old in self._in_file):
         self.delete(old)
+
+  def _move_to_file(self, tag, info, session):
+    """Hands fast-tier snapshot `tag` to the writer; returns its bytes."""
+    held = _Held(tag, info, self._inner.arrays(tag, session))
+    self._inner.delete(tag)
+    self._queue(held)
+    return held.nbytes
 
   def _queue(self, held):
     self._held[held.tag] = held

@@ -1,0 +1,245 @@
+#!/usr/bin/env python
+"""Disk mode: spill throughput against raw h5py, and the training-thread stall.
+
+1. Spill throughput. The same snapshots (arrays already in host memory) are
+   written by plain h5py (`create_dataset(data=...)` per variable, one group per
+   snapshot, `flush()` after each) and by a disk-mode store (`spill(tag)` each,
+   then `flush()`: writer thread, journal, checksums, two commits per
+   snapshot). Both write into a file they keep open. Measured twice: into a
+   fresh file, and in steady state, where each new snapshot replaces the
+   oldest one of the file (so space is reused). Target: spill time within
+   1.2x of h5py.
+
+2. Training-thread stall. A loop runs a train step, then `snapshot()`, for a
+   host-mode store and a disk-mode store whose budget makes every snapshot go
+   to the file. Reported: the time `snapshot()` takes on the training thread
+   and the train step's time (the background writer shares the CPU and the
+   GIL). Target: disk-mode `snapshot()` no slower than host mode.
+
+Runs alternate between the contenders and report medians, so page-cache and
+CPU-frequency drift hit both alike.
+
+    .venv/bin/python bench/bench_disk.py [--mib 256] [--reps 5] [--json out.json]
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import snapstore  # pylint: disable=g-import-not-at-top,wrong-import-position
+from snapstore._tf import tf  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _model(total_bytes, num_vars=16):
+  """Float32 variables under scope "net", `total_bytes` in all, plus a train op."""
+  per = total_bytes // num_vars // 4
+  cols = 1024
+  rows = max(1, per // cols)
+  with tf.variable_scope("net"):
+    variables = [tf.get_variable("layer_%02d/kernel" % i, [rows, cols],
+                                 initializer=tf.random_normal_initializer(seed=i))
+                 for i in range(num_vars)]
+  x = tf.random.normal([256, 1024], seed=1)
+  compute = x
+  for _ in range(2):  # tens of milliseconds of CPU work
+    compute = tf.tanh(tf.matmul(compute, tf.random.normal([1024, 1024], seed=2)))
+  update = [tf.assign_add(v, tf.fill(v.shape, tf.reduce_mean(compute) * 1e-6))
+            for v in variables]
+  return variables, tf.group(*update)
+
+
+def _raw_h5py(path, snapshots, keys, replace):
+  os.sync()  # start with no dirty pages, whoever ran before
+  start = time.perf_counter()
+  with h5py.File(path, "w") as h5:
+    for i, arrays in enumerate(snapshots):
+      if replace and i >= replace:
+        del h5["s%d" % (i - replace)]
+      group = h5.create_group("s%d" % i)
+      for key, array in zip(keys, arrays):
+        group.create_dataset(key, data=array)
+      h5.flush()
+  written = time.perf_counter() - start
+  _fsync(path)
+  return written, time.perf_counter() - start
+
+
+def _fsync(path):
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def _spill(path, store_args, snapshots, keys, replace):
+  graph, make_store = store_args
+  with graph.as_default():
+    store = make_store(path, replace)
+  for i, arrays in enumerate(snapshots):  # into host memory, not timed
+    store.load_arrays(dict(zip(keys, arrays)), tag=i)
+  os.sync()
+  start = time.perf_counter()
+  for i in range(len(snapshots)):
+    store.spill(i)
+    store.flush()  # as the h5py baseline flushes after each snapshot
+  written = time.perf_counter() - start
+  _fsync(path)
+  synced = time.perf_counter() - start
+  store.close()
+  return written, synced
+
+
+def bench_throughput(mib, reps, workdir):
+  graph = tf.Graph()
+  with graph.as_default():
+    variables, _ = _model(mib << 20)
+  keys = [v.op.name[len("net/"):] for v in variables]
+  rng = np.random.RandomState(0)
+  count = 6
+  snapshots = [[rng.standard_normal(v.shape.as_list()).astype(np.float32)
+                for v in variables] for _ in range(count)]
+  nbytes = sum(a.nbytes for a in snapshots[0]) * count
+
+  def make_store(path, replace):
+    # replace: the file keeps `replace` snapshots (max_to_keep), as in a long run.
+    return snapstore.SnapshotStore(
+        scope="net", mode="disk", spill_path=path, memory_budget=10 ** 12,
+        max_to_keep=None, name="bench_%d" % len(os.listdir(workdir)))
+
+  results = {}
+  for label, replace in (("fresh file", 0), ("steady state (reuse)", 2)):
+    raw_times, spill_times = [], []
+    for rep in range(reps):
+      for which in ((0, 1) if rep % 2 == 0 else (1, 0)):
+        path = os.path.join(workdir, "bench_%d_%d.h5" % (rep, which))
+        if which == 0:
+          raw_times.append(_raw_h5py(path, snapshots, keys, replace))
+        else:
+          spill_times.append(_spill_steady(path, graph, make_store, snapshots,
+                                           keys, replace) if replace else
+                             _spill(path, (graph, make_store), snapshots, keys, 0))
+        os.remove(path)
+    for phase, index in (("page cache", 0), ("with fsync", 1)):
+      raw = float(np.median([t[index] for t in raw_times]))
+      spl = float(np.median([t[index] for t in spill_times]))
+      results["%s, %s" % (label, phase)] = {
+          "bytes": nbytes, "raw_h5py_s": raw, "spill_s": spl,
+          "ratio": spl / raw, "raw_MBps": nbytes / raw / 1e6,
+          "spill_MBps": nbytes / spl / 1e6}
+  return results
+
+
+def _spill_steady(path, graph, make_store, snapshots, keys, keep):
+  """Spills each snapshot and deletes the one `keep` back, as eviction does."""
+  with graph.as_default():
+    store = make_store(path, keep)
+  for i, arrays in enumerate(snapshots):
+    store.load_arrays(dict(zip(keys, arrays)), tag=i)
+  os.sync()
+  start = time.perf_counter()
+  for i in range(len(snapshots)):
+    if i >= keep:
+      store.delete(i - keep)
+    store.spill(i)
+    store.flush()
+  written = time.perf_counter() - start
+  _fsync(path)
+  synced = time.perf_counter() - start
+  store.close()
+  return written, synced
+
+
+def bench_stall(mib, steps, reps, workdir):
+  results = {}
+  samples = {"host": {"snapshot": [], "step": []},
+             "disk": {"snapshot": [], "step": []}}
+  for rep in range(reps):
+    for mode in (("host", "disk") if rep % 2 == 0 else ("disk", "host")):
+      graph = tf.Graph()
+      with graph.as_default():
+        _, train = _model(mib << 20)
+        options = {}
+        if mode == "disk":
+          options = dict(spill_path=os.path.join(workdir, "stall_%d.h5" % rep),
+                         memory_budget=0, max_to_keep=4)
+        else:
+          options = dict(max_to_keep=4)
+        store = snapstore.SnapshotStore(scope="net", mode=mode, **options)
+        init = tf.global_variables_initializer()
+      with tf.Session(graph=graph) as sess:
+        sess.run(init)
+        sess.run(train)
+        store.snapshot(session=sess)  # warm up: callables made once
+        for _ in range(steps):
+          t0 = time.perf_counter()
+          sess.run(train)
+          t1 = time.perf_counter()
+          store.snapshot(session=sess)
+          t2 = time.perf_counter()
+          samples[mode]["step"].append(t1 - t0)
+          samples[mode]["snapshot"].append(t2 - t1)
+        store.close()
+  for mode, s in samples.items():
+    results[mode] = {
+        "snapshot_median_ms": 1e3 * float(np.median(s["snapshot"])),
+        "snapshot_p90_ms": 1e3 * float(np.percentile(s["snapshot"], 90)),
+        "step_median_ms": 1e3 * float(np.median(s["step"])),
+        "samples": len(s["snapshot"])}
+  results["ratio_snapshot_median"] = (results["disk"]["snapshot_median_ms"] /
+                                      results["host"]["snapshot_median_ms"])
+  results["ratio_step_median"] = (results["disk"]["step_median_ms"] /
+                                  results["host"]["step_median_ms"])
+  return results
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--mib", type=int, default=256,
+                 help="MiB per snapshot for the throughput benchmark")
+  p.add_argument("--stall-mib", type=int, default=64,
+                 help="MiB per snapshot for the stall benchmark")
+  p.add_argument("--reps", type=int, default=5)
+  p.add_argument("--steps", type=int, default=20)
+  p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+  p.add_argument("--json", default=None)
+  args = p.parse_args(argv)
+  workdir = tempfile.mkdtemp(prefix="bench_disk_", dir=args.dir)
+  try:
+    throughput = bench_throughput(args.mib, args.reps, workdir)
+    stall = bench_stall(args.stall_mib, args.steps, args.reps, workdir)
+  finally:
+    shutil.rmtree(workdir, ignore_errors=True)
+  print("Spill throughput, 6 snapshots of %d MiB (median of %d):" % (args.mib, args.reps))
+  for label, r in throughput.items():
+    print("  %-38s raw h5py %.3f s (%.0f MB/s)  spill %.3f s (%.0f MB/s)  "
+          "ratio %.2fx  [target <= 1.2x: %s]" % (
+              label, r["raw_h5py_s"], r["raw_MBps"], r["spill_s"], r["spill_MBps"],
+              r["ratio"], "met" if r["ratio"] <= 1.2 else "MISSED"))
+  print("Training-thread stall, %d MiB snapshots after each train step "
+        "(%d x %d samples):" % (args.stall_mib, args.reps, args.steps))
+  for mode in ("host", "disk"):
+    r = stall[mode]
+    print("  %-5s snapshot median %.1f ms  p90 %.1f ms  train step median %.1f ms"
+          % (mode, r["snapshot_median_ms"], r["snapshot_p90_ms"], r["step_median_ms"]))
+  print("  disk/host snapshot %.2fx [target <= 1.0x: %s], train step %.2fx" % (
+      stall["ratio_snapshot_median"],
+      "met" if stall["ratio_snapshot_median"] <= 1.0 else "MISSED",
+      stall["ratio_step_median"]))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"throughput": throughput, "stall": stall}, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
