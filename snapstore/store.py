@@ -484,7 +484,14 @@ class SnapshotStore(object):
   # -- lifetime ----------------------------------------------------------------------
 
   def close(self):
-    """Releases what the mode holds outside the graph. Safe to call twice."""
+    """Releases what the mode holds outside the graph. Safe to call twice.
+
+    With a spill file, queued writes are finished first and the file closed.
+
+    Raises:
+      SpillError: Snapshots could not be written to the spill file; they are
+        named, and lost with the store.
+    """
     with self._lock:
       if not self._closed:
         self._closed = True
