@@ -112,10 +112,6 @@ class SpillingMode(base.CopyMode):
       raise
     writer.close_at_exit(self)
 
-  @property
-  def path(self):
-    return self._file.path
-
   # -- tiers -----------------------------------------------------------------------
 
   def tier(self, tag):
