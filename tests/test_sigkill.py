@@ -52,6 +52,37 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+# Exits without close() or flush(): the writes still queued must be finished.
+_EXITING_CHILD = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, %(root)r)
+    import time
+    import snapstore
+    from snapstore import spill
+    from snapstore._tf import tf
+    from tests import test_sigkill
+
+    write = spill.SpillFile.write
+    def slow_write(*args, **kwargs):  # so that exit comes with writes queued
+      time.sleep(0.2)
+      return write(*args, **kwargs)
+    spill.SpillFile.write = slow_write
+
+    graph = tf.Graph()
+    with graph.as_default():
+      variables = test_sigkill.build()
+      store = snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
+                                      spill_path=sys.argv[1], max_pending=8)
+    sess = tf.Session(graph=graph)
+    sess.run(tf.variables_initializer(list(variables.values())))
+    for tag in range(4):
+      for key, value in test_sigkill.values(tag).items():
+        variables[key].load(value, sess)
+      store.snapshot(tag, session=sess)
+    print(store._mode._writer.pending, flush=True)
+""")
+
+
 def build():
   with tf.variable_scope("net"):
     return dict((k, tf.get_variable(k, shape, dtype=tf.float32))
@@ -117,6 +148,22 @@ class SigkillTest(tf.test.TestCase):
           helpers.assert_bit_equal(sess.run(var), values(tag)[key])
     store.close()
     return incomplete
+
+  def test_interpreter_exit_finishes_queued_writes(self):
+    path = os.path.join(self.get_temp_dir(), "exit.h5")
+    script = os.path.join(self.get_temp_dir(), "exiting.py")
+    with open(script, "w") as f:
+      f.write(_EXITING_CHILD % {"root": _ROOT})
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    child = subprocess.run([sys.executable, script, path], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=env, cwd=_ROOT)
+    self.assertEqual(child.returncode, 0, child.stderr.decode()[-2000:])
+    self.assertGreater(int(child.stdout), 0)  # exit came with writes queued
+    with snapstore.open_spill(path) as spill:
+      self.assertEqual([e.tag for e in spill.entries()], [0, 1, 2, 3])
+      for tag in range(4):
+        for key, value in spill.read(tag).items():
+          helpers.assert_bit_equal(value, values(tag)[key])
 
   def test_kill_at_random_moments(self):
     rng = random.Random(1234)
