@@ -267,10 +267,6 @@ class SpillFile(object):
       out[key] = self._read_dataset(tag, key, ds)
     return out
 
-  def verify(self, tag):
-    """Reads snapshot `tag` and checks every checksum; raises as `read`."""
-    self.read(tag)
-
   # -- writing (writable files only) -------------------------------------------------
 
   def check_variables(self, varset):
@@ -522,8 +518,8 @@ def open_spill(path):
   unfinished transaction is rolled back in memory; the file is not changed).
 
   Returns:
-    A read-only `SpillFile`: `entries()`, `incomplete()`, `read(tag)`,
-    `verify(tag)`; close it or use it as a context manager.
+    A read-only `SpillFile`: `entries()`, `incomplete()`, `read(tag)` (which
+    verifies the checksums); close it or use it as a context manager.
 
   Raises:
     SnapshotFileError: As for `SpillFile`.
