@@ -41,9 +41,11 @@ setup(
     install_requires=[
         "numpy>=1.16,<1.19",
         "h5py>=2.9,<3",
+        "xxhash>=2.0",
         # TensorFlow 1.15 fails to import with protobuf 3.21 and newer.
         "protobuf>=3.6.1,<3.21",
     ],
+    entry_points={"console_scripts": ["snapstore = snapstore.cli:main"]},
     extras_require={
         "cpu": ["tensorflow>=1.15,<1.16"],
         "gpu": ["tensorflow-gpu>=1.15,<1.16"],

@@ -27,6 +27,7 @@ from snapstore.errors import RestoreError
 from snapstore.errors import RewireError
 from snapstore.errors import SnapshotError
 from snapstore.errors import SnapshotFileError
+from snapstore.errors import SpillError
 from snapstore.errors import TrialError
 from snapstore.errors import UnknownTagError
 from snapstore.guards import Guard
@@ -36,6 +37,8 @@ from snapstore.hooks import SnapshotHook
 from snapstore.lookahead import Lookahead
 from snapstore.modes import MODES
 from snapstore.rollback import RollbackOptimizer
+from snapstore.spill import open_spill
+from snapstore.spill import SpillEntry
 from snapstore.store import SnapshotInfo
 from snapstore.store import SnapshotStore
 from snapstore.variables import SHADOW_VARIABLES
@@ -66,8 +69,11 @@ __all__ = [
     "SnapshotHook",
     "SnapshotInfo",
     "SnapshotStore",
+    "SpillEntry",
+    "SpillError",
     "Trial",
     "TrialError",
     "UnknownTagError",
     "clone",
+    "open_spill",
 ]

@@ -117,3 +117,13 @@ class PinnedTagError(Error):
   evicting it would hand that slot to another snapshot while the ops still
   write it.
   """
+
+
+class SpillError(Error):
+  """Raised when writing a snapshot to, or deleting one from, a spill file failed.
+
+  Writes run on a background thread, so the error is raised by the store's next
+  call (which then does nothing else; call it again). The message names the
+  snapshot's tag and the cause, e.g. a full disk. A snapshot whose write failed
+  stays in host memory, usable as before, and is written again later.
+  """

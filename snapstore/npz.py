@@ -17,6 +17,8 @@ the store's own size.
     store.save_npz("/tmp/best.npz")
     other_store.load_npz("/tmp/best.npz", tag="best")
 """
+import collections
+import contextlib
 import os
 import sys
 import uuid
@@ -80,6 +82,29 @@ def load(path, varset):
     IncompatibleSnapshotError: Missing or unexpected arrays, or arrays of
       another shape or dtype than their variables (all of them named).
   """
+  with _open(path) as (archive, path, members, declared):
+    varset.check_declared(declared, path)
+    return [_read(archive, members[spec.key], path, spec.key)
+            for spec in varset.specs]
+
+
+def read(path):
+  """Reads every array of the archive `path`, with no store to check against.
+
+  Returns:
+    An OrderedDict key -> numpy array, sorted by key.
+
+  Raises:
+    SnapshotFileError: As for `load`.
+  """
+  with _open(path) as (archive, path, members, _):
+    return collections.OrderedDict(
+        (key, _read(archive, members[key], path, key)) for key in sorted(members))
+
+
+@contextlib.contextmanager
+def _open(path):
+  """Yields (archive, path, members, declared), headers checked, no data read."""
   path = _fspath(path)
   if not os.path.isfile(path):
     raise errors.SnapshotFileError("Cannot read %s: no such file." % path)
@@ -99,9 +124,7 @@ def load(path, varset):
           "%s holds pickled Python objects in %s; snapstore loads .npz files "
           "with allow_pickle=False. Save snapshots with SnapshotStore.save_npz "
           "or numpy.savez of numeric arrays." % (path, ", ".join(pickled)))
-    varset.check_declared(declared, path)
-    return [_read(archive, members[spec.key], path, spec.key)
-            for spec in varset.specs]
+    yield archive, path, members, declared
 
 
 def _write_member(archive, name, array):

@@ -25,7 +25,6 @@ threads are serialized. Do not run training ops that write the covered
 variables concurrently with `restore` or `evaluate_with`.
 """
 import collections
-import inspect
 import threading
 import time
 
@@ -56,24 +55,35 @@ class SnapshotStore(object):
     collection: A graph collection to cover (filtered by `scope` if given).
       Without `var_list`, `scope` or `collection`: the trainable variables.
     mode: Where snapshots live: "device" (shadow variables next to the
-      originals; snapshot and restore are in-graph copies) or "host" (numpy
-      arrays in this process).
+      originals; snapshot and restore are in-graph copies), "host" (numpy
+      arrays in this process) or "disk" (host arrays under a memory budget,
+      the oldest spilled to an HDF5 file; see `modes/disk.py`).
     max_to_keep: How many snapshots to keep before the oldest is evicted. In
       device mode this many slots of shadow variables are allocated (default
-      1). Host mode defaults to 5; 0 keeps every snapshot.
+      1). Host mode defaults to 5; 0 keeps every snapshot. Disk mode bounds
+      all tiers together and defaults to no bound. With a spill file, device
+      and host modes bound only snapshots not spilled.
     optimizer: A `tf.train.Optimizer` (or Keras optimizer, or list) whose state
       for the covered variables is covered too: slots and non-slot variables
       such as Adam's `beta1_power`. Build its train op first.
     include_global_step: Cover the graph's global step.
     name: Name scope of the store's ops; shadows are named after it.
     **mode_options: Options of the mode. Device: `saveable=False` (True puts
-      shadows in GLOBAL_VARIABLES, so a default Saver saves them).
+      shadows in GLOBAL_VARIABLES, so a default Saver saves them). Disk:
+      `spill_path` and `memory_budget` (bytes), required. Every mode:
+      `spill_path=` adds an HDF5 spill file for `spill(tag)`, with
+      `compression=None` ("lzf", "gzip"), `compression_opts`, `max_pending=2`
+      (writes queued before `spill`/`snapshot` block) and `durable=False`
+      (fsync each commit). See `modes/spilling.py`.
 
   Raises:
     ValueError: An unknown mode (the message lists the valid ones), a bad
       `max_to_keep`, or a variable set `VariableSet` rejects (empty, unknown
       shapes, unsupported dtypes, duplicate keys).
     TypeError: An option the mode does not take, or non-variables.
+    SnapshotFileError: A spill file that cannot be created or written, is not
+      a snapstore spill file, or is in use by another store.
+    IncompatibleSnapshotError: A spill file of other variables.
   """
 
   def __init__(self, var_list=None, scope=None, collection=None, mode="device",
@@ -90,10 +100,15 @@ class SnapshotStore(object):
     with self._varset.graph.as_default(), tf.control_dependencies(None), \
         tf.name_scope(name) as scope_name:
       self._name = scope_name.rstrip("/")
-      self._mode = mode_cls(self._varset, max_to_keep, self._name, **mode_options)
+      self._mode = modes.build(mode_cls, self._varset, max_to_keep, self._name,
+                               mode_options)
     self._lock = threading.RLock()
     self._order = collections.OrderedDict()  # tag -> SnapshotInfo, oldest first
     self._next_auto_tag = 0
+    for tag, when in self._mode.adopted():  # snapshots in an existing spill file
+      self._order[tag] = SnapshotInfo(tag, when)
+      if isinstance(tag, int) and tag >= self._next_auto_tag:
+        self._next_auto_tag = tag + 1
     self._pending = _NOTHING  # token of current values a failed put-back left
     self._closed = False
     self._rewirer = None  # made by the first past() call
@@ -427,6 +442,64 @@ class SnapshotStore(object):
     """
     return self._put(npz.load(path, self._varset), tag, session, "load_npz")
 
+  # -- tiers: a spill file under the store ------------------------------------------
+
+  def spill(self, tag=None, session=None):
+    """Moves snapshot `tag` (default: the newest) to the store's spill file.
+
+    The snapshot is read into host memory (device mode needs the session for
+    that) and leaves its tier at once; it is written to the file in the
+    background and leaves host memory once the write is committed. It stays
+    restorable throughout. Spilling a spilled snapshot does nothing. Blocks
+    while `max_pending` snapshots wait for the writer (back-pressure).
+
+    Returns:
+      The tag.
+
+    Raises:
+      ModeError: The store has no spill file (give it `spill_path=`, or use
+        mode="disk").
+      UnknownTagError: The store holds no snapshot `tag`.
+      SnapshotError: Reading a device snapshot failed; it stays in its slot.
+      SpillError: An earlier background write failed (see `flush`).
+    """
+    sess = self._session(session, "spill", required=self._mode.data_needs_session)
+    with self._lock:
+      if sess is not None:
+        self._prepare(sess)
+      self._check_open()
+      spilling = self._spilling("spill")
+      tag = self._existing(tag)
+      try:
+        spilling.spill(tag, self._order[tag], sess)
+      except tf.errors.OpError as e:
+        raise errors.SnapshotError(
+            "Spilling snapshot %r failed: reading it failed: %s. It stays where "
+            "it was." % (tag, _first_line(e))) from e
+      return tag
+
+  def flush(self):
+    """Waits until every snapshot on its way to the spill file is written.
+
+    Snapshots whose write failed earlier are written again first. Does nothing
+    for a store without a spill file.
+
+    Raises:
+      SpillError: A write failed; the message names each snapshot, which stays
+        in host memory.
+    """
+    with self._lock:
+      self._check_open()
+      self._mode.flush()
+
+  def tier(self, tag=None):
+    """Where snapshot `tag` (default: the newest) is: "device", "host" or "file".
+
+    "host" includes a snapshot on its way to the spill file.
+    """
+    with self._lock:
+      return self._mode.tier(self._existing(tag))
+
   # -- device-mode ops for the user's own graph ------------------------------------
 
   @property
@@ -554,7 +627,14 @@ class SnapshotStore(object):
   # -- lifetime ----------------------------------------------------------------------
 
   def close(self):
-    """Releases what the mode holds outside the graph. Safe to call twice."""
+    """Releases what the mode holds outside the graph. Safe to call twice.
+
+    With a spill file, queued writes are finished first and the file closed.
+
+    Raises:
+      SpillError: Snapshots could not be written to the spill file; they are
+        named, and lost with the store.
+    """
     with self._lock:
       if not self._closed:
         self._closed = True
@@ -581,6 +661,7 @@ class SnapshotStore(object):
   def _check_open(self):
     if self._closed:
       raise errors.Error("The store %r is closed." % self._name)
+    self._mode.check()  # a failed background write (spill file), once
 
   def _prepare(self, sess):
     """Checks the store is open and writes back pending current values."""
@@ -639,16 +720,20 @@ class SnapshotStore(object):
 
   def _victim(self, tag):
     capacity = self._mode.capacity
-    if tag in self._order or capacity is None or len(self._order) < capacity:
+    if capacity is None:
       return None
-    for held in self._order:  # oldest first; pinned slots are never reused
+    # With a spill file, spilled snapshots may not count (see modes/spilling.py).
+    counted = [t for t in self._order if self._mode.counts_toward_capacity(t)]
+    if tag in counted or len(counted) < capacity:
+      return None
+    for held in counted:  # oldest first; pinned slots are never reused
       if held not in self._pinned:
         return held
     raise errors.PinnedTagError(
         "Cannot store snapshot %r: every slot of the store is pinned (%s). "
         "Create the store with a larger max_to_keep, or snapshot under a "
         "pinned tag to overwrite its slot."
-        % (tag, ", ".join(repr(t) for t in self._order)))
+        % (tag, ", ".join(repr(t) for t in counted)))
 
   def _record(self, tag, victim):
     if victim is not None:
@@ -657,6 +742,7 @@ class SnapshotStore(object):
     self._order[tag] = SnapshotInfo(tag, time.time())
     if isinstance(tag, int) and tag >= self._next_auto_tag:
       self._next_auto_tag = tag + 1
+    self._mode.settle(self._order)
     return tag
 
   def _sync_with_mode(self):
@@ -687,6 +773,14 @@ class SnapshotStore(object):
           "mode='device'." % (what, self._mode.name))
     return self._mode
 
+  def _spilling(self, what):
+    if not hasattr(self._mode, "spill"):
+      raise errors.ModeError(
+          "%s() needs a spill file; this %s-mode store has none. Pass "
+          "spill_path='file.h5' when building it, or use mode='disk'."
+          % (what, self._mode.name))
+    return self._mode
+
   def _check_slot(self, slot):
     n = self._mode.num_slots
     if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) \
@@ -712,8 +806,7 @@ def _check_max_to_keep(max_to_keep, mode_cls):
 
 
 def _check_options(mode_cls, options):
-  params = inspect.signature(mode_cls.__init__).parameters
-  allowed = [p for p in params if p not in ("self", "varset", "max_to_keep", "name")]
+  allowed = modes.options(mode_cls)
   unknown = sorted(set(options) - set(allowed))
   if unknown:
     raise TypeError("Mode %r takes no option %s; its options are: %s." % (

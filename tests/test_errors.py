@@ -234,17 +234,19 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       helpers.Model()
       with self.assertRaisesRegex(ValueError,
-                                  r"^Invalid mode 'gpu'; must be one of device, host\.$"):
+                                  r"^Invalid mode 'gpu'; must be one of device, disk, host\.$"):
         snapstore.SnapshotStore(mode="gpu")
 
   def test_unknown_mode_option(self):
     with tf.Graph().as_default():
       helpers.Model()
       with self.assertRaisesRegex(
-          TypeError, r"Mode 'host' takes no option saveable; its options are: none\."):
+          TypeError, r"Mode 'host' takes no option saveable; its options are: spill_path, "
+          r"compression, compression_opts, max_pending, durable\."):
         snapstore.SnapshotStore(mode="host", saveable=True)
       with self.assertRaisesRegex(
-          TypeError, r"Mode 'device' takes no option colour; its options are: saveable\."):
+          TypeError, r"Mode 'device' takes no option colour; its options are: saveable, "
+          r"spill_path, compression, compression_opts, max_pending, durable\."):
         snapstore.SnapshotStore(mode="device", colour=1)
 
   def test_empty_variable_sets(self):

@@ -100,6 +100,31 @@ class CopyMode(abc.ABC):
   def close(self):
     """Releases what the mode holds outside the graph. Safe to call twice."""
 
+  # -- tiers (see modes/spilling.py); a mode without a spill file has one -------
+
+  def tier(self, tag):
+    """Where snapshot `tag` is: "device", "host" or "file"."""
+    del tag
+    return self.name
+
+  def counts_toward_capacity(self, tag):
+    """Whether snapshot `tag` counts toward `capacity` (and can be evicted)."""
+    del tag
+    return True
+
+  def adopted(self):
+    """[(tag, time)] of snapshots the mode found when it was built, oldest first."""
+    return []
+
+  def settle(self, order):
+    """Called after each new snapshot with the store's `{tag: SnapshotInfo}`."""
+
+  def check(self):
+    """Raises what went wrong in the background since the last call."""
+
+  def flush(self):
+    """Waits for background work; raises as `check`."""
+
   def _run(self, session, fetches, feed_list=None, values=()):
     return self._callables.run(session, fetches, feed_list, values)
 

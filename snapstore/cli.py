@@ -1,0 +1,283 @@
+"""`python -m snapstore` (or `snapstore`): inspect spill files and `.npz` snapshots.
+
+A snapshot is named by a file, and in a spill file by a tag after a colon:
+`run.h5:3`, `run.h5:best`, `best.npz`. A digit-only tag means the int tag if
+the file has one, else the string.
+
+    snapstore list run.h5                  # tag, time, step, size, variables
+    snapstore show run.h5:3                # one snapshot, per variable
+    snapstore diff run.h5:3 run.h5:7       # per-variable max-abs and L2 difference
+    snapstore verify run.h5                # every checksum
+    snapstore export run.h5:3 three.npz    # one snapshot as .npz
+
+Exit status: 0 on success, 1 for a missing, corrupt or foreign file, an unknown
+tag or a failed check, 2 for bad usage.
+"""
+import argparse
+import datetime
+import os
+import sys
+
+import numpy as np
+
+from snapstore import errors
+from snapstore import npz
+from snapstore import spill
+
+
+class _Source(object):
+  """A spill file or an `.npz` archive, opened for reading."""
+
+  def __init__(self, path):
+    self.path = path
+    self.is_npz = _is_zip(path)
+    self._spill = None if self.is_npz else spill.open_spill(path)
+
+  def close(self):
+    if self._spill is not None:
+      self._spill.close()
+
+  def entries(self):
+    if self._spill is not None:
+      return self._spill.entries()
+    arrays = npz.read(self.path)
+    return [spill.SpillEntry(os.path.basename(self.path),
+                             os.path.getmtime(self.path), None,
+                             sum(a.nbytes for a in arrays.values()),
+                             tuple(arrays))]
+
+  def incomplete(self):
+    return self._spill.incomplete() if self._spill is not None else []
+
+  def resolve(self, text):
+    """The tag `text` names (None: the archive, or a spill file's newest)."""
+    if self._spill is None:
+      if text is not None:
+        raise errors.SnapshotFileError(
+            "%s is an .npz archive, which holds one snapshot; name it without "
+            ":%s." % (self.path, text))
+      return None
+    if text is None:
+      entries = self._spill.entries()
+      if not entries:
+        raise errors.UnknownTagError("%s holds no complete snapshots." % self.path)
+      return entries[-1].tag
+    if text.lstrip("-").isdigit() and int(text) in self._spill:
+      return int(text)
+    return text
+
+  def read(self, tag):
+    if self._spill is None:
+      return npz.read(self.path)
+    return self._spill.read(tag)
+
+
+def _parse_ref(ref):
+  """'file:tag' -> (file, tag or None); a path that exists is taken whole."""
+  if os.path.exists(ref) or ":" not in ref:
+    return ref, None
+  path, tag = ref.rsplit(":", 1)
+  return path, tag
+
+
+def _open(ref):
+  path, tag_text = _parse_ref(ref)
+  source = _Source(path)
+  try:
+    return source, source.resolve(tag_text)
+  except BaseException:
+    source.close()
+    raise
+
+
+def _is_zip(path):
+  if not os.path.isfile(path):
+    raise errors.SnapshotFileError("Cannot read %s: no such file." % path)
+  with open(path, "rb") as f:
+    return f.read(4) == b"PK\x03\x04"
+
+
+def _time(seconds):
+  return datetime.datetime.fromtimestamp(seconds).isoformat(" ", "seconds")
+
+
+def _size(nbytes):
+  for unit in ("B", "KiB", "MiB", "GiB"):
+    if nbytes < 1024 or unit == "GiB":
+      return ("%d %s" % (nbytes, unit)) if unit == "B" else "%.1f %s" % (nbytes, unit)
+    nbytes /= 1024.0
+
+
+def cmd_list(args, out):
+  source = _Source(args.file)
+  try:
+    entries = source.entries()
+    rows = [("tag", "time", "step", "size", "variables")]
+    for e in entries:
+      rows.append((repr(e.tag), _time(e.time), "-" if e.step is None else str(e.step),
+                   _size(e.nbytes), str(len(e.keys))))
+    _table(rows, out)
+    for tag in source.incomplete():
+      out.write("incomplete (write interrupted, never read): %r\n" % (tag,))
+    out.write("%d snapshot(s) in %s\n" % (len(entries), args.file))
+  finally:
+    source.close()
+  return 0
+
+
+def cmd_show(args, out):
+  source, tag = _open(args.snapshot)
+  try:
+    arrays = source.read(tag)
+    entry = [e for e in source.entries() if source.is_npz or e.tag == tag][0]
+  finally:
+    source.close()
+  out.write("snapshot %r of %s: time %s, step %s, %s\n" % (
+      entry.tag, source.path, _time(entry.time),
+      "-" if entry.step is None else entry.step, _size(entry.nbytes)))
+  rows = [("variable", "shape", "dtype", "min", "max", "mean", "non-finite")]
+  for key, a in arrays.items():
+    values = _as_float(a)
+    if values.dtype.kind == "c":
+      values = np.abs(values)
+    finite = values[np.isfinite(values)]
+    stats = (("%.6g" % finite.min(), "%.6g" % finite.max(), "%.6g" % finite.mean())
+             if finite.size else ("-", "-", "-"))
+    rows.append((key, str(a.shape), a.dtype.name) + stats
+                + (str(values.size - finite.size),))
+  _table(rows, out)
+  return 0
+
+
+def cmd_diff(args, out):
+  a, b = _read_ref(args.a), _read_ref(args.b)
+  rows = [("variable", "max_abs", "l2", "bit-identical")]
+  status = 0
+  for key in sorted(set(a) | set(b)):
+    if key not in a or key not in b:
+      rows.append((key, "only in %s" % (args.a if key in a else args.b), ""))
+      status = 1
+    elif a[key].shape != b[key].shape:
+      rows.append((key, "shapes differ: %s vs %s" % (a[key].shape, b[key].shape), ""))
+      status = 1
+    else:
+      rows.append((key,) + _difference(a[key], b[key]))
+  _table(rows, out)
+  return status
+
+
+def cmd_verify(args, out):
+  path, tag_text = _parse_ref(args.file)
+  source = _Source(path)
+  failed = 0
+  try:
+    tags = ([source.resolve(tag_text)] if tag_text is not None
+            else [e.tag for e in source.entries()])
+    for tag in tags:
+      try:
+        source.read(tag)
+        out.write("ok      %r\n" % (tag,) if tag is not None else "ok      %s\n" % path)
+      except errors.Error as e:
+        failed += 1
+        out.write("FAILED  %s\n" % e)
+    for tag in source.incomplete():
+      out.write("skipped %r: incomplete (write interrupted)\n" % (tag,))
+  finally:
+    source.close()
+  out.write("%d checked, %d failed\n" % (len(tags), failed))
+  return 1 if failed else 0
+
+
+def cmd_export(args, out):
+  source, tag = _open(args.snapshot)
+  try:
+    arrays = source.read(tag)
+  finally:
+    source.close()
+  npz.save(args.output, list(arrays), list(arrays.values()), compress=args.compress)
+  out.write("wrote %s (%d variables)\n" % (args.output, len(arrays)))
+  return 0
+
+
+def _read_ref(ref):
+  source, tag = _open(ref)
+  try:
+    return source.read(tag)
+  finally:
+    source.close()
+
+
+def _difference(a, b):
+  """(max-abs, L2, bit-identical) of a - b as strings.
+
+  Elements with identical bits differ by 0, so equal NaNs and infinities do
+  not turn the result into NaN; a NaN against a number does.
+  """
+  with np.errstate(all="ignore"):
+    d = (_as_float(a) - _as_float(b)).reshape(-1)
+    same = (_bits(a) == _bits(b) if a.dtype == b.dtype
+            else np.zeros(d.shape, bool))
+    d[same] = 0
+    d = np.abs(d)
+    max_abs = d.max() if d.size else 0.0
+    l2 = np.sqrt(np.sum(d * d))
+  return "%.6g" % max_abs, "%.6g" % l2, "yes" if same.all() else "no"
+
+
+def _bits(a):
+  """Per element, the raw bytes as one comparable value."""
+  flat = np.ascontiguousarray(a).reshape(-1)
+  return flat.view(np.dtype((np.void, a.dtype.itemsize))) if a.dtype.itemsize \
+      else flat
+
+
+def _as_float(a):
+  if a.dtype.kind == "c":
+    return a.astype(np.complex128)
+  return a.astype(np.float64)
+
+
+def _table(rows, out):
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  for row in rows:
+    out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
+
+
+def _parser():
+  parser = argparse.ArgumentParser(
+      prog="snapstore", description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest="command", metavar="command")
+  sub.required = True
+  p = sub.add_parser("list", help="list the snapshots of a spill file or .npz")
+  p.add_argument("file")
+  p.set_defaults(run=cmd_list)
+  p = sub.add_parser("show", help="show one snapshot, per variable")
+  p.add_argument("snapshot", help="file.h5:tag (default: newest) or file.npz")
+  p.set_defaults(run=cmd_show)
+  p = sub.add_parser("diff", help="per-variable max-abs and L2 difference")
+  p.add_argument("a", help="file.h5:tag or file.npz")
+  p.add_argument("b", help="file.h5:tag or file.npz")
+  p.set_defaults(run=cmd_diff)
+  p = sub.add_parser("verify", help="check the checksums of every snapshot")
+  p.add_argument("file", help="file.h5, file.h5:tag or file.npz")
+  p.set_defaults(run=cmd_verify)
+  p = sub.add_parser("export", help="write one snapshot as .npz")
+  p.add_argument("snapshot", help="file.h5:tag (default: newest) or file.npz")
+  p.add_argument("output", help="the .npz file to write")
+  p.add_argument("--compress", action="store_true", help="deflate the members")
+  p.set_defaults(run=cmd_export)
+  return parser
+
+
+def main(argv=None, out=None, err=None):
+  """Runs the command line `argv`; returns the exit status."""
+  out = out or sys.stdout
+  err = err or sys.stderr
+  args = _parser().parse_args(argv)
+  try:
+    return args.run(args, out)
+  except errors.Error as e:
+    err.write("snapstore %s: error: %s\n" % (args.command, e))
+    return 1
+

@@ -1,0 +1,97 @@
+"""Disk mode: host snapshots under a memory budget, the oldest spilled to HDF5.
+
+Snapshots land in host memory first, exactly as in host mode (one
+`session.run`; `snapshot()` returns after that copy). After each new snapshot,
+while the host tier holds more than `memory_budget` bytes, its oldest snapshot
+is handed to the background writer, which writes it to the spill file (see
+`snapstore.spill`); it leaves memory once the write is committed. Host memory
+holds at most `memory_budget` bytes in the host tier plus the snapshots on
+their way to the file: at most `max_pending` queued (a snapshot that needs
+another one queued waits for the writer: back-pressure) and those whose write
+failed (kept, reported by the next call, written again with the next spill).
+
+`max_to_keep` bounds the snapshots of all tiers together (default: no bound);
+when it is reached the oldest snapshot is deleted, from the file if it is
+there. `spill(tag)` writes a snapshot before the budget asks for it.
+
+    store = snapstore.SnapshotStore(scope="net", mode="disk",
+                                    spill_path="/data/run7.h5",
+                                    memory_budget=2 << 30)
+    store.snapshot(session=sess)   # host copy; older ones go to the file
+    store.restore(3, session=sess) # from memory or the file, bit-exact
+    store.close()                  # finishes the queued writes
+"""
+import numpy as np
+
+from snapstore.modes import host
+from snapstore.modes import spilling
+
+
+class DiskMode(spilling.SpillingMode):
+  """Host snapshots under a byte budget over an HDF5 spill file (see module doc).
+
+  Args:
+    varset: The store's `VariableSet`.
+    max_to_keep: The most snapshots kept in all tiers, or None for no bound.
+    name: The store's name.
+    spill_path: The spill file (required); see `SpillingMode`.
+    memory_budget: Bytes of snapshots the host tier may hold (required, >= 0;
+      0 writes every snapshot to the file at once).
+    compression, compression_opts, max_pending, durable: As for
+      `SpillingMode`.
+
+  Raises:
+    ValueError: A missing `spill_path` or `memory_budget`, or a bad option.
+    SnapshotFileError, IncompatibleSnapshotError: As for `SpillingMode`.
+  """
+
+  name = "disk"
+  default_max_to_keep = None
+  allows_unbounded = True
+  data_needs_session = False
+
+  def __init__(self, varset, max_to_keep, name, spill_path=None,
+               memory_budget=None, compression=None, compression_opts=None,
+               max_pending=2, durable=False):
+    if spill_path is None:
+      raise ValueError("mode='disk' needs spill_path=, the HDF5 file to spill "
+                       "snapshots to.")
+    if isinstance(memory_budget, bool) or \
+        not isinstance(memory_budget, (int, np.integer)) or memory_budget < 0:
+      raise ValueError(
+          "mode='disk' needs memory_budget=, the bytes of snapshots to keep in "
+          "host memory (an int >= 0; one snapshot is %d bytes), got %r."
+          % (varset.nbytes, memory_budget))
+    self._budget = int(memory_budget)
+    super(DiskMode, self).__init__(
+        host.HostMode(varset, None, name), varset, spill_path,
+        compression=compression, compression_opts=compression_opts,
+        max_pending=max_pending, durable=durable)
+    self.name = DiskMode.name
+    self.data_needs_session = False
+    self._max_to_keep = max_to_keep  # all tiers together, not the host tier's
+
+  @property
+  def capacity(self):
+    return self._max_to_keep
+
+  @property
+  def memory_budget(self):
+    return self._budget
+
+  def counts_toward_capacity(self, tag):
+    return True
+
+  def settle(self, order):
+    """Spills the oldest host snapshots (by the store's `order`) over budget."""
+    self._collect()
+    self._retry_failed()
+    over = self._inner.nbytes - self._budget
+    if over <= 0:
+      return
+    in_memory = set(self._inner.tags())
+    for tag, info in order.items():
+      if over <= 0:
+        break
+      if tag in in_memory:
+        over -= self._move_to_file(tag, info, None)

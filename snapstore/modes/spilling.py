@@ -1,0 +1,368 @@
+"""A copy mode with a spill file under it: tiers of one store.
+
+`SpillingMode` wraps a device or host mode (the fast tier) and adds an HDF5
+spill file (see `snapstore.spill`). A snapshot lives in exactly one tier:
+
+- the fast tier (device slots or host arrays), where it was taken;
+- host memory, on its way to the file: queued for the background writer, or
+  kept after a failed write (it is written again by the next spill or flush);
+- the file, once its write is complete and committed.
+
+`spill(tag)` moves a snapshot from the fast tier to the file: it is read into
+host memory (a device read for device slots; host arrays are handed over
+without a copy), leaves the fast tier at once, and is written in the
+background. It leaves host memory only after its write is committed. `restore`,
+`evaluate_with` and `arrays` find a snapshot in whichever tier holds it; a
+spilled one is read, checked (names, shapes, dtypes, checksums) and then fed to
+the variables by placeholders and one grouped assign built at construction.
+
+With a spill file, device and host stores bound only their fast tier by
+`max_to_keep` (eviction drops the oldest snapshot of the fast tier, as without
+a file); a spilled snapshot stays in the file until `delete(tag)`. The disk
+mode (`modes/disk.py`) spills automatically and bounds all tiers together.
+
+A store built over an existing spill file lists the file's complete snapshots
+as its own, oldest first; an incomplete one (a write interrupted by a crash) is
+logged and removed.
+"""
+import logging
+
+import numpy as np
+
+from snapstore import errors
+from snapstore import graph_ops
+from snapstore import spill
+from snapstore import writer
+from snapstore._tf import tf
+from snapstore.modes import base
+
+_LOG = logging.getLogger("snapstore")
+
+# Where a held snapshot is on its way to the file.
+_QUEUED = "queued"
+_FAILED = "failed"
+
+
+class _Held(object):
+  """A snapshot in host memory on its way to the file, and its write job."""
+
+  def __init__(self, tag, info, arrays):
+    self.tag = tag
+    self.info = info
+    self.arrays = tuple(arrays)
+    self.state = _QUEUED
+
+  @property
+  def nbytes(self):
+    return sum(a.nbytes for a in self.arrays)
+
+
+class SpillingMode(base.CopyMode):
+  """A fast-tier mode plus a spill file (see module doc).
+
+  Args:
+    inner: The fast tier: a `DeviceMode` or `HostMode` built for the store.
+    varset: The store's `VariableSet`.
+    spill_path: The HDF5 spill file; created if missing, else checked against
+      the store's variables and its complete snapshots adopted.
+    compression: None (default, fastest), "lzf" or "gzip".
+    compression_opts: gzip's level, 0-9.
+    max_pending: How many snapshots may wait for the background writer before
+      `spill` (or a disk-mode `snapshot`) blocks (back-pressure).
+    durable: `fsync` at each commit, so that spilled snapshots also survive a
+      power cut or kernel crash (slower); a killed process loses none either
+      way.
+
+  Raises:
+    ValueError: A bad compression, compression_opts or max_pending.
+    SnapshotFileError: The file cannot be created or written, or is not a
+      snapstore spill file.
+    IncompatibleSnapshotError: The file holds other variables.
+  """
+
+  def __init__(self, inner, varset, spill_path, compression=None,
+               compression_opts=None, max_pending=2, durable=False):
+    super(SpillingMode, self).__init__(varset, inner.capacity, inner._name)  # pylint: disable=protected-access
+    _check_compression(compression, compression_opts)
+    self._inner = inner
+    self.name = inner.name
+    self.data_needs_session = inner.data_needs_session
+    self._compression = compression
+    self._compression_opts = compression_opts
+    self._feeder = graph_ops.Feeder(varset.specs, "spill_feed")
+    self._load_op = self._feeder.assign_to(varset.variables, "restore_spilled")
+    self._step_index = _global_step_index(varset)
+    self._held = {}     # tag -> _Held
+    self._in_file = {}  # tag -> SpillEntry
+    self._errors = []   # (tag, what, exception) not yet reported
+    self._file = spill.SpillFile.open_for_writing(spill_path, varset, durable)
+    try:
+      dropped = self._file.delete_incomplete()
+      if dropped or self._file.rolled_back:
+        done = (["rolled back its unfinished change"] if self._file.rolled_back
+                 else []) + (["removed incomplete snapshot(s) %s"
+                              % ", ".join(map(repr, dropped))] if dropped else [])
+        _LOG.warning("snapstore: spill file %s was left by a process that "
+                     "stopped while writing to it; %s.", self._file.path,
+                     " and ".join(done))
+      self._in_file = dict((e.tag, e) for e in self._file.entries())
+      self._writer = writer.BackgroundWriter("snapstore-spill", max_pending)
+    except BaseException:
+      self._file.close()
+      raise
+    writer.close_at_exit(self)
+
+  # -- tiers -----------------------------------------------------------------------
+
+  def tier(self, tag):
+    """"device" or "host" (in memory), or "file"."""
+    if tag in self._held:
+      return "host"
+    if tag in self._in_file:
+      return "file"
+    return self._inner.name
+
+  def counts_toward_capacity(self, tag):
+    return tag not in self._held and tag not in self._in_file
+
+  def adopted(self):
+    return sorted(((e.tag, e.time) for e in self._in_file.values()),
+                  key=lambda pair: pair[1])
+
+  def spill(self, tag, info, session):
+    """Moves snapshot `tag` to the file (in the background); see module doc."""
+    self._collect()
+    self._retry_failed()
+    if tag not in self._held and tag not in self._in_file:
+      self._move_to_file(tag, info, session)
+
+  def flush(self):
+    """Writes everything queued or failed, and waits for it."""
+    self._retry_failed()
+    self._writer.flush()
+    self._collect()
+    self.check()
+
+  def check(self):
+    """Raises SpillError for background failures not reported yet."""
+    self._collect()
+    if not self._errors:
+      return
+    failures, self._errors = self._errors, []
+    parts = []
+    for tag, what, error in failures:
+      if what == "write":
+        parts.append("writing snapshot %r failed (%s); it is kept in host memory "
+                     "and written again with the next spill or flush()"
+                     % (tag, _describe(error)))
+      else:
+        parts.append("deleting snapshot %r from the file failed (%s); the file "
+                     "still holds it" % (tag, _describe(error)))
+    raise errors.SpillError(
+        "Spill file %s: %s. This call did nothing else; call it again."
+        % (self._file.path, "; ".join(parts)))
+
+  # -- CopyMode ------------------------------------------------------------------
+
+  @property
+  def initializer(self):
+    return self._inner.initializer
+
+  def tags(self):
+    return self._inner.tags() + list(self._held) + list(self._in_file)
+
+  @property
+  def nbytes(self):
+    return self._inner.nbytes + sum(h.nbytes for h in self._held.values())
+
+  def take(self, tag, session, victim=None):
+    self._inner.take(tag, session, self._inner_victim(victim))
+    self._took(tag, victim)
+
+  def put(self, tag, arrays, session, victim=None):
+    self._inner.put(tag, arrays, session, self._inner_victim(victim))
+    self._took(tag, victim)
+
+  def restore(self, tag, session):
+    if tag in self._inner.tags():
+      self._inner.restore(tag, session)
+    else:
+      arrays = self.arrays(tag, session)  # read and checked in full first
+      self._run(session, self._load_op, self._feeder.placeholders, arrays)
+
+  def arrays(self, tag, session):
+    if tag in self._held:
+      return list(self._held[tag].arrays)
+    if tag in self._in_file:
+      values = list(self._file.read(tag, self._varset).values())
+      for value in values:
+        value.setflags(write=False)
+      return values
+    return self._inner.arrays(tag, session)
+
+  def delete(self, tag):
+    if tag in self._held:
+      held = self._held.pop(tag)
+      if held.state == _QUEUED:  # its write may be done by now
+        self._writer.submit(_Delete(self._file, tag))
+    elif tag in self._in_file:
+      del self._in_file[tag]
+      self._writer.submit(_Delete(self._file, tag))
+    else:
+      self._inner.delete(tag)
+
+  def stash(self, session):
+    return self._inner.stash(session)
+
+  def unstash(self, token, session):
+    self._inner.unstash(token, session)
+
+  def close(self):
+    """Finishes queued writes and closes the file; reports failures. Safe twice."""
+    if self._file is None:
+      return
+    path = self._file.path
+    try:
+      self._retry_failed()
+      self._writer.close()
+      self._collect()
+      lost = [h.tag for h in self._held.values()]
+    finally:
+      self._writer.close()
+      self._file.close()
+      self._file = None
+      self._inner.close()
+    failures, self._errors = self._errors, []
+    if failures or lost:
+      problems = ["%s of snapshot %r failed (%s)" % (what, tag, _describe(error))
+                  for tag, what, error in failures]
+      if lost:
+        problems.append("snapshot(s) %s could not be written and are lost with "
+                        "the store" % ", ".join(map(repr, lost)))
+      raise errors.SpillError("Closing the store's spill file %s: %s."
+                              % (path, "; ".join(problems)))
+
+  # -- device-mode ops are the fast tier's ---------------------------------------------
+
+  @property
+  def num_slots(self):
+    return self._inner.num_slots
+
+  def snapshot_op(self, slot):
+    return self._inner.snapshot_op(slot)
+
+  def restore_op(self, slot):
+    return self._inner.restore_op(slot)
+
+  def shadows(self, slot):
+    return self._inner.shadows(slot)
+
+  def slot_of(self, tag):
+    if tag not in self._inner.tags():
+      raise errors.ModeError(
+          "Snapshot %r is in the spill file %s, not in a device slot."
+          % (tag, self._file.path))
+    return self._inner.slot_of(tag)
+
+  # -- internals -----------------------------------------------------------------------
+
+  def _inner_victim(self, victim):
+    return victim if victim in self._inner.tags() else None
+
+  def _took(self, tag, victim):
+    """After `tag` was stored in the fast tier: drops its other copies."""
+    for old in (tag, victim):
+      if old is not None and (old in self._held or old in self._in_file):
+        self.delete(old)
+
+  def _move_to_file(self, tag, info, session):
+    """Hands fast-tier snapshot `tag` to the writer; returns its bytes."""
+    held = _Held(tag, info, self._inner.arrays(tag, session))
+    self._inner.delete(tag)
+    self._queue(held)
+    return held.nbytes
+
+  def _queue(self, held):
+    self._held[held.tag] = held
+    held.state = _QUEUED
+    self._writer.submit(_Write(self, held))
+
+  def _retry_failed(self):
+    for held in list(self._held.values()):
+      if held.state == _FAILED:
+        self._queue(held)
+
+  def _collect(self):
+    """Applies finished background jobs to the bookkeeping (caller's thread)."""
+    for job, error in self._writer.done():
+      current = self._held.get(job.tag)
+      if isinstance(job, _Write):
+        if current is not job.held:
+          continue  # deleted or replaced meanwhile; a queued delete follows
+        if error is None:
+          del self._held[job.tag]
+          self._in_file[job.tag] = job.entry
+        else:
+          job.held.state = _FAILED
+          self._errors.append((job.tag, "write", error))
+      elif error is not None:
+        self._errors.append((job.tag, "delete", error))
+
+  def _step(self, arrays):
+    if self._step_index is None:
+      return None
+    return int(np.asarray(arrays[self._step_index]))
+
+  def _write(self, held):
+    """Runs on the writer thread."""
+    step = self._step(held.arrays)
+    self._file.write(held.tag, held.info.time, step, self._varset.keys,
+                     held.arrays, self._compression, self._compression_opts)
+    return spill.SpillEntry(held.tag, held.info.time, step, held.nbytes,
+                            tuple(self._varset.keys))
+
+
+class _Write(object):
+  """Writes one held snapshot; `entry` is set when it is in the file."""
+
+  def __init__(self, mode, held):
+    self._mode = mode
+    self.held = held
+    self.tag = held.tag
+    self.entry = None
+
+  def __call__(self):
+    self.entry = self._mode._write(self.held)  # pylint: disable=protected-access
+
+
+class _Delete(object):
+
+  def __init__(self, spill_file, tag):
+    self._file = spill_file
+    self.tag = tag
+
+  def __call__(self):
+    self._file.delete(self.tag)
+
+
+def _check_compression(compression, opts):
+  if compression is not None and compression not in spill.COMPRESSIONS:
+    raise ValueError("Invalid compression %r; must be None or one of %s."
+                     % (compression, ", ".join(spill.COMPRESSIONS)))
+  if opts is not None and compression != "gzip":
+    raise ValueError("compression_opts=%r is for compression='gzip' (a level "
+                     "0-9); lzf takes none." % (opts,))
+  if opts is not None and (not isinstance(opts, int) or not 0 <= opts <= 9):
+    raise ValueError("compression_opts must be a gzip level 0-9, got %r." % (opts,))
+
+
+def _global_step_index(varset):
+  step = tf.train.get_global_step(varset.graph)
+  for i, spec in enumerate(varset.specs):
+    if step is not None and spec.variable is step:
+      return i
+  return None
+
+
+def _describe(error):
+  return "%s: %s" % (type(error).__name__, error)

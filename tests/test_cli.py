@@ -1,0 +1,149 @@
+"""`python -m snapstore`: list, show, diff, verify, export; bad files exit 1."""
+import io
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+import snapstore
+from snapstore import cli
+from snapstore._tf import tf
+from tests import helpers
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class CliTest(tf.test.TestCase):
+
+  def setUp(self):
+    super(CliTest, self).setUp()
+    self.path = os.path.join(self.get_temp_dir(), "run.h5")
+    graph = tf.Graph()
+    with graph.as_default():
+      with tf.variable_scope("net"):
+        w = tf.get_variable("dense/kernel", [2, 3])
+        b = tf.get_variable("bias", [3], dtype=tf.int32)
+      step = tf.train.get_or_create_global_step()
+      store = snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
+                                      spill_path=self.path,
+                                      include_global_step=True)
+    self.w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    self.b = np.array([1, 2, 3], np.int32)
+    with tf.Session(graph=graph) as sess:
+      helpers.init(sess)
+      w.load(self.w, sess)
+      b.load(self.b, sess)
+      step.load(7, sess)
+      store.snapshot(session=sess)                # 0
+      w.load(self.w + np.float32(0.5), sess)
+      b.load(self.b - 2, sess)
+      store.snapshot("later", session=sess)
+    store.close()
+
+  def run_cli(self, *argv):
+    out, err = io.StringIO(), io.StringIO()
+    status = cli.main(list(argv), out=out, err=err)
+    return status, out.getvalue(), err.getvalue()
+
+  def test_list(self):
+    status, out, _ = self.run_cli("list", self.path)
+    self.assertEqual(status, 0)
+    lines = out.splitlines()
+    self.assertRegex(lines[0], r"^tag\s+time\s+step\s+size\s+variables$")
+    self.assertRegex(lines[1], r"^0\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+7\s+44 B\s+3$")
+    self.assertRegex(lines[2], r"^'later'\s+.*\s+7\s+44 B\s+3$")
+    self.assertEqual(lines[3], "2 snapshot(s) in %s" % self.path)
+
+  def test_show(self):
+    status, out, _ = self.run_cli("show", self.path + ":0")
+    self.assertEqual(status, 0)
+    self.assertIn("snapshot 0 of %s" % self.path, out)
+    self.assertRegex(out, r"\nbias\s+\(3,\)\s+int32\s+1\s+3\s+2\s+0\n")
+    self.assertRegex(out, r"\ndense/kernel\s+\(2, 3\)\s+float32\s+0\s+5\s+2\.5\s+0\n")
+    # Default: the newest.
+    _, newest, _ = self.run_cli("show", self.path)
+    self.assertIn("snapshot 'later'", newest)
+
+  def test_diff(self):
+    status, out, _ = self.run_cli("diff", self.path + ":0", self.path + ":later")
+    self.assertEqual(status, 0)
+    self.assertRegex(out, r"\nbias\s+2\s+3\.4641\s+no\n")            # sqrt(3 * 2**2)
+    self.assertRegex(out, r"\ndense/kernel\s+0\.5\s+1\.22474\s+no\n")  # sqrt(6 * .25)
+    self.assertRegex(out, r"\nglobal_step\s+0\s+0\s+yes\n")
+
+  def test_export_then_diff_and_list_npz(self):
+    npz = os.path.join(self.get_temp_dir(), "zero.npz")
+    status, out, _ = self.run_cli("export", self.path + ":0", npz)
+    self.assertEqual((status, out), (0, "wrote %s (3 variables)\n" % npz))
+    with np.load(npz, allow_pickle=False) as data:
+      helpers.assert_bit_equal(data["dense/kernel"], self.w)
+      helpers.assert_bit_equal(data["bias"], self.b)
+    status, out, _ = self.run_cli("diff", npz, self.path + ":0")
+    self.assertEqual(status, 0)
+    self.assertEqual(out.count(" yes"), 3)
+    status, out, _ = self.run_cli("list", npz)
+    self.assertEqual(status, 0)
+    self.assertRegex(out, r"'zero\.npz'\s+.*\s+-\s+44 B\s+3")
+
+  def test_verify_good_and_corrupt(self):
+    status, out, _ = self.run_cli("verify", self.path)
+    self.assertEqual((status, out), (0, "ok      0\nok      'later'\n2 checked, 0 failed\n"))
+    with h5py.File(self.path, "r") as h5:
+      offset = h5["snapshots/slater/vbias"].id.get_offset()
+    with open(self.path, "r+b") as f:
+      f.seek(offset)
+      byte = f.read(1)[0]
+      f.seek(offset)
+      f.write(bytes([byte ^ 0x10]))
+    status, out, _ = self.run_cli("verify", self.path)
+    self.assertEqual(status, 1)
+    self.assertIn("ok      0\n", out)
+    self.assertIn("FAILED  %s: checksum mismatch in variable 'bias' of snapshot "
+                  "'later'" % self.path, out)
+    self.assertTrue(out.endswith("2 checked, 1 failed\n"))
+    status, _, err = self.run_cli("show", self.path + ":later")
+    self.assertEqual(status, 1)
+    self.assertIn("checksum mismatch in variable 'bias'", err)
+
+  def test_bad_files(self):
+    text = os.path.join(self.get_temp_dir(), "notes.h5")
+    with open(text, "w") as f:
+      f.write("hello" * 200)
+    foreign = os.path.join(self.get_temp_dir(), "foreign.h5")
+    with h5py.File(foreign, "w") as h5:
+      h5["data"] = np.arange(3)
+    truncated = os.path.join(self.get_temp_dir(), "cut.h5")
+    with open(self.path, "rb") as f, open(truncated, "wb") as g:
+      g.write(f.read()[:-200])
+    cases = [
+        (("list", text), r"notes\.h5 is not an HDF5 file, so not a snapstore "
+                         r"spill file\."),
+        (("list", foreign), r"foreign\.h5 is an HDF5 file, but not a snapstore "
+                            r"spill file"),
+        (("verify", truncated), r"cut\.h5 is truncated"),
+        (("list", text + ".missing"), r"Cannot read .*: no such file\."),
+        (("show", self.path + ":nope"), r"holds no complete snapshot 'nope'\. "
+                                        r"Complete snapshots: 0, 'later'\."),
+    ]
+    for argv, message in cases:
+      status, out, err = self.run_cli(*argv)
+      self.assertEqual(status, 1, argv)
+      self.assertEqual(out, "")
+      self.assertRegex(err, r"^snapstore %s: error: .*%s" % (argv[0], message))
+
+  def test_python_dash_m_entry_point(self):
+    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    good = subprocess.run([sys.executable, "-m", "snapstore", "list", self.path],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    self.assertEqual(good.returncode, 0)
+    self.assertIn(b"2 snapshot(s)", good.stdout)
+    bad = subprocess.run([sys.executable, "-m", "snapstore", "frobnicate"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    self.assertEqual(bad.returncode, 2)
+    self.assertIn(b"invalid choice: 'frobnicate'", bad.stderr)
+
+
+if __name__ == "__main__":
+  tf.test.main()
