@@ -460,6 +460,7 @@ class SnapshotStore(object):
       ModeError: The store has no spill file (give it `spill_path=`, or use
         mode="disk").
       UnknownTagError: The store holds no snapshot `tag`.
+      PinnedTagError: The snapshot is pinned to a device slot (`pin_slot`).
       SnapshotError: Reading a device snapshot failed; it stays in its slot.
       SpillError: An earlier background write failed (see `flush`).
     """
@@ -470,6 +471,11 @@ class SnapshotStore(object):
       self._check_open()
       spilling = self._spilling("spill")
       tag = self._existing(tag)
+      if tag in self._pinned:
+        raise errors.PinnedTagError(
+            "Snapshot %r is pinned to device slot %d, which in-graph ops write "
+            "(pin_slot); it cannot leave the slot. Snapshot it under another tag "
+            "and spill that." % (tag, self._mode.slot_of(tag)))
       try:
         spilling.spill(tag, self._order[tag], sess)
       except tf.errors.OpError as e:
@@ -679,8 +685,8 @@ class SnapshotStore(object):
 
   def _rewired(self, fetches, feed_dict, tag):
     """(fetches, feed_dict) reading the tag's slot, or None to use the swap."""
-    if self._rewirer is None:
-      return None
+    if self._rewirer is None or self._mode.tier(tag) != "device":
+      return None  # not in a slot: a spilled snapshot is swapped in from its tier
     return self._rewirer.lookup(fetches, feed_dict, self._mode.slot_of(tag))
 
   def _put_back(self, token, sess):

@@ -257,6 +257,12 @@ class SpillingMode(base.CopyMode):
   def shadows(self, slot):
     return self._inner.shadows(slot)
 
+  def tag_in(self, slot):
+    return self._inner.tag_in(slot)
+
+  def pin(self, tag, slot):
+    self._inner.pin(tag, slot)
+
   def slot_of(self, tag):
     if tag not in self._inner.tags():
       raise errors.ModeError(

@@ -1,0 +1,67 @@
+"""Where the parts meet: spill tiers with rewiring, pinned slots and ensembles of tiers."""
+import os
+
+from absl.testing import parameterized
+import numpy as np
+
+import snapstore
+from snapstore._tf import tf
+from tests import helpers
+
+
+class SpillTierWithDeviceFeaturesTest(tf.test.TestCase, parameterized.TestCase):
+
+  def _setup(self, use_resource):
+    graph = tf.Graph()
+    with graph.as_default():
+      self.x = tf.placeholder(tf.float32, [None, 3])
+      with tf.variable_scope("net", use_resource=use_resource):
+        self.w = tf.get_variable("w", [3, 2])
+      self.y = tf.matmul(self.x, self.w)
+      self.store = snapstore.SnapshotStore(
+          scope="net", mode="device", max_to_keep=2,
+          spill_path=os.path.join(self.get_temp_dir(), "s.h5"))
+      self.y_past = [self.store.past(self.y, slot=k) for k in range(2)]
+    self.sess = tf.Session(graph=graph)
+    self.addCleanup(self.sess.close)
+    self.addCleanup(self.store.close)
+    helpers.init(self.sess)
+    self.feed = {self.x: np.arange(6, dtype=np.float32).reshape(2, 3)}
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_evaluate_with_a_spilled_snapshot_falls_back_to_the_swap(self, use_resource):
+    self._setup(use_resource)
+    self.w.load(np.ones([3, 2], np.float32), self.sess)
+    expected = self.sess.run(self.y, self.feed)
+    self.store.snapshot("old", session=self.sess)
+    self.store.spill("old", session=self.sess)
+    self.store.flush()
+    self.assertEqual(self.store.tier("old"), "file")
+    self.w.load(np.full([3, 2], 7, np.float32), self.sess)
+    current = self.sess.run(self.w)
+    past = self.store.evaluate_with(self.y, self.feed, tag="old", session=self.sess)
+    helpers.assert_bit_equal(past, expected)
+    helpers.assert_bit_equal(self.sess.run(self.w), current)
+    # A snapshot in a slot still uses the rewired tensors.
+    self.store.snapshot("slot", session=self.sess)
+    self.assertEqual(self.store.tier("slot"), "device")
+    helpers.assert_bit_equal(
+        self.store.evaluate_with(self.y, self.feed, tag="slot", session=self.sess),
+        self.sess.run(self.y, self.feed))
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_pinned_slot_on_a_spilling_store(self, use_resource):
+    self._setup(use_resource)
+    self.store.pin_slot(0, "target")
+    self.assertEqual(self.store.pinned(), ["target"])
+    self.sess.run(self.store.snapshot_op(0))
+    helpers.assert_bit_equal(
+        self.store.evaluate_with(self.y, self.feed, tag="target", session=self.sess),
+        self.sess.run(self.y, self.feed))
+    with self.assertRaisesRegex(snapstore.PinnedTagError, r"'target' is pinned to device slot 0"):
+      self.store.spill("target", session=self.sess)
+    self.assertEqual(self.store.tier("target"), "device")
+
+
+if __name__ == "__main__":
+  tf.test.main()
