@@ -44,10 +44,9 @@ the variables back by then, but `train()` still stops with
 `NanLossDuringTrainingError` (an infinite loss is rolled back and training
 goes on).
 """
-import weakref
-
 import numpy as np
 
+from snapstore import _owned
 from snapstore import checks
 from snapstore import errors
 from snapstore._tf import tf
@@ -134,7 +133,7 @@ class _Protocol(object):
     self._max_consecutive = max_consecutive_rollbacks
     self._on_rollback = checks.function(on_rollback, "on_rollback")
     self._keeper = None
-    self._stores = weakref.WeakKeyDictionary()  # graph -> store built for it
+    self._stores = _owned.PerObject("hook_store")  # the store built on each graph
 
   def _store_for(self, store, graph, build):
     """`store` if a SnapshotStore, else the one `build()` made for `graph`."""
@@ -146,7 +145,7 @@ class _Protocol(object):
         if not isinstance(store, SnapshotStore):
           raise TypeError("The store function returned %r, not a SnapshotStore."
                           % (store,))
-        self._stores[graph] = store
+        self._stores.set(graph, store)
     if store.graph is not graph:
       raise errors.GraphMismatchError(
           "%s's store covers variables of another graph than the one being run. "

@@ -11,7 +11,6 @@ Graph ops are built in `__init__` only; methods run them.
 """
 import abc
 import threading
-import weakref
 
 
 class CopyMode(abc.ABC):
@@ -37,7 +36,6 @@ class CopyMode(abc.ABC):
     self._varset = varset
     self._max_to_keep = max_to_keep
     self._name = name
-    self._callables = _Callables()
 
   @property
   def initializer(self):
@@ -126,30 +124,32 @@ class CopyMode(abc.ABC):
     """Waits for background work; raises as `check`."""
 
   def _run(self, session, fetches, feed_list=None, values=()):
-    return self._callables.run(session, fetches, feed_list, values)
+    return run_cached(session, fetches, feed_list, values)
 
 
-class _Callables(object):
-  """`Session.make_callable` results, made once per (session, fetches).
+def run_cached(session, fetches, feed_list=None, values=()):
+  """Runs `fetches` through a `Session.make_callable` result made once.
 
-  A callable skips most of `Session.run`'s per-call Python work; it adds no
-  graph ops. Sessions without `make_callable` fall back to `run`.
+  A callable skips most of `Session.run`'s per-call Python work and adds no
+  graph ops. It is cached on the session itself, keyed by the ids of the fetch
+  and feed lists (the cache holds them, so the ids stay theirs): a callable
+  refers to its session, so a cache anywhere else would keep every session
+  alive. Sessions without `make_callable` fall back to `run`.
   """
+  cache = getattr(session, _CALLABLES, None)
+  if cache is not None:
+    entry = cache.get((id(fetches), id(feed_list)))
+    if entry is not None:
+      return entry[0](*values)
+  if not hasattr(session, "make_callable"):
+    feeds = dict(zip(feed_list, values)) if feed_list else None
+    return session.run(fetches, feed_dict=feeds)
+  with _LOCK:
+    cache = session.__dict__.setdefault(_CALLABLES, {})
+    entry = cache[(id(fetches), id(feed_list))] = (
+        session.make_callable(fetches, feed_list=feed_list), fetches, feed_list)
+  return entry[0](*values)
 
-  def __init__(self):
-    self._by_session = weakref.WeakKeyDictionary()
-    self._lock = threading.Lock()
 
-  def run(self, session, fetches, feed_list, values):
-    if not hasattr(session, "make_callable"):
-      feeds = dict(zip(feed_list, values)) if feed_list else None
-      return session.run(fetches, feed_dict=feeds)
-    key = (id(fetches), id(feed_list))
-    with self._lock:
-      per_session = self._by_session.setdefault(session, {})
-      fn = per_session.get(key)
-      if fn is None:
-        fn = session.make_callable(fetches, feed_list=feed_list)
-        # Hold the fetch objects, so their ids cannot be reused by others.
-        per_session[key] = fn = (fn, fetches, feed_list)
-    return fn[0](*values)
+_CALLABLES = "_snapstore_callables"
+_LOCK = threading.Lock()
