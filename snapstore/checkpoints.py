@@ -22,9 +22,11 @@ directory whose `checkpoint` state file names the latest checkpoint (as
 from their `.../.ATTRIBUTES/VARIABLE_VALUE` names; their object graph entry is
 metadata and is ignored.
 
-Limitation: TF's reader cannot read a partitioned variable that a V1
-checkpoint stores in slices ("Sliced checkpoints are not supported"); such a
-checkpoint is reported with that fix: save it again in the V2 format.
+Limitations of TF's reader with V1 checkpoints: it cannot read a partitioned
+variable stored in slices ("Sliced checkpoints are not supported"), nor
+float16, uint16, bool or complex tensors ("Data type not supported"). Such a
+checkpoint is reported, naming the tensor, with the fix: save it again in the
+V2 format (the default since TF 1.0).
 """
 import os
 import re
@@ -100,6 +102,10 @@ class Checkpoint(object):
         fix = (" It is a partitioned variable stored in slices by a V1 "
                "checkpoint, which TF's checkpoint reader cannot read; save the "
                "checkpoint again in the V2 format (the default).")
+      elif isinstance(e, tf.errors.UnimplementedError) and "Data type" in str(e):
+        fix = (" TF's checkpoint reader cannot read dtype %s from a V1 "
+               "checkpoint; save the checkpoint again in the V2 format (the "
+               "default)." % np.dtype(self._declared[name][1]).name)
       raise errors.CheckpointError(
           "Reading %r from checkpoint %s failed: %s.%s Nothing was stored."
           % (name, self._path, _first_line(e), fix)) from e
