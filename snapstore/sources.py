@@ -110,10 +110,12 @@ class NameMap(object):
       if key is None:
         continue
       if key in by_key:
+        fix = ("Change the function" if self._function is not None else
+               "Change the prefixes, or pass mapping={%r: None} (or another "
+               "key) for one of them" % name)
         raise ValueError(
-            "Names %r and %r both map to %r (with %s); a variable takes one name. "
-            "Change the prefixes, or pass mapping={%r: None} (or another key) "
-            "for one of them." % (by_key[key], name, key, self, name))
+            "Names %r and %r both map to %r (with %s); a variable takes one "
+            "name. %s." % (by_key[key], name, key, self, fix))
       by_key[key] = name
     return by_key
 
@@ -259,7 +261,9 @@ def _check_mapping(mapping, varset):
   if not isinstance(mapping, dict):
     raise TypeError("mapping must be a dict {name in the file: store key or None} "
                     "or a function, got %r." % (mapping,))
+  # Keys of the store, and of partitioned variables whose parts it covers.
   keys = set(varset.keys)
+  keys.update(part.full_key for part in map(_part, varset.specs) if part)
   by_key = {}
   for name, key in sorted(mapping.items(), key=lambda kv: str(kv[0])):
     if not isinstance(name, str) or not (key is None or isinstance(key, str)):

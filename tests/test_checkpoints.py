@@ -188,18 +188,22 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
         tf.get_variable("emb", [10, 4], partitioner=tf.fixed_size_partitioner(2))
       with tf.variable_scope("whole"):
         tf.get_variable("emb", [10, 4])
-      parts = snapstore.SnapshotStore(scope="net", mode=mode, name="parts")
+      parts = snapstore.SnapshotStore(scope="net", mode=mode, name="parts",
+                                      max_to_keep=2)
       whole = snapstore.SnapshotStore(scope="whole", mode=mode, name="whole")
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
     with tf.Session(graph=graph) as sess:
       sess.run(init)
       parts.load_checkpoint(path, tag="p", session=sess)
+      parts.load_checkpoint(path, tag="mapped", mapping={"net/emb": "emb"},
+                            strip_prefix="", session=sess)
       whole.load_checkpoint(path, tag="w", strip_prefix="net", session=sess)
       self.assertEqual(parts.keys, ("emb/part_0", "emb/part_1"))
       arrays = parts.arrays("p", session=sess)
       self.assertAllEqual(arrays["emb/part_0"], full[:5])
       self.assertAllEqual(arrays["emb/part_1"], full[5:])
       self.assertAllEqual(whole.arrays("w", session=sess)["emb"], full)
+      helpers.assert_state(parts.arrays("mapped", session=sess), arrays)
 
   @parameterized.named_parameters(("device", "device"), ("host", "host"))
   def test_load_npz_maps_names_the_same_way(self, mode):
