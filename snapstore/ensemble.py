@@ -231,13 +231,15 @@ class Ensemble(object):
       store.recover(session=sess)
       tags = self._members()
       together, fetches, feeds = [], [], dict(feed_dict or {})
-      for tag in tags if self._rewire else ():
+      for tag in tags:
+        if not self._rewire:
+          break
         # The store's own lookup, as evaluate_with's: builds nothing.
         rewired = store._rewired(self._outputs, feed_dict, tag)  # pylint: disable=protected-access
         if rewired is not None:
           together.append(tag)
           fetches.append(rewired[0])
-          feeds.update(rewired[1] or {})
+          feeds.update(rewired[1] or {})  # each slot's copies of fed tensors
       values = {}
       if together:
         values.update(zip(together, sess.run(fetches, feed_dict=feeds)))
