@@ -231,9 +231,7 @@ class Ensemble(object):
       store.recover(session=sess)
       tags = self._members()
       together, fetches, feeds = [], [], dict(feed_dict or {})
-      for tag in tags:
-        if not self._rewire:
-          break
+      for tag in tags if self._rewire else []:
         # The store's own lookup, as evaluate_with's: builds nothing.
         rewired = store._rewired(self._outputs, feed_dict, tag)  # pylint: disable=protected-access
         if rewired is not None:
