@@ -7,16 +7,17 @@ from its own seed in its own graph, and saves each with `tf.train.Saver`, as
 N separate training runs would. Then, in one evaluation graph holding a single
 copy of the model:
 
-- each checkpoint is read with `tf.train.load_checkpoint` (no graph is built
-  for it) and its variables under "classifier/" become a snapshot of a
-  host-mode store, keyed as the store keys them, with `store.load_arrays`;
-- each member's class probabilities on held-out data come from
-  `store.evaluate_with(probabilities, tag=member)`, which leaves the graph's
-  own parameters exactly as they were;
-- the members are combined in numpy: mean probability, and majority vote.
+- a device-mode store with one slot per member, and a `snapstore.Ensemble`
+  over the classifier's probabilities (mean) and labels (majority vote),
+  built with the graph: it rewires the outputs to every slot;
+- each checkpoint is loaded into a slot with `store.load_checkpoint` (TF's
+  checkpoint reader: no graph is built for it, no op added; the Adam slots and
+  global step it also holds are skipped with `allow_extra=True`);
+- `ensemble.evaluate` runs every member in one `session.run` and leaves the
+  graph's own parameters exactly as they were.
 
 The script checks every member's probabilities against a numpy forward pass
-with that member's weights.
+with the weights read from its checkpoint.
 """
 import argparse
 import os
@@ -88,30 +89,34 @@ def main(argv=None):
 
     graph = tf.Graph()
     with graph.as_default():
-      x, _, _, probabilities = build(train_x.shape[1], classes)
-      store = snapstore.SnapshotStore(scope=SCOPE, mode="host", max_to_keep=0)
-      init = tf.global_variables_initializer()
+      x, _, logits, probabilities = build(train_x.shape[1], classes)
+      store = snapstore.SnapshotStore(scope=SCOPE, mode="device",
+                                      max_to_keep=args.members)
+      tags = ["member_%d" % i for i in range(args.members)]
+      ensemble = snapstore.Ensemble(
+          store, {"probabilities": probabilities, "label": tf.argmax(logits, 1)},
+          tags=tags, combine={"probabilities": "mean", "label": "vote"})
+      init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
     graph.finalize()
     with tf.Session(graph=graph) as sess:
       sess.run(init)
       own = sess.run(list(store.variables.values()))
-      members = []
-      for i, path in enumerate(checkpoints):
-        reader = tf.train.load_checkpoint(path)
-        weights = {key: reader.get_tensor(SCOPE + "/" + key) for key in store.keys}
-        tag = store.load_arrays(weights, tag="member_%d" % i)
-        probs = store.evaluate_with(probabilities, {x: test_x}, tag=tag,
-                                    session=sess)
-        np.testing.assert_allclose(probs, numpy_probabilities(test_x, weights),
-                                   rtol=1e-4, atol=1e-6)
-        members.append(probs)
-      # evaluate_with left the graph's own parameters as they were.
+      for tag, path in zip(tags, checkpoints):
+        store.load_checkpoint(path, tag=tag, allow_extra=True, session=sess)
+      result = ensemble.evaluate({x: test_x}, session=sess)
+      # The ensemble left the graph's own parameters as they were.
       for before, after in zip(own, sess.run(list(store.variables.values()))):
         assert before.tobytes() == after.tobytes()
+    for tag, path in zip(tags, checkpoints):
+      reader = tf.train.load_checkpoint(path)
+      weights = {key: reader.get_tensor(SCOPE + "/" + key) for key in store.keys}
+      np.testing.assert_allclose(result.members[tag]["probabilities"],
+                                 numpy_probabilities(test_x, weights),
+                                 rtol=1e-4, atol=1e-6)
   finally:
     shutil.rmtree(workdir)
 
-  members = np.stack(members)  # [member, example, class]
+  members = np.stack([result.members[tag]["probabilities"] for tag in tags])
 
   def accuracy(labels):
     return float(np.mean(labels == test_y))
@@ -119,12 +124,12 @@ def main(argv=None):
   for i, probs in enumerate(members):
     print("member %d (seed %d):        held-out accuracy %.3f"
           % (i, i, accuracy(probs.argmax(axis=1))))
-  mean_vote = members.mean(axis=0).argmax(axis=1)
-  votes = members.argmax(axis=2)  # [member, example]
-  counts = np.stack([(votes == c).sum(axis=0) for c in range(classes)], axis=1)
-  majority = counts.argmax(axis=1)  # ties go to the lowest class
+  mean_vote = result.combined["probabilities"].argmax(axis=1)
   print("ensemble, mean probability:  held-out accuracy %.3f" % accuracy(mean_vote))
-  print("ensemble, majority vote:     held-out accuracy %.3f" % accuracy(majority))
+  print("ensemble, majority vote:     held-out accuracy %.3f"
+        % accuracy(result.combined["label"]))
+  print("device memory of the members: %d x %d bytes = %d bytes"
+        % (len(tags), store.param_nbytes, ensemble.device_nbytes))
   return 0
 
 

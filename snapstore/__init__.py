@@ -9,12 +9,18 @@ parameters next to current ones, without writing a checkpoint every step.
     store.restore(tag, session=sess)
     q_past = store.past(q, slot=0)          # q from the slot's parameters, one run
     copy = snapstore.clone(q, inputs=[x], scope="copy")   # with new variables
+    store.load_checkpoint(path, tag="run_2", allow_extra=True)   # a Saver checkpoint
+    ensemble = snapstore.Ensemble(store, probs, tags=["run_1", "run_2"])
+    ensemble.evaluate({x: batch}).combined  # mean probability, in one run
 """
 from snapstore._version import __version__
 from snapstore.averaging import MovingAverage
 from snapstore.averaging import RunningMean
 from snapstore.clone import Clone
 from snapstore.clone import clone
+from snapstore.ensemble import Ensemble
+from snapstore.ensemble import EnsembleResult
+from snapstore.errors import CheckpointError
 from snapstore.errors import CloneError
 from snapstore.errors import Error
 from snapstore.errors import GraphMismatchError
@@ -45,8 +51,11 @@ from snapstore.variables import SHADOW_VARIABLES
 
 __all__ = [
     "__version__",
+    "CheckpointError",
     "Clone",
     "CloneError",
+    "Ensemble",
+    "EnsembleResult",
     "Error",
     "GraphMismatchError",
     "Guard",

@@ -51,6 +51,16 @@ class SnapshotFileError(Error):
   """
 
 
+class CheckpointError(SnapshotFileError):
+  """Raised when a path is not a TensorFlow checkpoint snapstore can read.
+
+  For example no checkpoint at the path, a directory without a `checkpoint`
+  state file, a file that is not a checkpoint, one file of a checkpoint instead
+  of its prefix, or a tensor TF's checkpoint reader fails to read. The message
+  names the path and the fix.
+  """
+
+
 class ModeError(Error):
   """Raised when a call needs a copy mode the store does not use.
 

@@ -18,7 +18,6 @@ the store's own size.
     other_store.load_npz("/tmp/best.npz", tag="best")
 """
 import collections
-import contextlib
 import os
 import sys
 import uuid
@@ -27,6 +26,7 @@ import zipfile
 import numpy as np
 
 from snapstore import errors
+from snapstore import sources
 
 _SUFFIX = ".npy"
 
@@ -66,12 +66,16 @@ def save(path, keys, arrays, compress=False):
     raise
 
 
-def load(path, varset):
+def load(path, varset, names=None, allow_extra=False):
   """Reads the archive `path` and checks it against `varset`.
 
   Args:
     path: An `.npz` archive.
     varset: The `VariableSet` the arrays must match.
+    names: A `snapstore.sources.NameMap` from member names to keys; default:
+      the names are the keys.
+    allow_extra: Skip members that map to no variable instead of reporting
+      them.
 
   Returns:
     numpy arrays in `varset.specs` order, in native byte order.
@@ -81,11 +85,11 @@ def load(path, varset):
       an array, is stored twice, holds pickled objects, or is corrupt.
     IncompatibleSnapshotError: Missing or unexpected arrays, or arrays of
       another shape or dtype than their variables (all of them named).
+    ValueError: Two members map to one variable.
   """
-  with _open(path) as (archive, path, members, declared):
-    varset.check_declared(declared, path)
-    return [_read(archive, members[spec.key], path, spec.key)
-            for spec in varset.specs]
+  with Archive(path) as archive:
+    return sources.read(archive, varset, names or sources.NameMap(varset),
+                        allow_extra=allow_extra)
 
 
 def read(path):
@@ -97,34 +101,77 @@ def read(path):
   Raises:
     SnapshotFileError: As for `load`.
   """
-  with _open(path) as (archive, path, members, _):
+  with Archive(path) as archive:
     return collections.OrderedDict(
-        (key, _read(archive, members[key], path, key)) for key in sorted(members))
+        (key, archive.read(key)) for key in sorted(archive.declared()))
 
 
-@contextlib.contextmanager
-def _open(path):
-  """Yields (archive, path, members, declared), headers checked, no data read."""
-  path = _fspath(path)
-  if not os.path.isfile(path):
-    raise errors.SnapshotFileError("Cannot read %s: no such file." % path)
-  try:
-    archive = zipfile.ZipFile(path)
-  except (zipfile.BadZipFile, OSError, ValueError) as e:
-    raise errors.SnapshotFileError(
-        "%s is not an .npz archive (%s). Write archives with "
-        "SnapshotStore.save_npz or numpy.savez." % (path, e))
-  with archive:
-    members = _members(archive, path)
-    declared = {key: _header(archive, info, path, key)
-                for key, info in members.items()}
-    pickled = sorted(k for k, (_, dtype) in declared.items() if dtype.hasobject)
+class Archive(object):
+  """An `.npz` archive opened for reading, as a snapshot source (`snapstore.sources`).
+
+  Every member's header is read and checked when it is opened; data is read
+  member by member by `read`.
+
+  Args:
+    path: An `.npz` archive.
+
+  Raises:
+    SnapshotFileError: No such file; not an `.npz` archive; a member that is not
+      an array, is stored twice, holds pickled objects, or has no valid header.
+  """
+
+  _archive = None  # close() is safe if __init__ raised
+
+  def __init__(self, path):
+    path = _fspath(path)
+    if not os.path.isfile(path):
+      raise errors.SnapshotFileError("Cannot read %s: no such file." % path)
+    try:
+      archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+      raise errors.SnapshotFileError(
+          "%s is not an .npz archive (%s). Write archives with "
+          "SnapshotStore.save_npz or numpy.savez." % (path, e))
+    self._path = path
+    self._archive = archive
+    try:
+      self._members = _members(archive, path)
+      self._declared = {key: _header(archive, info, path, key)
+                        for key, info in self._members.items()}
+    except BaseException:
+      self.close()
+      raise
+    pickled = sorted(k for k, (_, dtype) in self._declared.items() if dtype.hasobject)
     if pickled:
+      self.close()
       raise errors.SnapshotFileError(
           "%s holds pickled Python objects in %s; snapstore loads .npz files "
           "with allow_pickle=False. Save snapshots with SnapshotStore.save_npz "
           "or numpy.savez of numeric arrays." % (path, ", ".join(pickled)))
-    yield archive, path, members, declared
+
+  @property
+  def where(self):
+    return self._path
+
+  def declared(self):
+    """`{member name: (shape, dtype)}` from the headers."""
+    return dict(self._declared)
+
+  def read(self, name):
+    """The array `name`, in native byte order."""
+    return _read(self._archive, self._members[name], self._path, name)
+
+  def close(self):
+    """Closes the archive. Safe to call twice."""
+    if self._archive is not None:
+      self._archive.close()
+      self._archive = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    self.close()
 
 
 def _write_member(archive, name, array):

@@ -30,12 +30,14 @@ import time
 
 import numpy as np
 
+from snapstore import checkpoints
 from snapstore import errors
 from snapstore import guards
 from snapstore import modes
 from snapstore import npz
 from snapstore import rewire
 from snapstore import session as session_lib
+from snapstore import sources
 from snapstore._tf import tf
 from snapstore.variables import VariableSet
 
@@ -424,12 +426,14 @@ class SnapshotStore(object):
     npz.save(path, self._varset.keys, values, compress=compress)
     return tag
 
-  def load_npz(self, path, tag=None, session=None):
+  def load_npz(self, path, tag=None, strip_prefix=None, add_prefix=None,
+               mapping=None, allow_extra=False, session=None):
     """Reads an `.npz` archive (see `snapstore.npz`) into the store as a snapshot.
 
     The archive is checked in full before anything is stored, and loaded with
     `allow_pickle=False`. The variables are not changed; `restore` the tag to
-    use it.
+    use it. Member names are the store's keys unless mapped as for
+    `load_checkpoint` (by default nothing is stripped: `save_npz` writes keys).
 
     Returns:
       The tag the snapshot is stored under.
@@ -439,8 +443,68 @@ class SnapshotStore(object):
         or corrupt data.
       IncompatibleSnapshotError: Missing, extra, wrong-shape or wrong-dtype
         arrays, each named.
+      ValueError, TypeError: A bad mapping, or two members mapped to one variable.
     """
-    return self._put(npz.load(path, self._varset), tag, session, "load_npz")
+    names = sources.NameMap(self._varset, strip_prefix, add_prefix, mapping)
+    sess = self._session(session, "load_npz", required=self._mode.data_needs_session)
+    arrays = npz.load(path, self._varset, names, allow_extra=allow_extra)
+    return self._put(arrays, tag, sess, "load_npz")
+
+  def load_checkpoint(self, path, tag=None, strip_prefix=None, add_prefix=None,
+                      mapping=None, allow_extra=False, session=None):
+    """Reads a `tf.train.Saver` checkpoint into the store as a snapshot.
+
+    The checkpoint (V1 or V2, written by any process) is read with TF's
+    checkpoint reader; its graph is not built and no op is added. Names,
+    shapes and dtypes are checked in full before any tensor is read, and
+    nothing is stored unless every covered variable is read. The variables
+    are not changed; `restore(tag)`, `evaluate_with(..., tag=tag)` or a
+    `snapstore.Ensemble` use the snapshot. See `snapstore.checkpoints`.
+
+    A checkpoint name becomes a store key as `snapstore.sources.NameMap`
+    says: a `mapping` dict entry wins (None skips the name); otherwise a name
+    under `strip_prefix` loses it and gains `add_prefix`; other names are
+    keys as they are.
+
+        store.load_checkpoint(path, tag="b", strip_prefix="model_2")  # model_2/w -> w
+
+    Args:
+      path: What `Saver.save` returned (a V2 prefix or V1 file), or a
+        directory with a `checkpoint` file (its latest checkpoint).
+      tag: The tag to store under; default: the next integer.
+      strip_prefix: The scope of the model in the checkpoint. Default: the
+        store's scope, so a checkpoint of the same model under the same scope
+        needs no mapping; "" strips nothing.
+      add_prefix: A scope put in front of the stripped names, for a store
+        whose keys carry one (a store built without `scope`).
+      mapping: A dict `{checkpoint name: key or None}`, or a function
+        `name -> key or None` that replaces the prefix rules.
+      allow_extra: Skip checkpoint names that map to no variable (optimizer
+        slots, a global step, other models) instead of reporting them.
+      session: The session to run in (device mode); default: the default
+        session.
+
+    Returns:
+      The tag the snapshot is stored under.
+
+    Raises:
+      CheckpointError: No checkpoint at `path`, not a checkpoint, or the reader
+        failed (the message says how to fix it).
+      IncompatibleSnapshotError: Variables the checkpoint lacks, names that map
+        to no variable (unless `allow_extra`), other shapes or dtypes: all
+        named in one message.
+      ValueError: A mapping value that is not a key of the store, or two names
+        mapped to one variable.
+      TypeError: A bad `path`, prefix or mapping type.
+    """
+    if strip_prefix is None and not callable(mapping):
+      strip_prefix = self._varset.scope
+    names = sources.NameMap(self._varset, strip_prefix, add_prefix, mapping)
+    sess = self._session(session, "load_checkpoint",
+                         required=self._mode.data_needs_session)
+    with checkpoints.Checkpoint(path) as source:
+      arrays = sources.read(source, self._varset, names, allow_extra=allow_extra)
+    return self._put(arrays, tag, sess, "load_checkpoint")
 
   # -- tiers: a spill file under the store ------------------------------------------
 

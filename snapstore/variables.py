@@ -101,6 +101,11 @@ class VariableSet(object):
     return self._graph
 
   @property
+  def scope(self):
+    """The scope keys are relative to, or None."""
+    return self._prefix
+
+  @property
   def specs(self):
     """Tuple of `VariableSpec`, sorted by key."""
     return self._specs
@@ -127,13 +132,16 @@ class VariableSet(object):
   def __getitem__(self, key):
     return self._by_key[key]
 
-  def check_declared(self, declared, source):
+  def check_declared(self, declared, source, more_problems=(), hint=None):
     """Checks names, shapes and dtypes of arrays against the covered variables.
 
     Args:
       declared: A mapping from key to `(shape, numpy dtype)`, e.g. read from the
         headers of a file before any data is loaded.
       source: How to name the arrays' origin in the message, e.g. a file path.
+      more_problems: Problems the caller found itself (e.g. while mapping a
+        file's names to keys), reported after these in the same message.
+      hint: A sentence added to the message when it is raised.
 
     Raises:
       IncompatibleSnapshotError: listing every missing and unexpected key and
@@ -157,10 +165,11 @@ class VariableSet(object):
         problems.append("%s has dtype %s, the variable has dtype %s"
                         % (spec.key, np.dtype(dtype).name if _is_dtype(dtype)
                            else dtype, spec.dtype.name))
+    problems.extend(more_problems)
     if problems:
       raise errors.IncompatibleSnapshotError(
-          "%s does not match the store's variables: %s."
-          % (source, "; ".join(problems)))
+          "%s does not match the store's variables: %s.%s"
+          % (source, "; ".join(problems), " " + hint if hint else ""))
 
   # -- resolution ---------------------------------------------------------------
 

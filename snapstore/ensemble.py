@@ -1,0 +1,357 @@
+"""Ensembles: a model's outputs for several snapshots of its parameters, combined.
+
+The members of an ensemble are snapshots of one store: separately trained
+checkpoints loaded with `store.load_checkpoint`, `.npz` archives loaded with
+`store.load_npz`, or snapshots taken during training. `Ensemble` evaluates the
+model's outputs with each member's parameters and combines them:
+
+    x = tf.placeholder(tf.float32, [None, 20])
+    with tf.variable_scope("net"):
+      logits = tf.layers.dense(tf.layers.dense(x, 64, tf.nn.relu), 4)
+    store = snapstore.SnapshotStore(scope="net", mode="device", max_to_keep=3)
+    ensemble = snapstore.Ensemble(
+        store, {"probs": tf.nn.softmax(logits), "label": tf.argmax(logits, 1)},
+        tags=["a", "b", "c"], combine={"probs": "mean", "label": "vote"})
+    with tf.Session() as sess:
+      sess.run(tf.local_variables_initializer())
+      for tag, path in zip(["a", "b", "c"], checkpoint_paths):
+        store.load_checkpoint(path, tag=tag, allow_extra=True, session=sess)
+      result = ensemble.evaluate({x: batch}, session=sess)
+      result.combined["label"]       # majority vote of the three members
+      result.members["b"]["probs"]   # member b's own probabilities
+
+How the members run:
+
+- Device store (`mode="device"`): when the ensemble is built, its outputs are
+  rewired to every device slot of the store (`store.past(outputs, slot)`,
+  built once and cached by the store). `evaluate` then runs every member held
+  in a slot in one `session.run`, each copy reading its slot's shadows. The
+  live variables are neither written nor read for the covered parameters.
+- Otherwise (a host store, `rewire=False`, or a fetch that has no rewired
+  copy): one member after another with `store.evaluate_with`, which loads the
+  member, runs the outputs and writes the live parameters back bit for bit.
+
+Memory: a device ensemble of N members holds N x `store.param_nbytes` on the
+variables' devices, in the store's slots (`ensemble.device_nbytes`; the
+store's own `nbytes` counts every slot), and its one run keeps the
+activations of N forward passes alive at once. A host ensemble holds its
+members in host memory (`ensemble.host_nbytes`) and streams them through the
+live variables one at a time: no device memory beyond the model's own.
+
+Combining, over the members in tag order, per output:
+
+- "mean": the elementwise mean (`np.mean(axis=0)`).
+- "vote": the majority vote of class labels. An integer output is a label;
+  a floating output holds class scores (logits or probabilities) on its last
+  axis, and each member's label is their argmax. Ties go to the lowest label.
+  The result is int64.
+- A function of one array `[member, ...]` (the members' values stacked),
+  e.g. `lambda s: np.median(s, axis=0)`.
+
+`combine` is one of these for every output, or a structure like `outputs`
+with one per output.
+"""
+import collections
+
+import numpy as np
+
+from snapstore import errors
+from snapstore import session as session_lib
+from snapstore._tf import tf
+from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
+
+EnsembleResult = collections.namedtuple("EnsembleResult", ["combined", "members"])
+EnsembleResult.__doc__ = """What `Ensemble.evaluate` returns.
+
+Attributes:
+  combined: The combined outputs, in the structure of the ensemble's outputs.
+  members: An OrderedDict from member tag to that member's outputs, as
+    `Session.run` returns them.
+"""
+
+
+def mean(stacked):
+  """The elementwise mean over members of `stacked` (`[member, ...]`)."""
+  return np.mean(stacked, axis=0)
+
+
+def vote(stacked):
+  """The majority vote over members of `stacked` (`[member, ...]`).
+
+  Integer (or bool) values are class labels; floating values are class scores
+  on the last axis, whose argmax is the member's label. Ties go to the lowest
+  label.
+
+  Returns:
+    int64 labels, of the shape of one member's labels.
+
+  Raises:
+    ValueError: Scores without a class axis, negative labels, or values that
+      are neither integers nor floats.
+  """
+  stacked = np.asarray(stacked)
+  if stacked.dtype.kind == "f":
+    if stacked.ndim < 2:
+      raise ValueError(
+          "vote needs class labels (integers) or class scores with a class "
+          "axis; got one float per member. Vote on tf.argmax(scores, -1) or "
+          "scores of shape [..., classes].")
+    labels, classes = stacked.argmax(axis=-1), stacked.shape[-1]
+  elif stacked.dtype.kind in "iub":
+    labels = stacked.astype(np.int64)
+    if labels.size and labels.min() < 0:
+      raise ValueError("vote needs class labels >= 0, got %d." % labels.min())
+    classes = int(labels.max()) + 1 if labels.size else 1
+  else:
+    raise ValueError("vote needs integer labels or float scores, got dtype %s."
+                     % stacked.dtype.name)
+  flat = labels.reshape(labels.shape[0], -1)  # [member, position]
+  counts = np.zeros((flat.shape[1], classes), np.int64)
+  np.add.at(counts, (np.broadcast_to(np.arange(flat.shape[1]), flat.shape), flat), 1)
+  return counts.argmax(axis=1).reshape(labels.shape[1:])
+
+
+_COMBINERS = collections.OrderedDict([("mean", mean), ("vote", vote)])
+
+
+class Ensemble(object):
+  """The outputs of one model for several snapshots of a store, combined.
+
+  See the module doc for how members run and what memory they take. Build it
+  with the graph (it builds the rewired copies); `evaluate` adds no ops.
+
+  Args:
+    store: The `SnapshotStore` whose snapshots are the members.
+    outputs: A tensor, or a list, tuple or dict of tensors, of the model
+      the store covers.
+    tags: The members' tags, in order; they must be held by the store when
+      `evaluate` runs. Default: every snapshot the store holds then, oldest
+      first.
+    combine: "mean", "vote", a function of the stacked member values, or a
+      structure like `outputs` with one of these per output.
+    rewire: Build the rewired copies that run device members in one
+      `session.run`. Default: True for a device store, False otherwise.
+      False evaluates one member at a time, also on a device store (less
+      activation memory, one run per member).
+
+  Raises:
+    TypeError: Outputs that are not tensors; an unknown kind of `combine`;
+      a tag that is not an int or a non-empty string.
+    ValueError: No outputs; `combine` not shaped like `outputs`, an unknown
+      combine name (the valid ones are listed), "vote" on an output that
+      holds no labels or scores; empty or repeated tags.
+    GraphMismatchError: Outputs of another graph than the store's.
+    ModeError: `rewire=True` on a store that is not in device mode.
+    RewireError: The outputs cannot be rewired (the message names the op);
+      pass `rewire=False` to evaluate the members one after another.
+  """
+
+  def __init__(self, store, outputs, tags=None, combine="mean", rewire=None):
+    leaves = _check_outputs(outputs, store.graph)
+    self._store = store
+    self._outputs = outputs
+    self._combiners = _combiners(combine, outputs, leaves)
+    self._tags = None if tags is None else _check_tags(tags, store)
+    if rewire is None:
+      rewire = store.mode == "device"
+    if rewire:
+      if store.mode != "device":
+        raise errors.ModeError(
+            "Ensemble(rewire=True) runs the members from device slots; this "
+            "store uses mode %r. Use a store with mode='device', or "
+            "rewire=False." % store.mode)
+      try:
+        for slot in range(store.num_slots):
+          store.past(outputs, slot)
+      except errors.RewireError as e:
+        raise errors.RewireError(
+            "%s Ensemble(..., rewire=False) evaluates the members one after "
+            "another that way." % e) from e
+    self._rewire = bool(rewire)
+
+  @property
+  def store(self):
+    return self._store
+
+  @property
+  def outputs(self):
+    return self._outputs
+
+  @property
+  def tags(self):
+    """The members' tags as given, or None for every snapshot of the store."""
+    return None if self._tags is None else list(self._tags)
+
+  @property
+  def rewired(self):
+    """Whether members held in device slots run together in one `session.run`."""
+    return self._rewire
+
+  @property
+  def device_nbytes(self):
+    """Device bytes the members take: N x `store.param_nbytes` in device slots.
+
+    Counts the members the store holds now. In device mode they are in the
+    store's slots; host members take no device memory while not evaluated.
+    """
+    return self._held_members(self._store.mode == "device")
+
+  @property
+  def host_nbytes(self):
+    """Host bytes the members take: N x `store.param_nbytes` in host memory."""
+    return self._held_members(self._store.mode == "host")
+
+  def evaluate(self, feed_dict=None, session=None):
+    """Evaluates the outputs with every member's parameters and combines them.
+
+    Members held in device slots run together in one `session.run` of their
+    rewired copies; the others run one after another through
+    `store.evaluate_with`. Either way the live parameters are left exactly as
+    they were, and no op is added.
+
+    Args:
+      feed_dict: As for `Session.run`; fed to every member.
+      session: The session to run in; default: the default session.
+
+    Returns:
+      An `EnsembleResult(combined, members)`.
+
+    Raises:
+      UnknownTagError: A member the store does not hold (or no snapshots at
+        all with `tags=None`).
+      NoSessionError, GraphMismatchError: As for the store's calls.
+      ValueError: "vote" on values that are not labels or scores.
+      Whatever `Session.run` raises for the outputs.
+    """
+    store = self._store
+    sess = session_lib.resolve(session, store.graph, "Ensemble.evaluate")
+    # One lock over the whole evaluation, so that no snapshot taken by another
+    # thread moves a member out of its slot between the lookup and the run.
+    with store._lock:  # pylint: disable=protected-access
+      store.recover(session=sess)
+      tags = self._members()
+      together, fetches, feeds = [], [], dict(feed_dict or {})
+      for tag in tags if self._rewire else []:
+        # The store's own lookup, as evaluate_with's: builds nothing.
+        rewired = store._rewired(self._outputs, feed_dict, tag)  # pylint: disable=protected-access
+        if rewired is not None:
+          together.append(tag)
+          fetches.append(rewired[0])
+          feeds.update(rewired[1] or {})  # each slot's copies of fed tensors
+      values = {}
+      if together:
+        values.update(zip(together, sess.run(fetches, feed_dict=feeds)))
+      for tag in tags:
+        if tag not in values:
+          values[tag] = store.evaluate_with(self._outputs, feed_dict, tag=tag,
+                                            session=sess)
+    members = collections.OrderedDict((tag, values[tag]) for tag in tags)
+    return EnsembleResult(self._combine(list(members.values())), members)
+
+  def __repr__(self):
+    return "<Ensemble of %s in store %r, %s>" % (
+        "every snapshot" if self._tags is None else "%d members" % len(self._tags),
+        self._store.name, "one run" if self._rewire else "one member at a time")
+
+  # -- internals -------------------------------------------------------------------
+
+  def _members(self):
+    held = self._store.tags()
+    if self._tags is None:
+      if not held:
+        raise errors.UnknownTagError(
+            "The ensemble's store holds no snapshots yet; load the members with "
+            "store.load_checkpoint / load_npz, or take snapshots, first.")
+      return held
+    for tag in self._tags:
+      self._store.info(tag)  # UnknownTagError listing the held tags
+    return list(self._tags)
+
+  def _held_members(self, counted):
+    if not counted:
+      return 0
+    held = set(self._store.tags())
+    members = held if self._tags is None else [t for t in self._tags if t in held]
+    return len(members) * self._store.param_nbytes
+
+  def _combine(self, member_values):
+    flat = [tf.nest.flatten(v) for v in member_values]
+    combined = []
+    for i, fn in enumerate(self._combiners):
+      combined.append(fn(np.stack([np.asarray(f[i]) for f in flat])))
+    return tf.nest.pack_sequence_as(self._outputs, combined)
+
+
+def _check_outputs(outputs, graph):
+  leaves = tf.nest.flatten(outputs)
+  if not leaves:
+    raise ValueError("An Ensemble needs at least one output tensor.")
+  for t in leaves:
+    if not isinstance(t, ops.Tensor):
+      raise TypeError(
+          "Ensemble outputs must be tensors (or a list, tuple or dict of "
+          "them), got %r." % (t,))
+    if t.graph is not graph:
+      raise errors.GraphMismatchError(
+          "Ensemble output %s belongs to another graph than the store's "
+          "variables." % t.name)
+  return leaves
+
+
+def _combiners(combine, outputs, leaves):
+  """One combine function per output leaf."""
+  if isinstance(combine, str) or callable(combine):
+    specs = [combine] * len(leaves)
+  else:
+    try:
+      tf.nest.assert_same_structure(outputs, combine)
+    except (ValueError, TypeError) as e:
+      raise ValueError(
+          "combine must be 'mean', 'vote', a function, or a structure like "
+          "outputs with one of these per output: %s" % e)
+    specs = tf.nest.flatten(combine)
+  functions = []
+  for spec, t in zip(specs, leaves):
+    if isinstance(spec, str):
+      if spec not in _COMBINERS:
+        raise ValueError("Invalid combine %r; must be one of %s, or a function."
+                         % (spec, ", ".join(_COMBINERS)))
+      if spec == "vote":
+        _check_votable(t)
+      functions.append(_COMBINERS[spec])
+    elif callable(spec):
+      functions.append(spec)
+    else:
+      raise TypeError("combine must be 'mean', 'vote' or a function, got %r."
+                      % (spec,))
+  return functions
+
+
+def _check_votable(t):
+  dtype = t.dtype.base_dtype
+  if not (dtype.is_integer or dtype.is_floating or dtype == tf.bool):
+    raise ValueError("combine='vote' needs integer labels or float scores; %s "
+                     "has dtype %s." % (t.name, dtype.name))
+  if dtype.is_floating and t.shape.ndims == 0:
+    raise ValueError(
+        "combine='vote' on %s: a float scalar holds no class scores. Vote on "
+        "labels (tf.argmax(scores, -1)) or on scores of shape [..., classes]."
+        % t.name)
+
+
+def _check_tags(tags, store):
+  if isinstance(tags, (str, int)) or not hasattr(tags, "__iter__"):
+    raise TypeError("tags must be a list of tags, got %r." % (tags,))
+  tags = list(tags)
+  if any(t is None for t in tags):
+    raise TypeError("tags must be ints or non-empty strings, got None in %r."
+                    % (tags,))
+  tags = [store._new_tag(t) for t in tags]  # pylint: disable=protected-access
+  if not tags:
+    raise ValueError("An Ensemble needs at least one member; tags is empty "
+                     "(pass tags=None for every snapshot of the store).")
+  repeated = sorted(set(repr(t) for t in tags if tags.count(t) > 1))
+  if repeated:
+    raise ValueError("tags names %s more than once; each member is one "
+                     "snapshot." % ", ".join(repeated))
+  return tags
