@@ -267,6 +267,17 @@ class SpillFile(object):
       out[key] = self._read_dataset(tag, key, ds)
     return out
 
+  @_locked
+  def declared(self, tag):
+    """`{key: (shape, dtype)}` of snapshot `tag`, from the file's metadata only."""
+    return dict((k, (d.shape, d.dtype))
+                for k, d in self._datasets(self._group(tag)).items())
+
+  @_locked
+  def read_variable(self, tag, key):
+    """The array of variable `key` in snapshot `tag`, its checksum verified."""
+    return self._read_dataset(tag, key, self._datasets(self._group(tag))[key])
+
   # -- writing (writable files only) -------------------------------------------------
 
   def check_variables(self, varset):
@@ -509,6 +520,37 @@ class SpillFile(object):
       self.delete_incomplete()
     except (OSError, RuntimeError):
       pass  # still failing: it stays listed as incomplete and is never read
+
+
+class SnapshotSource(object):
+  """One complete snapshot of a spill file, as a snapshot source (`snapstore.sources`).
+
+  Lets `SnapshotStore.load_spill` read a snapshot of another run's file the way
+  it reads a checkpoint or an `.npz`: names mapped, checked in full before any
+  data is read, each array's checksum verified as it is read.
+
+  Args:
+    spill_file: An open `SpillFile`.
+    tag: The tag of a complete snapshot in it.
+
+  Raises:
+    UnknownTagError: No complete snapshot `tag` (incomplete ones are named).
+  """
+
+  def __init__(self, spill_file, tag):
+    self._file = spill_file
+    self._tag = tag
+    self._declared = spill_file.declared(tag)
+
+  @property
+  def where(self):
+    return "Snapshot %r in %s" % (self._tag, self._file.path)
+
+  def declared(self):
+    return dict(self._declared)
+
+  def read(self, name):
+    return self._file.read_variable(self._tag, name)
 
 
 def open_spill(path):

@@ -38,6 +38,7 @@ from snapstore import npz
 from snapstore import rewire
 from snapstore import session as session_lib
 from snapstore import sources
+from snapstore import spill
 from snapstore._tf import tf
 from snapstore.variables import VariableSet
 
@@ -505,6 +506,44 @@ class SnapshotStore(object):
     with checkpoints.Checkpoint(path) as source:
       arrays = sources.read(source, self._varset, names, allow_extra=allow_extra)
     return self._put(arrays, tag, sess, "load_checkpoint")
+
+  def load_spill(self, path, snapshot, tag=None, strip_prefix=None,
+                 add_prefix=None, mapping=None, allow_extra=False, session=None):
+    """Reads snapshot `snapshot` of the spill file `path` into the store.
+
+    For a file another run or store wrote (this store's own spilled snapshots
+    are restored by their tags). Names, shapes and dtypes are checked in full
+    before any data is read, and each array's checksum as it is read; nothing
+    is stored unless every covered variable is read. The variables are not
+    changed. Names map to keys as for `load_checkpoint`, except that nothing is
+    stripped by default: a spill file's names are already keys.
+
+    Args:
+      path: A snapstore spill file, not open for writing by a live store.
+      snapshot: The tag of a complete snapshot in the file.
+      tag: The tag to store under; default: the next integer.
+      strip_prefix, add_prefix, mapping, allow_extra: As for `load_checkpoint`.
+      session: The session to run in (device mode); default: the default
+        session.
+
+    Returns:
+      The tag the snapshot is stored under.
+
+    Raises:
+      SnapshotFileError: No such file, not a spill file, the file is open for
+        writing, or a checksum mismatch (naming the variable).
+      UnknownTagError: The file holds no complete snapshot `snapshot`.
+      IncompatibleSnapshotError: Missing, unexpected, wrong-shape or wrong-dtype
+        variables, all named.
+      ValueError: Two names mapped to one variable.
+    """
+    names = sources.NameMap(self._varset, strip_prefix, add_prefix, mapping)
+    sess = self._session(session, "load_spill",
+                         required=self._mode.data_needs_session)
+    with spill.open_spill(path) as spill_file:
+      arrays = sources.read(spill.SnapshotSource(spill_file, snapshot),
+                            self._varset, names, allow_extra=allow_extra)
+    return self._put(arrays, tag, sess, "load_spill")
 
   # -- tiers: a spill file under the store ------------------------------------------
 
