@@ -10,6 +10,7 @@ Every copy is one grouped op (`tf.group(*assigns, name=...)`), so a snapshot of
 N variables is one `session.run` and one graph op to depend on.
 """
 from snapstore._tf import tf
+from tensorflow.core.framework import variable_pb2  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import state_ops  # pylint: disable=g-direct-tensorflow-import
@@ -43,13 +44,15 @@ def read(var):
     return var.read_value()
 
 
-def copy(sources, targets, name):
+def copy(sources, targets, name, reads=read):
   """One op assigning each of `sources` to the matching variable in `targets`.
 
   Args:
     sources: Variables (or tensors) to read.
     targets: Variables to write, in the same order.
     name: Name of the returned group op.
+    reads: How a source variable is read: `read` (a new read op), or a
+      `SharedReads` whose reads several copies share.
 
   Returns:
     A grouped op; `tf.no_op` for empty lists.
@@ -57,44 +60,93 @@ def copy(sources, targets, name):
   # A variable is read on its own device, whatever device scope surrounds the
   # store's construction, so that a copy between colocated variables never
   # leaves the device.
-  assigns = [assign(t, read(s) if isinstance(s, tf_variables.Variable) else s)
+  assigns = [assign(t, reads(s) if isinstance(s, tf_variables.Variable) else s)
              for s, t in zip(sources, targets)]
   if not assigns:
     return tf.no_op(name=name)
   return tf.group(*assigns, name=name)
 
 
-def make_shadow(primary, name, collections):
-  """A variable shadowing `primary`: same shape, dtype and variable kind.
+class SharedReads(object):
+  """One read per variable, shared by every copy that only copies it.
 
-  Named `<primary>/<name>`, not trainable, colocated with `primary`, and
-  initialized to the primary's value. Its initial value reads the primary when
-  the primary is initialized, and the primary's own initial value when not, so
-  that running the global and local initializers in one `session.run` gives
-  the shadow exactly the value the primary got (a random initializer is
-  evaluated once per run).
+  A store's snapshot, restore, stash and fetch ops read each variable once in
+  the graph (each run executes the read afresh) instead of once per op: with K
+  slots that is about 3K fewer ops per variable, which a store pays for in
+  construction time and every run in executor work. A ref variable's own
+  colocated `read` (its `value()`) is reused and costs no op at all. Only for
+  reads that feed a copy: a read inside control flow, or ordered against a
+  write in the same run, needs its own op.
+  """
+
+  def __init__(self):
+    self._reads = {}  # id(var) -> (var, read); holding var keeps its id
+
+  def __call__(self, var):
+    entry = self._reads.get(id(var))
+    if entry is None:
+      value = read(var) if is_resource(var) else var.value()
+      entry = self._reads[id(var)] = (var, value)
+    return entry[1]
+
+
+def make_shadows(primary, shadows):
+  """Variables shadowing `primary`: same shape, dtype and variable kind.
+
+  Each is named `<primary>/<name>`, not trainable, colocated with `primary`,
+  and initialized to the primary's value (`value_at_init`): its current value
+  when it is initialized, else its own initial value, so that running the
+  global and local initializers in one `session.run` gives every shadow
+  exactly the value the primary got.
+
+  That value is built once per primary and shared by its shadows: a `tf.cond`
+  costs milliseconds to build, and a store makes `max_to_keep + 1` shadows of
+  every variable. Ref shadows are made from their `VariableDef` (as
+  `import_meta_graph` makes variables), because the RefVariable constructor
+  would rewrite the shared value with one more `tf.cond` per variable read
+  (`_try_guard_against_uninitialized_dependencies`), which `value_at_init`
+  already guards against; that rewrite made a store of 200 variables take
+  seconds per slot to build.
 
   Args:
     primary: The variable to shadow.
-    name: Name under the primary, e.g. "snapstore/slot_0".
-    collections: Graph collections to add the shadow to. Not
-      GLOBAL_VARIABLES unless the caller wants it saved by a default Saver.
+    shadows: `(name, collections)` pairs: the name under the primary (e.g.
+      "snapstore/slot_0") and the graph collections to add that shadow to (not
+      GLOBAL_VARIABLES unless a default Saver should save it).
 
   Returns:
-    A `tf.Variable` (a ResourceVariable if the primary is one).
+    A list of `tf.Variable`s (ResourceVariables if the primary is one).
   """
-  # For ref variables TF rewrites an initial value that reads other variables
-  # to use their `initialized_value()`, and warns that this is deprecated; the
-  # warning is about TF's own rewrite, not the user's code.
+  value = value_at_init(primary)
+  make = _resource_shadow if is_resource(primary) else _ref_shadow
+  # The deprecation warning TF prints when a ResourceVariable is made is about
+  # its own constructor's arguments, not the user's code.
   with ops.colocate_with(primary), ops.name_scope(primary.op.name + "/"), \
       deprecation.silence():
-    return tf_variables.VariableV1(
-        initial_value=lambda: value_at_init(primary),
-        trainable=False,
-        collections=collections,
-        name=name,
-        dtype=primary.dtype.base_dtype,
-        use_resource=is_resource(primary))
+    return [make(primary, name, value, collections) for name, collections in shadows]
+
+
+def _resource_shadow(primary, name, value, collections):
+  return tf_variables.VariableV1(
+      initial_value=value, trainable=False, collections=collections, name=name,
+      dtype=primary.dtype.base_dtype, use_resource=True)
+
+
+def _ref_shadow(primary, name, value, collections):
+  """A RefVariable from ops built here: the ops its constructor would build."""
+  with ops.name_scope(name) as scope:
+    variable = state_ops.variable_op_v2(primary.shape, primary.dtype.base_dtype,
+                                        name=scope)
+    with ops.name_scope(scope):
+      initializer = state_ops.assign(variable, value, validate_shape=True).op
+      with ops.colocate_with(variable.op):
+        snapshot = tf.identity(variable, name="read")
+  shadow = tf_variables.VariableV1(variable_def=variable_pb2.VariableDef(
+      variable_name=variable.name, initializer_name=initializer.name,
+      snapshot_name=snapshot.name, initial_value_name=value.name,
+      trainable=False, is_resource=False))
+  ops.add_to_collections(collections, shadow)
+  return shadow
 
 
 def value_at_init(primary):

@@ -1,7 +1,7 @@
 """Device mode: snapshots in shadow variables next to the originals.
 
 The store keeps `max_to_keep` slots, each a full set of shadow variables made
-like optimizer slots (see `graph_ops.make_shadow`): shadow `k` of variable
+like optimizer slots (see `graph_ops.make_shadows`): shadow `k` of variable
 `dense/kernel` in a store named `snapstore` is `dense/kernel/snapstore/slot_k`,
 on `dense/kernel`'s device. A snapshot or restore is one grouped assign op;
 nothing crosses devices or reaches the host.
@@ -47,21 +47,23 @@ class DeviceMode(base.CopyMode):
             else tf.GraphKeys.LOCAL_VARIABLES)
     collections = [main, variables.SHADOW_VARIABLES]
     primaries = varset.variables
-    self._slots = [
-        [graph_ops.make_shadow(p, "%s/slot_%d" % (shadow_name, k), collections)
-         for p in primaries]
-        for k in range(max_to_keep)]
-    self._scratch = [
-        graph_ops.make_shadow(p, shadow_name + "/scratch",
-                              [variables.SHADOW_VARIABLES])
+    per_primary = [
+        graph_ops.make_shadows(
+            p, [("%s/slot_%d" % (shadow_name, k), collections)
+                for k in range(max_to_keep)]
+            + [(shadow_name + "/scratch", [variables.SHADOW_VARIABLES])])
         for p in primaries]
-    self._snapshot_ops = [graph_ops.copy(primaries, slot, "snapshot_%d" % k)
+    self._slots = [[shadows[k] for shadows in per_primary]
+                   for k in range(max_to_keep)]
+    self._scratch = [shadows[-1] for shadows in per_primary]
+    reads = graph_ops.SharedReads()
+    self._snapshot_ops = [graph_ops.copy(primaries, slot, "snapshot_%d" % k, reads)
                           for k, slot in enumerate(self._slots)]
-    self._restore_ops = [graph_ops.copy(slot, primaries, "restore_%d" % k)
+    self._restore_ops = [graph_ops.copy(slot, primaries, "restore_%d" % k, reads)
                          for k, slot in enumerate(self._slots)]
-    self._stash_op = graph_ops.copy(primaries, self._scratch, "stash")
-    self._unstash_op = graph_ops.copy(self._scratch, primaries, "unstash")
-    self._slot_reads = [[graph_ops.read(s) for s in slot] for slot in self._slots]
+    self._stash_op = graph_ops.copy(primaries, self._scratch, "stash", reads)
+    self._unstash_op = graph_ops.copy(self._scratch, primaries, "unstash", reads)
+    self._slot_reads = [[reads(s) for s in slot] for slot in self._slots]
     self._feeder = graph_ops.Feeder(varset.specs, "feed")
     self._put_ops = [self._feeder.assign_to(slot, "put_%d" % k)
                      for k, slot in enumerate(self._slots)]

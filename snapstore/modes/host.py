@@ -33,7 +33,8 @@ class HostMode(base.CopyMode):
 
   def __init__(self, varset, max_to_keep, name):
     super(HostMode, self).__init__(varset, max_to_keep, name)
-    self._reads = [graph_ops.read(v) for v in varset.variables]
+    reads = graph_ops.SharedReads()
+    self._reads = [reads(v) for v in varset.variables]
     self._feeder = graph_ops.Feeder(varset.specs, "feed")
     self._load_op = self._feeder.assign_to(varset.variables, "restore")
     self._initializer = tf.no_op(name="initializer")
