@@ -9,6 +9,8 @@ snapshot or restore of a device shadow never crosses devices.
 Every copy is one grouped op (`tf.group(*assigns, name=...)`), so a snapshot of
 N variables is one `session.run` and one graph op to depend on.
 """
+import numpy as np
+
 from snapstore._tf import tf
 from tensorflow.core.framework import variable_pb2  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
@@ -178,14 +180,26 @@ class Feeder(object):
   """
 
   def __init__(self, specs, name):
+    self._dtypes = [spec.dtype for spec in specs]
     with tf.name_scope(name):
-      self._placeholders = [
+      # One tuple for the store's lifetime: runs are cached by its identity.
+      self._placeholders = tuple(
           tf.placeholder(spec.variable.dtype.base_dtype, spec.shape,
-                         name="value_%d" % i) for i, spec in enumerate(specs)]
+                         name="value_%d" % i) for i, spec in enumerate(specs))
 
   @property
   def placeholders(self):
-    return list(self._placeholders)
+    return self._placeholders
+
+  def values(self, arrays):
+    """`arrays` as C-contiguous arrays of the placeholders' exact dtypes.
+
+    A callable, unlike `Session.run`, does not convert what it is fed. Arrays
+    that already fit are passed as they are, so an aligned one is fed in place.
+    """
+    return [a if a.dtype == dtype and a.flags.c_contiguous
+            else np.ascontiguousarray(a, dtype=dtype)
+            for a, dtype in zip(arrays, self._dtypes)]
 
   def assign_to(self, targets, name):
     """A grouped op writing the fed values into `targets` (one per spec)."""

@@ -37,6 +37,7 @@ import h5py
 import numpy as np
 import xxhash
 
+from snapstore import buffers
 from snapstore import errors
 from snapstore import journal
 
@@ -480,7 +481,7 @@ class SpillFile(object):
     return _checksum(flat)
 
   def _read_dataset(self, tag, key, ds):
-    out = np.empty(ds.shape, ds.dtype)
+    out = buffers.aligned_empty(ds.shape, ds.dtype)  # fed later without a copy
     flat = out.reshape(-1).view(np.uint8) if out.size else np.empty(0, np.uint8)
     stored = ds.attrs.get(CHECKSUM)
     try:

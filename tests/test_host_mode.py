@@ -3,6 +3,7 @@ from absl.testing import parameterized
 import numpy as np
 
 import snapstore
+from snapstore import buffers
 from snapstore._tf import tf
 from tests import helpers
 
@@ -54,6 +55,33 @@ class HostCopiesTest(tf.test.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "read-only"):
       held[0, 0] = 5
     del sess
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_optimizer_steps_after_restore_leave_the_snapshot(self, use_resource):
+    # A restore feeds the snapshot's aligned arrays in place; a resource
+    # variable adopts the buffer, and its next update must copy it first.
+    w, _, store, sess = self._setup(use_resource)
+    with sess.graph.as_default():
+      sgd = tf.train.GradientDescentOptimizer(0.5).apply_gradients(
+          [(tf.ones([256, 1024]), w)])
+      momentum = tf.train.MomentumOptimizer(0.5, 0.9).apply_gradients(
+          [(tf.ones([256, 1024]), w)])
+      sess.run(tf.variables_initializer([v for v in tf.global_variables() if v is not w]))
+    store.snapshot("zero", session=sess)
+    held = store.arrays("zero")["w"]
+    for step in (sgd, momentum, sgd):
+      store.restore("zero", session=sess)
+      sess.run(step)
+      np.testing.assert_array_equal(held, np.zeros([256, 1024], np.float32))
+      self.assertNotEqual(float(sess.run(w)[0, 0]), 0.0)
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_local_cpu_snapshots_are_aligned_for_feeding(self, use_resource):
+    _, _, store, sess = self._setup(use_resource)
+    store.snapshot("a", session=sess)
+    store.load_arrays({"w": np.ones([256, 1024], np.float32)}, tag="b")
+    for tag in ("a", "b"):
+      self.assertTrue(buffers.is_aligned(store.arrays(tag)["w"]), tag)
 
   def test_nbytes_counts_held_arrays(self):
     _, _, store, sess = self._setup(False)

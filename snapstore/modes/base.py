@@ -12,6 +12,8 @@ Graph ops are built in `__init__` only; methods run them.
 import abc
 import threading
 
+from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-direct-tensorflow-import
+
 
 class CopyMode(abc.ABC):
   """Where and how a store keeps its snapshots.
@@ -123,15 +125,25 @@ class CopyMode(abc.ABC):
   def flush(self):
     """Waits for background work; raises as `check`."""
 
-  def _run(self, session, fetches, feed_list=None, values=()):
-    return run_cached(session, fetches, feed_list, values)
+  def _run(self, session, fetches):
+    return run_cached(session, fetches)
+
+  def _feed(self, session, op, feeder, arrays):
+    """Runs `op`, which consumes `feeder`'s placeholders, fed with `arrays`."""
+    return run_cached(session, op, feeder.placeholders, feeder.values(arrays))
 
 
 def run_cached(session, fetches, feed_list=None, values=()):
-  """Runs `fetches` through a `Session.make_callable` result made once.
+  """Runs `fetches` through a callable made once per session.
 
   A callable skips most of `Session.run`'s per-call Python work and adds no
-  graph ops. It is cached on the session itself, keyed by the ids of the fetch
+  graph ops. TF 1.15's `make_callable` with a `feed_list` only wraps
+  `Session.run`, so a run with feeds (which must fetch one op, and get the
+  exact dtype and shape of each placeholder) gets a real one from
+  `Session._make_callable_from_options`: a host restore of 64 small variables
+  took 1.75 ms through the first and 0.25 ms through the second.
+
+  The callable is cached on the session itself, keyed by the ids of the fetch
   and feed lists (the cache holds them, so the ids stay theirs): a callable
   refers to its session, so a cache anywhere else would keep every session
   alive. Sessions without `make_callable` fall back to `run`.
@@ -146,8 +158,13 @@ def run_cached(session, fetches, feed_list=None, values=()):
     return session.run(fetches, feed_dict=feeds)
   with _LOCK:
     cache = session.__dict__.setdefault(_CALLABLES, {})
-    entry = cache[(id(fetches), id(feed_list))] = (
-        session.make_callable(fetches, feed_list=feed_list), fetches, feed_list)
+    if feed_list and hasattr(session, "_make_callable_from_options"):
+      options = config_pb2.CallableOptions(
+          feed=[t.name for t in feed_list], target=[fetches.name])
+      fn = session._make_callable_from_options(options)  # pylint: disable=protected-access
+    else:
+      fn = session.make_callable(fetches, feed_list=feed_list)
+    entry = cache[(id(fetches), id(feed_list))] = (fn, fetches, feed_list)
   return entry[0](*values)
 
 

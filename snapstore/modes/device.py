@@ -125,13 +125,13 @@ class DeviceMode(base.CopyMode):
 
   def take(self, tag, session, victim=None):
     slot = self._slot_for(tag, victim)
-    self._write_slot(slot, session, self._snapshot_ops[slot])
+    self._write_slot(slot, lambda: self._run(session, self._snapshot_ops[slot]))
     self._bind(tag, slot, victim)
 
   def put(self, tag, arrays, session, victim=None):
     slot = self._slot_for(tag, victim)
-    self._write_slot(slot, session, self._put_ops[slot],
-                     self._feeder.placeholders, arrays)
+    self._write_slot(slot, lambda: self._feed(session, self._put_ops[slot],
+                                              self._feeder, arrays))
     self._bind(tag, slot, victim)
 
   def restore(self, tag, session):
@@ -161,9 +161,9 @@ class DeviceMode(base.CopyMode):
       return min(self._free)
     return self._slot_of[victim]
 
-  def _write_slot(self, slot, session, op, feed_list=None, values=()):
+  def _write_slot(self, slot, write):
     try:
-      self._run(session, op, feed_list, values)
+      write()
     except tf.errors.OpError:
       # A partly written slot holds no snapshot any more.
       if slot not in self._pinned_slots:

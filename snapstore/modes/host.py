@@ -2,19 +2,29 @@
 
 A snapshot is one `session.run` of a read of every variable, each colocated with
 its variable, so on a GPU or a parameter server every variable is sent once and
-in parallel. TF 1.15 copies fetched values into new numpy arrays (a fetch never
-aliases a variable's buffer); the store keeps those arrays and marks them
-read-only, so neither training nor the caller can change a snapshot.
+in parallel. A fetched array never aliases a variable's buffer; the store keeps
+the arrays and marks them read-only, so neither training nor the caller can
+change a snapshot.
+
+How the values reach numpy depends on where the variables are. A fetch from a
+GPU or another process arrives in a fresh buffer that TF hands to numpy. A
+fetch of an in-process CPU variable's read would make TF copy the variable's
+buffer into a new, unaligned numpy array; so on a local CPU-only session the
+store fetches a `Snapshot` of each read instead: TF makes the copy (into its
+64-byte aligned memory) and hands that buffer to numpy. The snapshot is faster
+and its arrays can later be fed without another copy (`snapstore.buffers`).
+Elsewhere a `Snapshot` would only cost device memory, so plain reads are used.
 
 A restore feeds the arrays into placeholders built once and runs one grouped
 assign. Host memory holds `len(store) * store.param_nbytes` bytes; the device
 holds nothing extra.
 """
-import numpy as np
-
+from snapstore import _owned
+from snapstore import buffers
 from snapstore import graph_ops
 from snapstore._tf import tf
 from snapstore.modes import base
+from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 
 
 class HostMode(base.CopyMode):
@@ -35,6 +45,11 @@ class HostMode(base.CopyMode):
     super(HostMode, self).__init__(varset, max_to_keep, name)
     reads = graph_ops.SharedReads()
     self._reads = [reads(v) for v in varset.variables]
+    self._copies = []
+    for var, value in zip(varset.variables, self._reads):
+      with ops.colocate_with(var):
+        self._copies.append(tf.raw_ops.Snapshot(input=value))
+    self._fetches = _owned.PerObject("host_fetches")  # per session: which of the two
     self._feeder = graph_ops.Feeder(varset.specs, "feed")
     self._load_op = self._feeder.assign_to(varset.variables, "restore")
     self._initializer = tf.no_op(name="initializer")
@@ -48,11 +63,11 @@ class HostMode(base.CopyMode):
     return sum(a.nbytes for arrays in self._snapshots.values() for a in arrays)
 
   def take(self, tag, session, victim=None):
-    self._keep(tag, self._run(session, self._reads), victim)
+    self._keep(tag, self._fetch(session), victim)
 
   def put(self, tag, arrays, session, victim=None):
     del session  # Nothing runs in TF.
-    copies = [np.array(a, dtype=spec.dtype, order="C")  # always a new array
+    copies = [buffers.aligned_copy(a, spec.dtype)  # always a new array
               for a, spec in zip(arrays, self._varset.specs)]
     self._keep(tag, copies, victim)
 
@@ -67,7 +82,7 @@ class HostMode(base.CopyMode):
     del self._snapshots[tag]
 
   def stash(self, session):
-    return self._run(session, self._reads)
+    return self._fetch(session)
 
   def unstash(self, token, session):
     self._load(token, session)
@@ -79,5 +94,24 @@ class HostMode(base.CopyMode):
       self._snapshots.pop(victim, None)
     self._snapshots[tag] = tuple(arrays)
 
+  def _fetch(self, session):
+    fetches = self._fetches.get(session)
+    if fetches is None:
+      fetches = self._copies if _local_cpu_only(session) else self._reads
+      self._fetches.set(session, fetches)
+    return self._run(session, fetches)
+
   def _load(self, arrays, session):
-    self._run(session, self._load_op, self._feeder.placeholders, arrays)
+    self._feed(session, self._load_op, self._feeder, arrays)
+
+
+def _local_cpu_only(session):
+  """True if `session` runs in this process with CPU devices only."""
+  if getattr(session, "sess_str", None) not in ("", b""):
+    return False  # a remote master, or a wrapper that does not say
+  try:
+    devices = session.list_devices()
+  except (AttributeError, tf.errors.OpError):
+    return False
+  # A CPU build also lists an XLA_CPU device.
+  return all(d.device_type in ("CPU", "XLA_CPU") for d in devices)

@@ -188,7 +188,7 @@ class SpillingMode(base.CopyMode):
       self._inner.restore(tag, session)
     else:
       arrays = self.arrays(tag, session)  # read and checked in full first
-      self._run(session, self._load_op, self._feeder.placeholders, arrays)
+      self._feed(session, self._load_op, self._feeder, arrays)
 
   def arrays(self, tag, session):
     if tag in self._held:

@@ -1,0 +1,40 @@
+"""Host arrays that TensorFlow 1.15 feeds without copying them.
+
+TF feeds a numpy array in place only when its data is 64-byte aligned; any
+other array is copied first, so restoring it costs two copies instead of one
+(measured by `bench/probe_host_restore.py`). numpy's own allocations are only
+16-byte aligned. Arrays a store allocates for snapshot data come from here.
+
+A fed array is never written by TF afterwards: a ResourceVariable that adopts
+its buffer copies it before its first update (checked by the tests).
+
+    out = aligned_empty((1024, 1024), np.float32)
+    value = aligned_copy(array)
+"""
+import numpy as np
+
+ALIGNMENT = 64
+
+
+def aligned_empty(shape, dtype):
+  """An uninitialized C-contiguous array whose data is 64-byte aligned."""
+  dtype = np.dtype(dtype)
+  nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+  raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+  start = (-raw.ctypes.data) % ALIGNMENT
+  return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def aligned_copy(array, dtype=None):
+  """A 64-byte aligned, C-contiguous copy of `array` (cast to `dtype` if given).
+
+  The cast is by value, so a non-native byte order becomes the native one.
+  """
+  array = np.asarray(array)
+  out = aligned_empty(array.shape, dtype or array.dtype.newbyteorder("="))
+  out[...] = array
+  return out
+
+
+def is_aligned(array):
+  return array.ctypes.data % ALIGNMENT == 0
