@@ -74,6 +74,12 @@ def make_shadow(primary, name, collections):
   the shadow exactly the value the primary got (a random initializer is
   evaluated once per run).
 
+  Its initializer initializes it once: run again, it leaves the shadow as it
+  is. A shadow holds a snapshot the store lists under a tag, or the state of
+  in-graph ops (an average, Lookahead's slow weights); running the local
+  initializer again to reset `tf.metrics`, or a non-chief worker's
+  `local_init_op` against shadows on a parameter server, must not replace it.
+
   Args:
     primary: The variable to shadow.
     name: Name under the primary, e.g. "snapstore/slot_0".
@@ -88,13 +94,29 @@ def make_shadow(primary, name, collections):
   # warning is about TF's own rewrite, not the user's code.
   with ops.colocate_with(primary), ops.name_scope(primary.op.name + "/"), \
       deprecation.silence():
-    return tf_variables.VariableV1(
+    shadow = tf_variables.VariableV1(
         initial_value=lambda: value_at_init(primary),
         trainable=False,
         collections=collections,
         name=name,
         dtype=primary.dtype.base_dtype,
         use_resource=is_resource(primary))
+  _initialize_once(shadow)
+  return shadow
+
+
+def _initialize_once(var):
+  """Makes `var.initializer` write nothing when `var` is already initialized.
+
+  The new initializer is an assign of `var`'s own value when initialized and
+  of its initial value when not, so `Variable.load` (which feeds the
+  initializer's value input) still works.
+  """
+  initial = var.initializer.inputs[1]  # with TF's guard against uninitialized reads
+  with ops.colocate_with(var), ops.name_scope(var.op.name + "/InitializeOnce"):
+    value = tf.cond(tf.is_variable_initialized(var), var.read_value,
+                    lambda: tf.identity(initial))
+    var._initializer_op = assign(var, value)  # pylint: disable=protected-access
 
 
 def value_at_init(primary):
