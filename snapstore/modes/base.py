@@ -144,7 +144,10 @@ class _Callables(object):
     if not hasattr(session, "make_callable"):
       feeds = dict(zip(feed_list, values)) if feed_list else None
       return session.run(fetches, feed_dict=feeds)
-    key = (id(fetches), id(feed_list))
+    # By the feeds themselves: a caller may pass a new list of the same
+    # placeholders on every call (a new callable each time grew the session
+    # and this cache by one entry per restore).
+    key = (id(fetches), tuple(id(f) for f in feed_list or ()))
     with self._lock:
       per_session = self._by_session.setdefault(session, {})
       fn = per_session.get(key)
