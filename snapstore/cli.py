@@ -8,10 +8,12 @@ the file has one, else the string.
     snapstore show run.h5:3                # one snapshot, per variable
     snapstore diff run.h5:3 run.h5:7       # per-variable max-abs and L2 difference
     snapstore verify run.h5                # every checksum
+    snapstore verify --finite best.npz     # ... and no NaN or infinite values
     snapstore export run.h5:3 three.npz    # one snapshot as .npz
 
 Exit status: 0 on success, 1 for a missing, corrupt or foreign file, an unknown
-tag or a failed check, 2 for bad usage.
+tag or a failed check, 2 for bad usage. Names read from a file are printed
+quoted when they hold control characters.
 """
 import argparse
 import datetime
@@ -174,18 +176,37 @@ def cmd_verify(args, out):
     tags = ([source.resolve(tag_text)] if tag_text is not None
             else [e.tag for e in source.entries()])
     for tag in tags:
+      name = repr(tag) if tag is not None else path
       try:
-        source.read(tag)
-        out.write("ok      %r\n" % (tag,) if tag is not None else "ok      %s\n" % path)
+        arrays = source.read(tag)
       except errors.Error as e:
         failed += 1
         out.write("FAILED  %s\n" % e)
+        continue
+      bad = _non_finite(arrays) if args.finite else []
+      if bad:
+        failed += 1
+        out.write("FAILED  %s: non-finite values in %s\n"
+                  % (name, errors.names(bad)))
+      else:
+        out.write("ok      %s\n" % name)
     for tag in source.incomplete():
       out.write("skipped %r: incomplete (write interrupted)\n" % (tag,))
   finally:
     source.close()
   out.write("%d checked, %d failed\n" % (len(tags), failed))
   return 1 if failed else 0
+
+
+def _non_finite(arrays):
+  """'key (n of m)' for each array holding NaN or infinite values."""
+  bad = []
+  for key, a in arrays.items():
+    if a.dtype.kind in "fc":
+      count = int(a.size - np.count_nonzero(np.isfinite(a)))
+      if count:
+        bad.append("%s (%d of %d)" % (key, count, a.size))
+  return bad
 
 
 def cmd_export(args, out):
@@ -238,6 +259,8 @@ def _as_float(a):
 
 
 def _table(rows, out):
+  # A name from a hostile file must not move the cursor or clear the screen.
+  rows = [[c if c.isprintable() else repr(c) for c in row] for row in rows]
   widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
   for row in rows:
     out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
@@ -261,6 +284,8 @@ def _parser():
   p.set_defaults(run=cmd_diff)
   p = sub.add_parser("verify", help="check the checksums of every snapshot")
   p.add_argument("file", help="file.h5, file.h5:tag or file.npz")
+  p.add_argument("--finite", action="store_true",
+                 help="also fail snapshots holding NaN or infinite values")
   p.set_defaults(run=cmd_verify)
   p = sub.add_parser("export", help="write one snapshot as .npz")
   p.add_argument("snapshot", help="file.h5:tag (default: newest) or file.npz")
@@ -277,7 +302,7 @@ def main(argv=None, out=None, err=None):
   args = _parser().parse_args(argv)
   try:
     return args.run(args, out)
-  except errors.Error as e:
+  except (errors.Error, OSError) as e:  # OSError: e.g. no permission to read
     err.write("snapstore %s: error: %s\n" % (args.command, e))
     return 1
 

@@ -13,6 +13,19 @@ class Error(Exception):
   """Base class for the errors snapstore raises."""
 
 
+def names(items, limit=10):
+  """Names read from a file, for a message: at most `limit`, unprintable ones quoted.
+
+  A hostile file can hold thousands of names, or names with control
+  characters; the message stays short and one line.
+  """
+  items = [n if isinstance(n, str) and n.isprintable() else repr(n) for n in items]
+  shown = ", ".join(items[:limit])
+  if len(items) > limit:
+    shown += ", and %d more" % (len(items) - limit)
+  return shown
+
+
 class UnknownTagError(Error, LookupError):
   """Raised when a tag names no snapshot held by the store.
 

@@ -46,6 +46,15 @@ class LockedError(OSError):
   """Raised when another open `JournaledFile` holds a conflicting lock."""
 
 
+class ForeignJournalError(OSError):
+  """Raised when a journal next to the file cannot have been written for it.
+
+  Its committed size exceeds the file, a saved page lies past it, or it is
+  longer than a journal of the file can be: rolling it back would write
+  garbage, so it is left alone.
+  """
+
+
 def journal_path(path):
   return path + "-journal"
 
@@ -113,6 +122,11 @@ class JournaledFile(io.RawIOBase):
   @property
   def durable(self):
     return self._durable
+
+  @property
+  def size(self):
+    """The file's size as HDF5 sees it (this transaction's writes included)."""
+    return self._size
 
   def seekable(self):
     return True
@@ -337,17 +351,31 @@ class JournaledFile(io.RawIOBase):
     """Rolls back a journal a killed writer left (in memory when read-only)."""
     path = journal_path(self._path)
     try:
-      with open(path, "rb") as f:
-        raw = f.read()
+      f = open(path, "rb")
     except (IOError, OSError) as e:
       if e.errno == errno.ENOENT:
         return
       raise
-    size, records = _parse_journal(raw)
-    if size is None:  # Killed while starting the journal: nothing was changed.
-      if self._writable:
-        os.unlink(path)
-      return
+    with f:
+      # A transaction only grows the file and saves each committed page once:
+      # the committed size and the journal's length are bounded by the file.
+      size, _ = _parse_journal(f.read(_HEADER.size))
+      if size is None:  # Killed while starting the journal: nothing was changed.
+        if self._writable:
+          os.unlink(path)
+        return
+      longest = _HEADER.size + -(-size // PAGE) * (_RECORD.size + PAGE)
+      if size > os.fstat(self._fd).st_size or \
+          os.fstat(f.fileno()).st_size > longest:
+        raise ForeignJournalError(
+            "the journal %s does not belong to it (it records a file of %d "
+            "bytes)" % (path, size))
+      f.seek(0)
+      size, records = _parse_journal(f.read())
+    if any(offset + len(data) > size for offset, data in records):
+      raise ForeignJournalError(
+          "the journal %s does not belong to it (it saves bytes past the "
+          "file's committed end)" % path)
     self.rolled_back = True
     if not self._writable:
       for offset, data in records:

@@ -12,16 +12,30 @@ one.
 Reading never unpickles (`allow_pickle=False`) and checks every member's header
 (name, shape, dtype) against the store before it reads any data, so a wrong or
 hostile file is reported in full and cannot make the loader allocate more than
-the store's own size.
+the store's own size. Without a store (`read`, used by the CLI) nothing is
+allocated beyond what the archive holds: a member's declared shape must account
+for its stored bytes exactly, its compressed bytes must lie inside the file,
+and it must be stored or deflated (what `numpy.savez` and `savez_compressed`
+write), with no more than deflate's 1032:1 expansion. Headers longer than
+numpy writes are refused before they are parsed. A member whose header and
+data are consistent is read to its end, so its CRC-32 is always checked.
+
+NaN and infinite values are data: a snapshot of a diverging run holds them, and
+they load bit for bit (`snapstore verify --finite FILE` checks for them).
 
     store.save_npz("/tmp/best.npz")
     other_store.load_npz("/tmp/best.npz", tag="best")
 """
 import collections
+import functools
+import io
+import operator
 import os
+import struct
 import sys
 import uuid
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -29,6 +43,20 @@ from snapstore import errors
 from snapstore import sources
 
 _SUFFIX = ".npy"
+# numpy writes .npy headers of about a hundred bytes; newer numpy refuses to
+# parse more than this many, since parsing is a Python literal_eval.
+_MAX_HEADER = 10000
+# RFC 1951: deflate expands its input at most 1032-fold (258 bytes per 2 bits).
+_MAX_DEFLATE_RATIO = 1032
+_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
+# What can go wrong reading a corrupt or hostile member: zipfile raises
+# NotImplementedError for unknown methods or flags and RuntimeError for
+# encryption, zlib its own error, numpy's header parser MemoryError (parser
+# stack overflow) or SyntaxError.
+_STREAM_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError)
+_MEMBER_ERRORS = _STREAM_ERRORS + (ValueError, NotImplementedError, RuntimeError,
+                                   SyntaxError, MemoryError, RecursionError,
+                                   struct.error)
 
 
 def save(path, keys, arrays, compress=False):
@@ -109,15 +137,16 @@ def read(path):
 class Archive(object):
   """An `.npz` archive opened for reading, as a snapshot source (`snapstore.sources`).
 
-  Every member's header is read and checked when it is opened; data is read
-  member by member by `read`.
+  Every member's zip entry and header are read and checked when it is opened
+  (see the module docstring); data is read member by member by `read`.
 
   Args:
     path: An `.npz` archive.
 
   Raises:
     SnapshotFileError: No such file; not an `.npz` archive; a member that is not
-      an array, is stored twice, holds pickled objects, or has no valid header.
+      a numeric array, is stored twice, holds pickled objects, has no valid
+      header, or declares more or fewer bytes than it holds.
   """
 
   _archive = None  # close() is safe if __init__ raised
@@ -128,26 +157,21 @@ class Archive(object):
       raise errors.SnapshotFileError("Cannot read %s: no such file." % path)
     try:
       archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError) as e:
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError,
+            struct.error) as e:
       raise errors.SnapshotFileError(
           "%s is not an .npz archive (%s). Write archives with "
           "SnapshotStore.save_npz or numpy.savez." % (path, e))
     self._path = path
     self._archive = archive
     try:
-      self._members = _members(archive, path)
+      self._members = _members(archive, path, os.path.getsize(path))
       self._declared = {key: _header(archive, info, path, key)
                         for key, info in self._members.items()}
+      _check_numeric(self._declared, path)
     except BaseException:
       self.close()
       raise
-    pickled = sorted(k for k, (_, dtype) in self._declared.items() if dtype.hasobject)
-    if pickled:
-      self.close()
-      raise errors.SnapshotFileError(
-          "%s holds pickled Python objects in %s; snapstore loads .npz files "
-          "with allow_pickle=False. Save snapshots with SnapshotStore.save_npz "
-          "or numpy.savez of numeric arrays." % (path, ", ".join(pickled)))
 
   @property
   def where(self):
@@ -174,6 +198,21 @@ class Archive(object):
     self.close()
 
 
+def _check_numeric(declared, path):
+  pickled = sorted(k for k, (_, dtype) in declared.items() if dtype.hasobject)
+  if pickled:
+    raise errors.SnapshotFileError(
+        "%s holds pickled Python objects in %s; snapstore loads .npz files "
+        "with allow_pickle=False. Save snapshots with SnapshotStore.save_npz "
+        "or numpy.savez of numeric arrays." % (path, errors.names(pickled)))
+  other = sorted(k for k, (_, dtype) in declared.items() if dtype.kind not in "biufc")
+  if other:
+    raise errors.SnapshotFileError(
+        "%s holds arrays that are not numeric (%s); a snapshot holds "
+        "numbers." % (path, errors.names(
+            ["%r: %s" % (k, declared[k][1]) for k in other])))
+
+
 def _write_member(archive, name, array):
   if sys.version_info >= (3, 6):
     with archive.open(name, "w", force_zip64=True) as member:
@@ -185,7 +224,7 @@ def _write_member(archive, name, array):
     archive.writestr(name, buf.getvalue())
 
 
-def _members(archive, path):
+def _members(archive, path, size):
   members = {}
   for info in archive.infolist():
     name = info.filename
@@ -196,24 +235,79 @@ def _members(archive, path):
     key = name[:-len(_SUFFIX)]
     if key in members:
       raise errors.SnapshotFileError("%s holds array %r twice." % (path, key))
+    _check_member(info, path, key, size)
     members[key] = info
   return members
 
 
+def _check_member(info, path, key, size):
+  """Refuses a member whose sizes or storage no savez archive has."""
+  if info.flag_bits & 0x1:
+    raise errors.SnapshotFileError(
+        "%s: array %r is encrypted; snapstore reads unencrypted archives."
+        % (path, key))
+  if info.compress_type not in _METHODS:
+    raise errors.SnapshotFileError(
+        "%s: array %r is compressed with zip method %d; snapstore reads stored "
+        "or deflated members (numpy.savez, numpy.savez_compressed)."
+        % (path, key, info.compress_type))
+  if info.header_offset + info.compress_size > size:
+    raise errors.SnapshotFileError(
+        "%s: array %r ends past the end of the file (%d bytes); the archive is "
+        "truncated or corrupt." % (path, key, size))
+  if info.compress_type == zipfile.ZIP_STORED:
+    expandable = info.compress_size
+  else:
+    expandable = _MAX_DEFLATE_RATIO * info.compress_size + 1024
+  if info.file_size > expandable:
+    raise errors.SnapshotFileError(
+        "%s: array %r declares %d bytes from %d %s bytes, more than they can "
+        "hold; the archive is corrupt (or a zip bomb)."
+        % (path, key, info.file_size, info.compress_size,
+           _METHODS[info.compress_type]))
+
+
 def _header(archive, info, path, key):
-  """(shape, dtype) from a member's .npy header, reading no data."""
+  """(shape, dtype) from a member's .npy header, reading no data.
+
+  The header must declare exactly the bytes the member holds.
+  """
   try:
     with archive.open(info) as f:
-      version = np.lib.format.read_magic(f)
-      if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-      elif version == (2, 0):
-        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-      else:
+      start = f.read(12)  # magic, version and the header's length
+      version = np.lib.format.read_magic(io.BytesIO(start))
+      if version not in ((1, 0), (2, 0)):
         raise ValueError("unsupported .npy format version %d.%d" % version)
-  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+      width = 2 if version == (1, 0) else 4
+      if len(start) < 8 + width:
+        raise ValueError("the member ends inside the header")
+      length, = struct.unpack("<H" if width == 2 else "<I", start[8:8 + width])
+      if length > _MAX_HEADER:
+        raise ValueError("a header of %d bytes; numpy writes at most %d"
+                         % (length, _MAX_HEADER))
+      header = io.BytesIO(start + f.read(max(0, 8 + width + length - len(start))))
+      header.seek(8)
+      if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(header)
+      else:
+        shape, _, dtype = np.lib.format.read_array_header_2_0(header)
+  except _STREAM_ERRORS as e:
     raise errors.SnapshotFileError(
-        "%s: array %r has no valid .npy header (%s)." % (path, key, e))
+        "%s: array %r is truncated or corrupt (%s)." % (path, key, _describe(e)))
+  except _MEMBER_ERRORS as e:
+    raise errors.SnapshotFileError(
+        "%s: array %r has no valid .npy header (%s)." % (path, key, _describe(e)))
+  if any(d < 0 for d in shape):
+    raise errors.SnapshotFileError(
+        "%s: array %r declares the negative shape %s." % (path, key, shape))
+  data = 8 + width + length
+  if not dtype.hasobject:
+    nbytes = functools.reduce(operator.mul, shape, 1) * dtype.itemsize
+    if data + nbytes != info.file_size:
+      raise errors.SnapshotFileError(
+          "%s: array %r declares shape %s of %s (%d bytes of data), but its "
+          "member holds %d; the archive is corrupt."
+          % (path, key, shape, dtype, nbytes, info.file_size - data))
   return shape, dtype
 
 
@@ -221,12 +315,18 @@ def _read(archive, info, path, key):
   try:
     with archive.open(info) as f:
       array = np.lib.format.read_array(f, allow_pickle=False)
-  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+      if f.read(1):
+        raise ValueError("data after the array")
+  except _MEMBER_ERRORS as e:
     raise errors.SnapshotFileError(
-        "%s: array %r is truncated or corrupt (%s)." % (path, key, e))
+        "%s: array %r is truncated or corrupt (%s)." % (path, key, _describe(e)))
   if not array.dtype.isnative:
     array = array.astype(array.dtype.newbyteorder("="))
   return array
+
+
+def _describe(error):
+  return str(error).strip() or type(error).__name__
 
 
 def _fspath(path):

@@ -17,6 +17,16 @@ A snapshot is written in two commits: first its group and datasets with
 holds every snapshot completed before, and at most one incomplete snapshot,
 which is listed as such and never read.
 
+Files are written in HDF5's latest format with every attribute stored inline,
+so that all HDF5 metadata carries HDF5's own checksums: a damaged file gives an
+error, not a crash inside the HDF5 library. Before reading data, the layout is
+checked: links must be plain (no soft or external links), names must decode,
+datasets must be numeric, contiguous or chunked with known filters, never in
+external files, and hold the bytes their shapes declare, so a bad file cannot
+make the reader allocate more than the file holds. The HDF5 library itself is
+not hardened against files crafted to attack it: open only spill files your
+own jobs wrote, and exchange snapshots with others as `.npz`.
+
 Uncompressed data is written and read straight at the dataset's place in the
 file (HDF5's contiguous layout), in slabs that release the GIL. The checksum is
 XXH3-64, which runs at 3-4 times the speed of CRC-32 here: a spill is bound by
@@ -46,6 +56,15 @@ VERSION = 1
 COMPRESSIONS = ("gzip", "lzf")
 CHECKSUM = "xxh3_64"  # 3-4x the speed of CRC-32 here; writing is memory-bound
 _SLAB = 16 << 20  # bytes per write or read call, and per GIL release
+# Compression filters a spill file may use; gzip and lzf expand at most about
+# 1032-fold (deflate's bound; lzf's is lower).
+_FILTERS = (h5py.h5z.FILTER_DEFLATE, h5py.h5z.FILTER_SHUFFLE,
+            h5py.h5z.FILTER_FLETCHER32, 32000)  # 32000: lzf
+_MAX_RATIO = 1032
+# What h5py raises for a damaged or foreign file: KeyError when an object
+# cannot be opened, OSError when it cannot be read, RuntimeError when links
+# cannot be listed, ValueError and TypeError for types it cannot map.
+_H5_ERRORS = (KeyError, OSError, RuntimeError, ValueError, TypeError)
 
 SpillEntry = collections.namedtuple(
     "SpillEntry", ["tag", "time", "step", "nbytes", "keys"])
@@ -151,12 +170,16 @@ class SpillFile(object):
       raise errors.SnapshotFileError(
           "%s is open for writing by another process (a running store); close "
           "that store first, or read its snapshots through it." % self.path)
+    except journal.ForeignJournalError as e:
+      raise errors.SnapshotFileError(
+          "Cannot open %s: %s. Nothing was changed; if the file is yours, move "
+          "the journal away and open it again." % (self.path, e))
     except OSError as e:
       raise errors.SnapshotFileError("Cannot open %s: %s." % (self.path, e))
     self.rolled_back = self._file.rolled_back
     try:
-      self._h5 = h5py.File(self._file, "r+" if writable else "r")
-    except (OSError, ValueError, RuntimeError) as e:
+      self._h5 = h5py.File(self._file, "r+" if writable else "r", libver="latest")
+    except _H5_ERRORS as e:
       self._file.close()
       raise errors.SnapshotFileError(_open_problem(self.path, e))
     try:
@@ -231,12 +254,12 @@ class SpillFile(object):
   @_locked
   def incomplete(self):
     """Tags of snapshots whose writing was interrupted (never readable)."""
-    return [_safe_decode(name) for name, group in self._groups()
+    return [decode_tag(name) for name, group in self._groups()
             if not _complete(group)]
 
   @_locked
   def __contains__(self, tag):
-    group = self._snapshots.get(encode_tag(tag))
+    group = self._find(tag)
     return group is not None and _complete(group)
 
   @_locked
@@ -254,15 +277,19 @@ class SpillFile(object):
     Raises:
       UnknownTagError: No complete snapshot `tag` (incomplete ones are named).
       IncompatibleSnapshotError: The snapshot does not match `varset`.
-      SnapshotFileError: A checksum mismatch (naming the variable) or
-        unreadable data.
+      SnapshotFileError: A checksum mismatch (naming the variable), unreadable
+        data, or a damaged or foreign layout (see the module doc).
     """
     group = self._group(tag)
-    datasets = self._datasets(group)
+    datasets = self._datasets(group, tag)
+    declared = dict((k, (d.shape, _dtype(d, self.path))) for k, d in datasets.items())
     if varset is not None:
-      declared = dict((k, (d.shape, d.dtype)) for k, d in datasets.items())
       varset.check_declared(declared, "Snapshot %r in %s" % (tag, self.path))
       datasets = collections.OrderedDict((k, datasets[k]) for k in varset.keys)
+    elif declared != dict((k, (s, d)) for k, s, d in self._declared):
+      raise errors.SnapshotFileError(
+          "%s: snapshot %r does not hold the variables the file declares; the "
+          "file is damaged or was changed by another program." % (self.path, tag))
     out = collections.OrderedDict()
     for key, ds in datasets.items():
       out[key] = self._read_dataset(tag, key, ds)
@@ -271,13 +298,23 @@ class SpillFile(object):
   @_locked
   def declared(self, tag):
     """`{key: (shape, dtype)}` of snapshot `tag`, from the file's metadata only."""
-    return dict((k, (d.shape, d.dtype))
-                for k, d in self._datasets(self._group(tag)).items())
+    return dict((k, (d.shape, _dtype(d, self.path)))
+                for k, d in self._datasets(self._group(tag), tag).items())
 
   @_locked
   def read_variable(self, tag, key):
     """The array of variable `key` in snapshot `tag`, its checksum verified."""
-    return self._read_dataset(tag, key, self._datasets(self._group(tag))[key])
+    group = self._group(tag)
+    name = encode_key(key)
+    try:
+      present = name in group
+    except _H5_ERRORS:
+      present = True  # _child reports the damage
+    if not present:
+      raise errors.SnapshotFileError(
+          "%s: snapshot %r holds no variable %r." % (self.path, tag, key))
+    ds = self._child(group, name, h5py.Dataset, "variable %r of snapshot %r" % (key, tag))
+    return self._read_dataset(tag, key, ds)
 
   # -- writing (writable files only) -------------------------------------------------
 
@@ -351,10 +388,19 @@ class SpillFile(object):
 
   @_locked
   def delete_incomplete(self):
-    """Removes every incomplete snapshot; returns their tags."""
+    """Removes every incomplete snapshot; returns their tags.
+
+    Raises:
+      SnapshotFileError: The file is damaged and cannot be changed.
+    """
     tags = self.incomplete()
     for tag in tags:
-      self.delete(tag)
+      try:
+        self.delete(tag)
+      except _H5_ERRORS as e:
+        raise errors.SnapshotFileError(
+            "%s: cannot remove the incomplete snapshot %r (%s); the file is "
+            "damaged." % (self.path, tag, e))
     return tags
 
   # -- lifetime ----------------------------------------------------------------------
@@ -390,13 +436,24 @@ class SpillFile(object):
   # -- internals -----------------------------------------------------------------------
 
   def _check_format(self):
-    attrs = self._h5.attrs
+    try:
+      attrs = dict((name, self._h5.attrs[name]) for name in
+                   ("format", "version", "checksum", "variables")
+                   if name in self._h5.attrs)
+      has_snapshots = "snapshots" in self._h5
+    except _H5_ERRORS as e:
+      raise errors.SnapshotFileError(
+          "%s: cannot read the file's attributes (%s); it is damaged or not a "
+          "snapstore spill file." % (self.path, e))
     fmt = attrs.get("format")
-    if fmt is None or _text(fmt) != FORMAT or "snapshots" not in self._h5:
+    if fmt is None or _text(fmt) != FORMAT or not has_snapshots:
       raise errors.SnapshotFileError(
           "%s is an HDF5 file, but not a snapstore spill file (it has no "
           "format=%r marker); it was written by another program." % (self.path, FORMAT))
-    version = int(attrs.get("version", -1))
+    try:
+      version = int(attrs.get("version", -1))
+    except (TypeError, ValueError):
+      version = -1
     if version != VERSION:
       raise errors.SnapshotFileError(
           "%s is a snapstore spill file of format version %d; this snapstore "
@@ -407,30 +464,49 @@ class SpillFile(object):
           "%s: unknown checksum algorithm %r; this snapstore uses %r."
           % (self.path, _text(attrs.get("checksum", "")), CHECKSUM))
     try:
-      self._declared = [(k, tuple(s), np.dtype(str(d)))
-                        for k, s, d in json.loads(_text(attrs["variables"]))]
+      self._declared = _parse_variables(_text(attrs["variables"]))
     except (KeyError, ValueError, TypeError) as e:
       raise errors.SnapshotFileError(
           "%s: the spill file's variable list is corrupt (%s)." % (self.path, e))
-    self._snapshots = self._h5["snapshots"]
+    self._snapshots = self._child(self._h5, "snapshots", h5py.Group,
+                                  "the snapshot list")
 
   def _groups(self):
-    try:
-      return list(self._snapshots.items())
-    except (RuntimeError, KeyError, OSError) as e:
-      raise errors.SnapshotFileError(
-          "%s: cannot list the snapshots (%s); the file is corrupt."
-          % (self.path, e))
+    """[(name, group)] of every snapshot, its name and links checked."""
+    out = []
+    for name in self._names(self._snapshots, "the snapshot list"):
+      try:
+        decode_tag(name)
+      except ValueError:
+        raise errors.SnapshotFileError(
+            "%s: /snapshots/%s is not a snapstore snapshot (its name encodes no "
+            "tag); the file is damaged or was changed by another program."
+            % (self.path, errors.names([name])))
+      out.append((name, self._child(self._snapshots, name, h5py.Group,
+                                    "snapshot %r" % decode_tag(name))))
+    return out
 
   def _entry(self, name, group):
     tag = decode_tag(name)
-    step = int(group.attrs.get("step", -1))
-    return SpillEntry(tag, float(group.attrs["time"]), None if step < 0 else step,
-                      int(group.attrs["nbytes"]),
-                      tuple(sorted(decode_key(n) for n in group)))
+    try:
+      step = int(group.attrs.get("step", -1))
+      when = float(group.attrs["time"])
+      nbytes = int(group.attrs["nbytes"])
+    except _H5_ERRORS as e:
+      raise errors.SnapshotFileError(
+          "%s: snapshot %r has damaged attributes (%s)." % (self.path, tag, e))
+    keys = tuple(sorted(self._datasets(group, tag, open_them=False)))
+    return SpillEntry(tag, when, None if step < 0 else step, nbytes, keys)
+
+  def _find(self, tag):
+    """The group of snapshot `tag`, or None; never follows a soft or external link."""
+    name = encode_tag(tag)
+    if name not in self._names(self._snapshots, "the snapshot list"):
+      return None
+    return self._child(self._snapshots, name, h5py.Group, "snapshot %r" % (tag,))
 
   def _group(self, tag):
-    group = self._snapshots.get(encode_tag(tag))
+    group = self._find(tag)
     if group is None or not _complete(group):
       held = ", ".join(repr(e.tag) for e in self.entries()) or "none"
       note = (" Its writing was interrupted, so it is incomplete and never read."
@@ -440,9 +516,51 @@ class SpillFile(object):
           % (self.path, tag, note, held))
     return group
 
-  def _datasets(self, group):
-    return collections.OrderedDict(
-        (decode_key(name), ds) for name, ds in sorted(group.items()))
+  def _datasets(self, group, tag, open_them=True):
+    """OrderedDict key -> dataset of a snapshot (or -> name if not `open_them`)."""
+    out = collections.OrderedDict()
+    for name in sorted(self._names(group, "snapshot %r" % (tag,))):
+      try:
+        key = decode_key(name)
+      except ValueError:
+        raise errors.SnapshotFileError(
+            "%s: snapshot %r holds %s, which is not a snapstore variable (its "
+            "name encodes no key); the file is damaged or was changed by "
+            "another program." % (self.path, tag, errors.names([name])))
+      out[key] = (self._child(group, name, h5py.Dataset,
+                              "variable %r of snapshot %r" % (key, tag))
+                  if open_them else name)
+    return out
+
+  def _names(self, group, what):
+    try:
+      return list(group)
+    except _H5_ERRORS as e:
+      raise errors.SnapshotFileError(
+          "%s: cannot list %s (%s); the file is damaged." % (self.path, what, e))
+
+  def _child(self, group, name, kind, what):
+    """`group[name]`, which must be a hard link to a `kind` (Group or Dataset).
+
+    A soft or external link could name an object outside the snapshot, or
+    another file on this machine (HDF5 would open it): never followed.
+    """
+    try:
+      link = group.get(name, getlink=True)
+      if not isinstance(link, h5py.HardLink):
+        raise errors.SnapshotFileError(
+            "%s: %s is a link (%s), not data stored in the file; snapstore "
+            "never follows links." % (self.path, what, type(link).__name__))
+      obj = group[name]
+    except _H5_ERRORS as e:
+      raise errors.SnapshotFileError(
+          "%s: cannot open %s (%s); the file is damaged." % (self.path, what, e))
+    if not isinstance(obj, kind):
+      raise errors.SnapshotFileError(
+          "%s: %s is a %s where a %s belongs; the file is damaged or was "
+          "changed by another program." % (self.path, what, type(obj).__name__,
+                                           kind.__name__))
+    return obj
 
   def _create_dataset(self, group, key, array, compression, compression_opts):
     if compression is None:
@@ -481,27 +599,74 @@ class SpillFile(object):
     return _checksum(flat)
 
   def _read_dataset(self, tag, key, ds):
-    out = buffers.aligned_empty(ds.shape, ds.dtype)  # fed later without a copy
+    offset = self._check_storage(tag, key, ds)
+    out = buffers.aligned_empty(ds.shape, _dtype(ds, self.path))  # fed later without a copy
     flat = out.reshape(-1).view(np.uint8) if out.size else np.empty(0, np.uint8)
-    stored = ds.attrs.get(CHECKSUM)
     try:
-      offset = ds.id.get_offset()
+      stored = ds.attrs.get(CHECKSUM)
       if offset is not None:
         for start in range(0, flat.size, _SLAB):
           slab = flat[start:start + _SLAB]
           if self._file.read_into(offset + start, slab) != slab.size:
             raise OSError("the file ends inside the data")
-      elif ds.chunks is not None and out.size:
+      elif out.size:
         ds.read_direct(out)
-    except (OSError, RuntimeError, ValueError) as e:
+      stored = None if stored is None else int(stored)
+    except _H5_ERRORS as e:
       raise errors.SnapshotFileError(
           "%s: cannot read variable %r of snapshot %r (%s); the file is "
           "truncated or corrupt." % (self.path, key, tag, e))
-    if stored is None or _checksum(flat) != int(stored):
+    if stored is None or _checksum(flat) != stored:
       raise errors.SnapshotFileError(
           "%s: checksum mismatch in variable %r of snapshot %r: the stored data "
           "is corrupt and was not used." % (self.path, key, tag))
     return out
+
+  def _check_storage(self, tag, key, ds):
+    """Checks a dataset's layout and size; returns its contiguous data's offset.
+
+    Nothing is allocated for a dataset that does not hold the bytes its shape
+    declares, keeps its data outside the file, or needs an unknown filter.
+    """
+    what = "variable %r of snapshot %r" % (key, tag)
+    try:
+      dtype = _dtype(ds, self.path)
+      nbytes = functools.reduce(lambda a, b: a * b, ds.shape, 1) * dtype.itemsize
+      dcpl = ds.id.get_create_plist()
+      layout = dcpl.get_layout()
+      external = dcpl.get_external_count()
+      filters = [dcpl.get_filter(i)[0] for i in range(dcpl.get_nfilters())]
+      offset = ds.id.get_offset()
+      stored = ds.id.get_storage_size()
+    except _H5_ERRORS as e:
+      raise errors.SnapshotFileError(
+          "%s: cannot read the layout of %s (%s); the file is damaged."
+          % (self.path, what, e))
+    problem = None
+    if external:
+      problem = "keeps its data in %d external file(s), which snapstore never reads" % external
+    elif layout == h5py.h5d.CONTIGUOUS:
+      if nbytes and (offset is None or stored != nbytes
+                     or offset + nbytes > self._file.size):
+        problem = ("declares %d bytes (shape %s, %s) but the file holds %d for "
+                   "it" % (nbytes, ds.shape, dtype, stored))
+    elif layout == h5py.h5d.CHUNKED:
+      unknown = sorted(set(filters) - set(_FILTERS))
+      if unknown:
+        problem = "needs HDF5 filter(s) %s, which spill files never use" % unknown
+      elif nbytes and not 0 < stored <= self._file.size:
+        problem = "declares %d bytes but the file holds %d for it" % (nbytes, stored)
+      elif nbytes > _MAX_RATIO * stored + (1 << 20):
+        problem = ("declares %d bytes from %d compressed, more than compression "
+                   "can produce" % (nbytes, stored))
+      offset = None
+    else:
+      problem = "has HDF5 layout %d, which spill files never use" % layout
+    if problem:
+      raise errors.SnapshotFileError(
+          "%s: %s %s; the file is damaged or was not written by snapstore."
+          % (self.path, what, problem))
+    return offset
 
   def _commit(self):
     self._h5.flush()
@@ -571,12 +736,14 @@ def open_spill(path):
 
 
 def _initialize(f, specs):
-  with h5py.File(f, "w") as h5:
-    h5.attrs["format"] = FORMAT
+  # Fixed-length byte strings: HDF5 keeps variable-length strings in its
+  # global heap, the one metadata structure without a checksum.
+  with h5py.File(f, "w", libver="latest") as h5:
+    h5.attrs["format"] = _bytes(FORMAT)
     h5.attrs["version"] = VERSION
-    h5.attrs["checksum"] = CHECKSUM
-    h5.attrs["variables"] = json.dumps(
-        [[s.key, list(s.shape), np.dtype(s.dtype).str] for s in specs])
+    h5.attrs["checksum"] = _bytes(CHECKSUM)
+    h5.attrs["variables"] = _bytes(json.dumps(
+        [[s.key, list(s.shape), np.dtype(s.dtype).str] for s in specs]))
     h5.create_group("snapshots")
     h5.flush()
 
@@ -604,19 +771,44 @@ def _checksum(flat):
 
 
 def _complete(group):
-  if group is None:  # a link HDF5 cannot follow: damaged, never read
-    return False
-  try:
+  try:  # a damaged flag reads as incomplete: never read
     return int(group.attrs.get("complete", 0)) == 1
-  except (RuntimeError, OSError, KeyError):
+  except _H5_ERRORS:
     return False
 
 
-def _safe_decode(name):
+def _dtype(ds, path):
+  """The numpy dtype of dataset `ds`, which must be numeric.
+
+  Raises:
+    SnapshotFileError: A type numpy cannot hold, or not a number.
+  """
   try:
-    return decode_tag(name)
-  except ValueError:
-    return name
+    dtype = ds.dtype
+  except _H5_ERRORS as e:
+    raise errors.SnapshotFileError(
+        "%s: dataset %s has a type numpy cannot hold (%s)." % (path, ds.name, e))
+  if dtype.kind not in "biufc" or dtype.fields is not None:
+    raise errors.SnapshotFileError(
+        "%s: dataset %s holds %s, not numbers; the file was not written by "
+        "snapstore." % (path, ds.name, dtype))
+  return dtype
+
+
+def _parse_variables(text):
+  """[(key, shape, dtype)] from the JSON of the file's `variables` attribute."""
+  out = []
+  for key, shape, dtype in json.loads(text):
+    if not isinstance(key, str) or not key:
+      raise ValueError("the key %r is not a name" % (key,))
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+      raise ValueError("%s has the shape %r" % (key, shape))
+    dtype = np.dtype(str(dtype))
+    if dtype.kind not in "biufc" or dtype.fields is not None:
+      raise ValueError("%s has the dtype %s, not a number" % (key, dtype))
+    out.append((key, tuple(shape), dtype))
+  return out
 
 
 def _text(value):

@@ -615,7 +615,8 @@ class SnapshotStore(object):
   def initializer(self):
     """An op initializing the store's shadow variables (a no-op in host mode).
 
-    `tf.local_variables_initializer()` and `MonitoredSession` run it too.
+    `tf.local_variables_initializer()` and `MonitoredSession` run it too. It
+    initializes each shadow once; run again, it leaves the shadows as they are.
     """
     return self._mode.initializer
 

@@ -153,7 +153,7 @@ class VariableSet(object):
     if missing:
       problems.append("missing variables: %s" % ", ".join(missing))
     if extra:
-      problems.append("variables the store does not have: %s" % ", ".join(extra))
+      problems.append("variables the store does not have: %s" % errors.names(extra))
     for spec in self._specs:
       if spec.key not in declared:
         continue

@@ -120,6 +120,32 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
         helpers.assert_bit_equal(sess.run(store.shadows()["w"]), np.ones([50, 4], np.float32))
 
   @parameterized.named_parameters(*KINDS)
+  def test_rerunning_initializers_keeps_snapshots(self, use_resource):
+    # Resetting tf.metrics with local_variables_initializer() (or a non-chief
+    # worker's local_init_op against shadows on a ps) used to overwrite every
+    # slot with the current values: restore then gave the wrong values.
+    with tf.Graph().as_default():
+      model = helpers.Model(use_resource=use_resource)
+      _, update_mean = tf.metrics.mean(model.variables["v1_float32"])
+      store = snapstore.SnapshotStore(scope="net", max_to_keep=2)
+      reset = tf.local_variables_initializer()
+      with tf.Session() as sess:
+        helpers.init(sess)
+        model.randomize(sess, seed=1)
+        expected = model.values(sess)
+        store.snapshot("a", session=sess)
+        sess.run(model.train_op)
+        sess.run(update_mean)
+        sess.run(reset)
+        sess.run(store.initializer)
+        store.restore("a", session=sess)
+        helpers.assert_state(model.values(sess), expected)
+        # Loading a shadow through its initializer still works.
+        shadow = store.shadows(1)["v1_float32"]
+        shadow.load(np.full([3, 5], 7, np.float32), sess)
+        helpers.assert_bit_equal(sess.run(shadow), np.full([3, 5], 7, np.float32))
+
+  @parameterized.named_parameters(*KINDS)
   def test_snapshot_into_never_initialized_slot(self, use_resource):
     with tf.Graph().as_default():
       model = helpers.Model(use_resource=use_resource)

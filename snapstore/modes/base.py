@@ -144,13 +144,16 @@ def run_cached(session, fetches, feed_list=None, values=()):
   took 1.75 ms through the first and 0.25 ms through the second.
 
   The callable is cached on the session itself, keyed by the ids of the fetch
-  and feed lists (the cache holds them, so the ids stay theirs): a callable
+  and of each feed (the cache holds them, so the ids stay theirs): a callable
   refers to its session, so a cache anywhere else would keep every session
   alive. Sessions without `make_callable` fall back to `run`.
   """
+  # By the feeds themselves, not the list: a caller that passes a new list of
+  # the same placeholders on every call must not get a new callable each time.
+  key = (id(fetches), tuple(id(f) for f in feed_list) if feed_list else ())
   cache = getattr(session, _CALLABLES, None)
   if cache is not None:
-    entry = cache.get((id(fetches), id(feed_list)))
+    entry = cache.get(key)
     if entry is not None:
       return entry[0](*values)
   if not hasattr(session, "make_callable"):
@@ -164,7 +167,7 @@ def run_cached(session, fetches, feed_list=None, values=()):
       fn = session._make_callable_from_options(options)  # pylint: disable=protected-access
     else:
       fn = session.make_callable(fetches, feed_list=feed_list)
-    entry = cache[(id(fetches), id(feed_list))] = (fn, fetches, feed_list)
+    entry = cache[key] = (fn, fetches, feed_list)
   return entry[0](*values)
 
 

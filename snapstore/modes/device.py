@@ -11,7 +11,9 @@ Estimators and `tf.local_variables_initializer()` initialize and a default
 `tf.train.Saver()` does not save (adding a store to a training script does not
 change its checkpoints). With `saveable=True` they go into GLOBAL_VARIABLES
 instead. Either way a snapshot writes a slot whole, so a slot that was never
-initialized is still usable by `snapshot()`.
+initialized is still usable by `snapshot()`. A shadow is initialized once:
+running an initializer again (resetting `tf.metrics` with the local
+initializer, a non-chief worker's `local_init_op`) leaves it as it is.
 
 `evaluate_with` sets the current values aside in a scratch set of shadows
 (`.../snapstore/scratch`), which is in no standard collection and takes device

@@ -26,6 +26,7 @@ as its own, oldest first; an incomplete one (a write interrupted by a crash) is
 logged and removed.
 """
 import logging
+import weakref
 
 import numpy as np
 
@@ -111,6 +112,9 @@ class SpillingMode(base.CopyMode):
       self._file.close()
       raise
     writer.close_at_exit(self)
+    # A store dropped without close() must not leave its writer thread
+    # waiting forever and its file uncommitted.
+    self._release = weakref.finalize(self, _release, self._writer, self._file)
 
   # -- tiers -----------------------------------------------------------------------
 
@@ -231,6 +235,7 @@ class SpillingMode(base.CopyMode):
       self._writer.close()
       self._file.close()
       self._file = None
+      self._release.detach()
       self._inner.close()
     failures, self._errors = self._errors, []
     if failures or lost:
@@ -338,7 +343,12 @@ class _Write(object):
     self.entry = None
 
   def __call__(self):
-    self.entry = self._mode._write(self.held)  # pylint: disable=protected-access
+    try:
+      self.entry = self._mode._write(self.held)  # pylint: disable=protected-access
+    finally:
+      # The outcome waits in the writer until collected: it must not keep
+      # a dropped store's mode (and so its thread and file) alive.
+      self._mode = None
 
 
 class _Delete(object):
@@ -349,6 +359,12 @@ class _Delete(object):
 
   def __call__(self):
     self._file.delete(self.tag)
+
+
+def _release(background_writer, spill_file):
+  """Finishes the writes and closes the file of a mode dropped unclosed."""
+  background_writer.close()
+  spill_file.close()
 
 
 def _check_compression(compression, opts):

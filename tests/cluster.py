@@ -1,0 +1,150 @@
+"""A TensorFlow cluster on loopback: one `tf.train.Server` process per task.
+
+    with cluster.LoopbackCluster({"ps": 2, "worker": 2}) as c:
+      c.spec                   # {"ps": ["127.0.0.1:40001", ...], "worker": [...]}
+      c.target("worker", 0)    # "grpc://127.0.0.1:..." for tf.Session
+
+Ports are chosen free at run time; if a task cannot bind its port (taken in
+between), the cluster is started again on new ports. Each task process exits
+when its stdin closes: when `close()` closes it, and also when the test process
+dies without cleaning up, so no server outlives the tests. `close()` kills what
+does not exit in time.
+
+Run as `python -m tests.cluster SPEC JOB TASK` it is one task's server.
+"""
+import json
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_READY = b"ready\n"
+
+
+class ClusterError(Exception):
+  """A task's server did not start; the message holds the end of its stderr."""
+
+
+class LoopbackCluster(object):
+  """Server processes for `tasks` ({job: count}); see module doc.
+
+  Raises:
+    ClusterError: The servers did not start after `attempts` tries.
+  """
+
+  def __init__(self, tasks, start_timeout=60, attempts=3):
+    self._procs = []
+    self.spec = None
+    problem = None
+    for _ in range(attempts):
+      try:
+        self._start(tasks, start_timeout)
+        return
+      except ClusterError as e:
+        problem = e
+        self.close()
+    raise problem
+
+  def target(self, job, task):
+    return "grpc://" + self.spec[job][task]
+
+  def alive(self):
+    return all(p.poll() is None for p, _ in self._procs)
+
+  def close(self):
+    """Stops every task: closes its stdin, kills it if it does not exit. Safe twice."""
+    procs, self._procs = self._procs, []
+    for proc, _ in procs:
+      try:
+        proc.stdin.close()
+      except OSError:
+        pass
+    deadline = time.time() + 5
+    for proc, log in procs:
+      try:
+        proc.wait(max(0.1, deadline - time.time()))
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+      proc.stdout.close()
+      log.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    self.close()
+
+  def _start(self, tasks, timeout):
+    ports = _free_ports(sum(tasks.values()))
+    self.spec = {}
+    for job in sorted(tasks):
+      self.spec[job] = ["127.0.0.1:%d" % ports.pop() for _ in range(tasks[job])]
+    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    for job in sorted(tasks):
+      for task in range(tasks[job]):
+        log = tempfile.TemporaryFile()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.cluster", json.dumps(self.spec), job,
+             str(task)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=_ROOT,
+            env=env)
+        self._procs.append((proc, log))
+    self._wait_ready(timeout)
+
+  def _wait_ready(self, timeout):
+    waiting = selectors.DefaultSelector()
+    for proc, log in self._procs:
+      waiting.register(proc.stdout, selectors.EVENT_READ, (proc, log))
+    deadline = time.time() + timeout
+    try:
+      while waiting.get_map():
+        left = deadline - time.time()
+        events = waiting.select(max(0, left))
+        if not events:
+          raise ClusterError("%d task(s) did not start within %d s."
+                             % (len(waiting.get_map()), timeout))
+        for key, _ in events:
+          proc, log = key.data
+          if proc.stdout.readline() != _READY:
+            proc.wait()
+            log.seek(0)
+            raise ClusterError("A server exited with status %s: %s" % (
+                proc.returncode, log.read()[-2000:].decode(errors="replace")))
+          waiting.unregister(proc.stdout)
+    finally:
+      waiting.close()
+
+
+def _free_ports(n):
+  """`n` distinct ports free now (bound together, then released)."""
+  sockets = []
+  try:
+    for _ in range(n):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s.bind(("127.0.0.1", 0))
+      sockets.append(s)
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def _serve(spec, job, task):
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+  server = tf.train.Server(tf.train.ClusterSpec(spec), job_name=job,
+                           task_index=task,
+                           config=tf.ConfigProto(device_count={"CPU": 1}))
+  sys.stdout.buffer.write(_READY)
+  sys.stdout.flush()
+  sys.stdin.read()  # until the parent closes stdin or dies
+  del server
+  os._exit(0)  # a tf.train.Server cannot be stopped cleanly in TF 1.15
+
+
+if __name__ == "__main__":
+  _serve(json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]))

@@ -1,0 +1,319 @@
+"""A store in a real TF cluster: two ps tasks and two workers on loopback.
+
+Variables are placed by `tf.train.replica_device_setter` (round-robin over the
+two ps tasks); the store is driven from a worker's session, as in a
+between-graph replicated job. Checked: every device shadow sits on its
+primary's ps task, in the graph and at run time (step stats), and no parameter
+data crosses tasks for a device snapshot or restore (partition graphs); a host
+snapshot gathers from both ps tasks in one run; snapshot, restore and
+evaluate_with are bit-exact; and the documented between-graph pattern (the
+chief owns the snapshots, other workers build the same graph and only read)
+holds, including a non-chief worker's MonitoredSession start.
+"""
+from absl.testing import parameterized
+import numpy as np
+
+import snapstore
+from snapstore._tf import tf
+from tests import cluster as cluster_lib
+from tests import helpers
+
+_CONFIG = tf.ConfigProto(operation_timeout_in_ms=60000)  # fail, never hang
+_ASSIGNS = ("Assign", "AssignVariableOp")
+
+
+class TracingSession(object):
+  """Runs through `sess`, tracing every run; `runs` holds their RunMetadata.
+
+  It has no `make_callable`, so the store calls `run` once per copy.
+  """
+
+  def __init__(self, sess):
+    self._sess = sess
+    self.graph = sess.graph
+    self.runs = []
+
+  def run(self, fetches, feed_dict=None):
+    metadata = tf.RunMetadata()
+    options = tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE,
+                            output_partition_graphs=True)
+    out = self._sess.run(fetches, feed_dict=feed_dict, options=options,
+                         run_metadata=metadata)
+    self.runs.append(metadata)
+    return out
+
+
+def _task(device):
+  spec = tf.DeviceSpec.from_string(device)
+  return spec.job, spec.task
+
+
+def _ran_on(metadata):
+  """{node name: (job, task)} of the nodes a traced run executed."""
+  placed = {}
+  for dev in metadata.step_stats.dev_stats:
+    if "/job:" in dev.device:  # not the "/host:CPU" duplicates
+      for node in dev.node_stats:
+        placed[node.node_name] = _task(dev.device)
+  return placed
+
+
+def _graph_op(graph, name):
+  """The graph's op `name`, or None for nodes TF added at run time (_SOURCE, ...)."""
+  try:
+    return graph.get_operation_by_name(name)
+  except KeyError:
+    return None
+
+
+def _crossing(metadata):
+  """Names of the graph ops whose outputs a traced run sent between tasks."""
+  sources = set()
+  for partition in metadata.partition_graphs:
+    for node in partition.node:
+      if node.op == "_Send":
+        tensor = node.attr["tensor_name"].s.decode()  # "edge_<id>_<op name>"
+        sources.add(tensor.split("_", 2)[2].split(":")[0])
+  return sources
+
+
+def _assigns(op):
+  """The assign ops a grouped copy op runs: {written variable op name: assign}."""
+  found, stack, seen = {}, [op], set()
+  while stack:
+    op = stack.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    if op.type in _ASSIGNS:
+      found[op.inputs[0].op.name] = op
+    stack.extend(op.control_inputs)
+  return found
+
+
+class Replica(object):
+  """One worker's graph: a two-layer net on the ps tasks, Adam, a store."""
+
+  def __init__(self, spec, worker, scope, use_resource, mode="device",
+               extra_after_store=False, with_store=True):
+    self.graph = tf.Graph()
+    setter = tf.train.replica_device_setter(
+        worker_device="/job:worker/task:%d" % worker, cluster=spec)
+    with self.graph.as_default(), tf.device(setter):
+      self.x = tf.placeholder(tf.float32, [None, 6])
+      self.y = tf.placeholder(tf.float32, [None, 3])
+      with tf.variable_scope(scope, use_resource=use_resource):
+        hidden = tf.layers.dense(self.x, 8, tf.nn.tanh, name="hidden")
+        self.out = tf.layers.dense(hidden, 3, name="out")
+      loss = tf.reduce_mean(tf.square(self.out - self.y))
+      opt = tf.train.AdamOptimizer(0.1)
+      self.train = opt.minimize(loss)
+      self.store = None
+      if with_store:
+        self.store = snapstore.SnapshotStore(scope=scope, optimizer=opt,
+                                             mode=mode, max_to_keep=2)
+        if mode == "device":
+          self.past = self.store.past(self.out, slot=0)
+      if extra_after_store:  # placed after the store: must not shift
+        with tf.variable_scope(scope + "_after", use_resource=use_resource):
+          self.after = [tf.get_variable("a%d" % i, [2]) for i in range(3)]
+      self.init = [tf.global_variables_initializer(),
+                   tf.local_variables_initializer()]
+    self.variables = (self.store.variables if self.store is not None
+                      else None)
+
+  def session(self, target):
+    return tf.Session(target, graph=self.graph, config=_CONFIG)
+
+  def feed(self, seed):
+    rng = np.random.RandomState(seed)
+    return {self.x: rng.randn(16, 6).astype(np.float32),
+            self.y: rng.randn(16, 3).astype(np.float32)}
+
+  def load(self, sess, seed, finite=True):
+    """Loads random values into every covered variable; returns them."""
+    rng = np.random.RandomState(seed)
+    values = {}
+    for key, var in self.variables.items():
+      shape = var.shape.as_list()
+      dtype = var.dtype.base_dtype.as_numpy_dtype
+      values[key] = (np.asarray(rng.randn(*shape), dtype) if finite
+                     else helpers.random_value(rng, shape, dtype))
+      var.load(values[key], sess)
+    return values
+
+  def values(self, sess):
+    return dict(zip(self.variables, sess.run(list(self.variables.values()))))
+
+
+class DistributedTest(tf.test.TestCase, parameterized.TestCase):
+
+  cluster = None
+  skip_reason = None
+
+  @classmethod
+  def setUpClass(cls):
+    super(DistributedTest, cls).setUpClass()
+    try:
+      cls.cluster = cluster_lib.LoopbackCluster({"ps": 2, "worker": 2})
+    except cluster_lib.ClusterError as e:
+      cls.skip_reason = "loopback tf.train.Server processes did not start: %s" % e
+
+  @classmethod
+  def tearDownClass(cls):
+    if cls.cluster is not None:
+      cls.cluster.close()
+    super(DistributedTest, cls).tearDownClass()
+
+  def setUp(self):
+    super(DistributedTest, self).setUp()
+    if self.skip_reason:
+      self.skipTest(self.skip_reason)
+    self.assertTrue(self.cluster.alive(), "a server process died")
+    # Variables on the ps tasks outlive sessions: each test uses its own names.
+    self.scope = "net_" + self.id().rsplit(".", 1)[-1]
+
+  def _replica(self, worker=0, **kwargs):
+    return Replica(self.cluster.spec, worker, self.scope, **kwargs)
+
+  def _session(self, replica, worker=0):
+    sess = replica.session(self.cluster.target("worker", worker))
+    self.addCleanup(sess.close)
+    return sess
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_every_shadow_on_its_primarys_ps_task(self, use_resource):
+    replica = self._replica(use_resource=use_resource)
+    store = replica.store
+    shadows = replica.graph.get_collection(snapstore.SHADOW_VARIABLES)
+    self.assertLen(shadows, 3 * len(store.keys))  # two slots and the scratch
+    primaries = dict((v.op.name, v) for v in store.variables.values())
+    tasks = set()
+    for shadow in shadows:
+      primary = primaries[shadow.op.name.rsplit("/", 2)[0]]
+      self.assertEqual(shadow.device, primary.device, shadow.name)
+      self.assertEqual(_task(primary.device)[0], "ps")
+      tasks.add(_task(primary.device))
+    self.assertEqual(tasks, {("ps", 0), ("ps", 1)})
+
+    sess = self._session(replica)
+    sess.run(replica.init)
+    traced = TracingSession(sess)
+    for copy in (store.snapshot_op(1), store.restore_op(1)):
+      traced.run(copy)
+      ran = _ran_on(traced.runs[-1])
+      by_target = _assigns(copy)
+      self.assertLen(by_target, len(store.keys))
+      for assign in by_target.values():
+        value = assign.inputs[1].op  # the colocated read of the source
+        while value.name not in ran and value.type == "Identity":
+          value = value.inputs[0].op  # optimized away: the read under it
+        written = assign.inputs[0].op
+        home = _task(written.device)
+        self.assertEqual(ran[assign.name], home, assign.name)
+        self.assertEqual(ran[value.name], home, value.name)
+      # Only the group's control edges cross tasks: no parameter data.
+      for name in _crossing(traced.runs[-1]):
+        self.assertEqual(replica.graph.get_operation_by_name(name).type, "NoOp",
+                         name)
+
+  @parameterized.named_parameters(*helpers.mode_and_kind_cases())
+  def test_snapshot_restore_evaluate_with_are_exact(self, mode, use_resource):
+    replica = self._replica(use_resource=use_resource, mode=mode)
+    store = replica.store
+    sess = self._session(replica)
+    sess.run(replica.init)
+    bits = replica.load(sess, seed=1, finite=False)  # NaN payloads, -0.0, ...
+    store.snapshot("bits", session=sess)
+    good = replica.load(sess, seed=2)
+    feed = replica.feed(3)
+    good_out = sess.run(replica.out, feed)
+    store.snapshot("good", session=sess)
+    for _ in range(3):
+      sess.run(replica.train, feed)
+    current = replica.values(sess)
+    helpers.assert_state_differs(current, good)
+    past_out = store.evaluate_with(replica.out, feed, tag="good", session=sess)
+    helpers.assert_bit_equal(past_out, good_out)
+    helpers.assert_state(replica.values(sess), current, "after evaluate_with")
+    for tag, expected in (("bits", bits), ("good", good)):
+      store.restore(tag, session=sess)
+      helpers.assert_state(replica.values(sess), expected, tag)
+      helpers.assert_state(store.arrays(tag, session=sess), expected, tag)
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_host_snapshot_gathers_from_every_ps_task_in_one_run(self, use_resource):
+    replica = self._replica(use_resource=use_resource, mode="host")
+    sess = self._session(replica)
+    sess.run(replica.init)
+    expected = replica.load(sess, seed=4)
+    traced = TracingSession(sess)
+    replica.store.snapshot(session=traced)
+    self.assertLen(traced.runs, 1)
+    covered = set(v.op.name for v in replica.variables.values())
+    read_tasks = {}
+    for name, task in _ran_on(traced.runs[0]).items():
+      op = _graph_op(replica.graph, name)
+      if op is not None and op.type in ("Identity", "ReadVariableOp") and \
+          op.inputs[0].op.name in covered:
+        read_tasks[op.inputs[0].op.name] = task
+    self.assertEqual(sorted(read_tasks), sorted(covered))
+    for var in replica.variables.values():
+      self.assertEqual(read_tasks[var.op.name], _task(var.device))
+    self.assertEqual(set(read_tasks.values()), {("ps", 0), ("ps", 1)})
+    helpers.assert_state(replica.store.arrays(), expected)
+    sess.run(replica.train, replica.feed(5))
+    traced.runs = []
+    replica.store.restore(session=traced)
+    self.assertLen(traced.runs, 1)  # one feed, one grouped assign on both tasks
+    helpers.assert_state(replica.values(sess), expected)
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_between_graph_replication_chief_owns_the_snapshots(self, use_resource):
+    chief = self._replica(0, use_resource=use_resource, extra_after_store=True)
+    other = self._replica(1, use_resource=use_resource, extra_after_store=True)
+    # The store places nothing by round-robin: variables built after it land
+    # where they would without it, so every worker's graph places alike.
+    bare = self._replica(0, use_resource=use_resource, with_store=False,
+                         extra_after_store=True)
+    self.assertEqual([v.device for v in chief.after], [v.device for v in bare.after])
+    self.assertEqual([v.device for v in chief.store.variables.values()],
+                     [v.device for v in other.store.variables.values()])
+
+    chief_sess = self._session(chief, 0)
+    chief_sess.run(chief.init)
+    good = chief.load(chief_sess, seed=6)
+    feed = other.feed(7)
+    good_out = chief_sess.run(chief.out, {chief.x: feed[other.x]})
+    chief.store.snapshot("good", session=chief_sess)
+    self.assertEqual(chief.store.slot_of("good"), 0)
+    chief.load(chief_sess, seed=8)  # training went on
+
+    # The other worker starts as a MonitoredTrainingSession worker does: it
+    # waits for the chief's initialization, then runs its local_init_op,
+    # which must not reset the shared shadows, and trains.
+    creator = tf.train.WorkerSessionCreator(
+        master=self.cluster.target("worker", 1), config=_CONFIG)
+    with other.graph.as_default():
+      with tf.train.MonitoredSession(session_creator=creator) as worker_sess:
+        for _ in range(3):
+          worker_sess.run(other.train, feed)
+        raw = worker_sess._tf_sess()  # pylint: disable=protected-access
+        self.assertEqual(other.store.tags(), [])  # its store holds no tags
+        # It reads the chief's snapshot: the shadows are shared ps variables.
+        shadows = other.store.shadows(0)
+        helpers.assert_state(dict(zip(shadows, raw.run(list(shadows.values())))),
+                             good)
+        helpers.assert_bit_equal(raw.run(other.past, feed), good_out)
+        trained = other.values(raw)
+    helpers.assert_state_differs(trained, good)
+    helpers.assert_state(chief.values(chief_sess), trained)  # shared, on the ps
+
+    chief.store.restore("good", session=chief_sess)
+    helpers.assert_state(chief.values(chief_sess), good)
+    with other.session(self.cluster.target("worker", 1)) as later:
+      helpers.assert_state(other.values(later), good)  # every worker sees it
+
+
+if __name__ == "__main__":
+  tf.test.main()
