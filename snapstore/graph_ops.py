@@ -136,14 +136,31 @@ def make_shadows(primary, shadows):
 
 
 def _resource_shadow(primary, name, value, collections):
-  shadow = tf_variables.VariableV1(
-      initial_value=value, trainable=False, collections=collections, name=name,
-      dtype=primary.dtype.base_dtype, use_resource=True)
-  with ops.name_scope(shadow.op.name + "/"):
-    once = _once(shadow.handle, shadow.dtype.base_dtype, value)
-    shadow._initializer_op = (  # pylint: disable=protected-access
-        resource_variable_ops.assign_variable_op(shadow.handle, once,
-                                                 name="InitializeOnce"))
+  """A ResourceVariable from ops built here: the ops its constructor would build.
+
+  The constructor would also build an initializer that is replaced here, and
+  rewrite `value` with `_try_guard_against_uninitialized_dependencies` (see
+  `make_shadows`): half of its ops, and most of its time, would be wasted.
+  """
+  dtype = primary.dtype.base_dtype
+  with ops.name_scope(name) as scope:
+    # As the constructor: the handle's shared name is its op name, so that
+    # every session on the cluster finds the same variable.
+    handle = resource_variable_ops.variable_handle_from_shape_and_dtype(
+        primary.shape, dtype, shared_name=ops.name_from_scope_name(scope),
+        name=scope, graph_mode=True)
+    with ops.name_scope(scope):
+      once = _once(handle, dtype, value)
+      initializer = resource_variable_ops.assign_variable_op(
+          handle, once, name="InitializeOnce")
+      with ops.name_scope("Read"):
+        snapshot = resource_variable_ops.read_variable_op(handle, dtype)
+  shadow = resource_variable_ops.ResourceVariable(
+      variable_def=variable_pb2.VariableDef(
+          variable_name=handle.name, initializer_name=initializer.name,
+          snapshot_name=snapshot.name, initial_value_name=value.name,
+          trainable=False, is_resource=True))
+  ops.add_to_collections(collections, shadow)
   return shadow
 
 
