@@ -18,7 +18,8 @@ snapshot per cycle would grow RSS by `cycles * param bytes`; the bounds
 checked are a few MiB of RSS and a few hundred objects in all.
 
     .venv/bin/python bench/soak.py [--cycles 10000] [--modes device,host,disk]
-        [--kib 256] [--max-growth-mib 16] [--max-new-objects 500] [--json out.json]
+        [--kib 256] [--check-every 100] [--max-growth-mib 16]
+        [--max-new-objects 500] [--json out.json]
 
 Exit status 1 if a check fails (values, ops, files, threads, RSS bound).
 `tests/test_soak.py` runs the same loop, shorter, in the test suite.
@@ -182,13 +183,17 @@ def main(argv=None):
                       help="parameter size in KiB (default 256)")
   parser.add_argument("--resource", action="store_true",
                       help="resource variables (default: ref variables)")
+  parser.add_argument("--check-every", type=int, default=100,
+                      help="compare a restore bit for bit every N cycles "
+                      "(default 100)")
   parser.add_argument("--max-growth-mib", type=float, default=16.0)
   parser.add_argument("--max-new-objects", type=int, default=500)
   parser.add_argument("--json", help="also write the results to this file")
   args = parser.parse_args(argv)
   results, failed = [], False
   for mode in args.modes.split(","):
-    result = soak(mode, args.cycles, kib=args.kib, use_resource=args.resource)
+    result = soak(mode, args.cycles, kib=args.kib, check_every=args.check_every,
+                  use_resource=args.resource)
     results.append(result)
     bad = problems(result, args.max_growth_mib, args.max_new_objects)
     failed = failed or bool(bad)
