@@ -1,16 +1,19 @@
 """The snapstore demo: a small training run that snapshots, rolls back and compares.
 
-    python -m snapstore.demo [--steps 300] [--modes device host]
+    python -m snapstore.demo [--steps 300] [--modes device host disk]
 
 For each copy mode, trains a small classifier with Adam on generated data. Every
 20 steps it takes a snapshot of the model, Adam's state and the global step. At
 two steps the learning rate spikes, the loss explodes, and the run rolls back to
-the newest snapshot and carries on. At the end it evaluates the first snapshot
+the newest snapshot and carries on. At the end it evaluates every held snapshot
 next to the current parameters on held-out data, and prints timings per mode.
+In disk mode the store keeps one snapshot in memory and spills the older ones to
+an HDF5 file in a temporary directory, so the evaluations read from both tiers.
 """
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -78,14 +81,29 @@ class Timer(object):
 
 def run_mode(mode, steps, data, spikes, out):
   """Trains with a store in `mode`; returns the Timer and a summary dict."""
+  if mode != "disk":
+    return _run_mode(mode, steps, data, spikes, out, {})
+  with tempfile.TemporaryDirectory(prefix="snapstore-demo-") as tmp:
+    # A budget of one snapshot: each new snapshot spills the one before.
+    return _run_mode(mode, steps, data, spikes, out,
+                     {"spill_path": os.path.join(tmp, "spill.h5")})
+
+
+def _run_mode(mode, steps, data, spikes, out, disk_options):
   (train_x, train_y), (test_x, test_y) = data
   rng = np.random.RandomState(1)
   graph = tf.Graph()
   with graph.as_default():
     tf.set_random_seed(0)
     model = Classifier(train_x.shape[1], int(train_y.max()) + 1)
+    if disk_options:  # the store covers every variable of this graph
+      disk_options["memory_budget"] = sum(
+          v.shape.num_elements() * v.dtype.base_dtype.size
+          for v in tf.global_variables())
     store = snapstore.SnapshotStore(scope="classifier", mode=mode, max_to_keep=3,
-                                    optimizer=model.optimizer, include_global_step=True)
+                                    optimizer=model.optimizer, include_global_step=True,
+                                    **disk_options)
+    assert not disk_options or disk_options["memory_budget"] == store.param_nbytes
   timer = Timer()
   test_feed = {model.x: test_x, model.y: test_y}
   rollbacks = 0
@@ -122,8 +140,8 @@ def run_mode(mode, steps, data, spikes, out):
       past_acc, past_loss = timer.time("evaluate_with", store.evaluate_with,
                                        [model.accuracy, model.loss], test_feed,
                                        tag=tag, session=sess)
-      out("[%s] held-out data: snapshot %r (step %d) accuracy %.3f loss %.3f"
-          % (mode, tag, step_of[tag], past_acc, past_loss))
+      out("[%s] held-out data: snapshot %r (step %d, %s) accuracy %.3f loss %.3f"
+          % (mode, tag, step_of[tag], store.tier(tag), past_acc, past_loss))
     out("[%s] held-out data: current (step %d)    accuracy %.3f loss %.3f"
         % (mode, sess.run(model.global_step), current_acc, current_loss))
     # evaluate_with left the current parameters as they were.
@@ -131,13 +149,14 @@ def run_mode(mode, steps, data, spikes, out):
     for _ in range(20):  # more timed calls, for steadier figures
       timer.time("evaluate_with", store.evaluate_with, model.loss, test_feed, session=sess)
       timer.time("restore", store.restore, session=sess)
+    store.close()  # waits for the disk writer; the spill file is then complete
   return timer, {"rollbacks": rollbacks, "accuracy": current_acc}
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=300)
-  parser.add_argument("--modes", nargs="+", default=["device", "host"],
+  parser.add_argument("--modes", nargs="+", default=["device", "host", "disk"],
                       choices=sorted(snapstore.MODES))
   args = parser.parse_args(argv)
   tf.logging.set_verbosity(tf.logging.ERROR)

@@ -1,5 +1,6 @@
 """The demo and the README's quick start run as documented."""
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -14,14 +15,23 @@ class DemoTest(unittest.TestCase):
                             cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             universal_newlines=True, timeout=300)
     self.assertEqual(result.returncode, 0, result.stdout)
-    for mode in ("device", "host"):
+    for mode in ("device", "host", "disk"):
       self.assertEqual(result.stdout.count("[%s] step" % mode), 2, result.stdout)
       self.assertIn("[%s] held-out data: current" % mode, result.stdout)
     self.assertIn("rolled back to snapshot", result.stdout)
-
-
-if __name__ == "__main__":
-  unittest.main()
+    # Disk mode holds one snapshot in memory and reads the older ones from its file.
+    self.assertRegex(result.stdout, r"\[disk\] held-out data: snapshot \d+ \(step \d+, file\)")
+    self.assertRegex(result.stdout, r"\[disk\] held-out data: snapshot \d+ \(step \d+, host\)")
+    # Every mode took the same steps and rollbacks, so each reports the same
+    # held-out figures.
+    held_out = {}
+    for mode in ("device", "host", "disk"):
+      held_out[mode] = [re.sub(r", (device|host|file)\)", ")", line.split("] ", 1)[1])
+                        for line in result.stdout.splitlines()
+                        if line.startswith("[%s] held-out" % mode)]
+    self.assertEqual(len(held_out["device"]), 4, result.stdout)
+    self.assertEqual(held_out["host"], held_out["device"])
+    self.assertEqual(held_out["disk"], held_out["device"])
 
 
 class ReadmeTest(unittest.TestCase):
@@ -38,3 +48,7 @@ class ReadmeTest(unittest.TestCase):
                               universal_newlines=True, timeout=300)
       self.assertEqual(result.returncode, 0, result.stdout)
       self.assertTrue(os.path.exists(os.path.join(tmp, "best.npz")))
+
+
+if __name__ == "__main__":
+  unittest.main()
