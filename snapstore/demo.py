@@ -82,73 +82,76 @@ class Timer(object):
 def run_mode(mode, steps, data, spikes, out):
   """Trains with a store in `mode`; returns the Timer and a summary dict."""
   if mode != "disk":
-    return _run_mode(mode, steps, data, spikes, out, {})
+    return _run_mode(mode, steps, data, spikes, out)
   with tempfile.TemporaryDirectory(prefix="snapstore-demo-") as tmp:
-    # A budget of one snapshot: each new snapshot spills the one before.
-    return _run_mode(mode, steps, data, spikes, out,
-                     {"spill_path": os.path.join(tmp, "spill.h5")})
+    return _run_mode(mode, steps, data, spikes, out, spill_dir=tmp)
 
 
-def _run_mode(mode, steps, data, spikes, out, disk_options):
+def _run_mode(mode, steps, data, spikes, out, spill_dir=None):
   (train_x, train_y), (test_x, test_y) = data
   rng = np.random.RandomState(1)
   graph = tf.Graph()
   with graph.as_default():
     tf.set_random_seed(0)
     model = Classifier(train_x.shape[1], int(train_y.max()) + 1)
-    if disk_options:  # the store covers every variable of this graph
-      disk_options["memory_budget"] = sum(
-          v.shape.num_elements() * v.dtype.base_dtype.size
-          for v in tf.global_variables())
+    disk_options = {}
+    if spill_dir:
+      # A budget of one snapshot (the store covers every variable of this
+      # graph): each new snapshot sends the one before to the spill file.
+      disk_options = {"spill_path": os.path.join(spill_dir, "spill.h5"),
+                      "memory_budget": sum(
+                          v.shape.num_elements() * v.dtype.base_dtype.size
+                          for v in tf.global_variables())}
     store = snapstore.SnapshotStore(scope="classifier", mode=mode, max_to_keep=3,
                                     optimizer=model.optimizer, include_global_step=True,
                                     **disk_options)
-    assert not disk_options or disk_options["memory_budget"] == store.param_nbytes
   timer = Timer()
   test_feed = {model.x: test_x, model.y: test_y}
   rollbacks = 0
   step_of = {}  # tag -> global step it was taken at
   spikes = set(spikes)
-  with tf.Session(graph=graph) as sess:
-    sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
-    out("[%s] store covers %d variables (%d KiB per snapshot): model, Adam slots and "
-        "beta powers, global_step" % (mode, len(store.keys), store.param_nbytes // 1024))
-    recent = []
-    for _ in range(steps):
-      step = sess.run(model.global_step)
-      if step % SNAPSHOT_EVERY == 0:
-        step_of[timer.time("snapshot", store.snapshot, session=sess)] = step
-      batch = rng.randint(0, len(train_x), 64)
-      feed = {model.x: train_x[batch], model.y: train_y[batch]}
-      if step in spikes:  # once: a replayed step after a rollback is normal
-        spikes.discard(step)
-        feed[model.learning_rate] = SPIKE_LEARNING_RATE
-      _, loss = sess.run([model.train_op, model.loss], feed)
-      check = sess.run(model.loss, feed)  # the same batch, after the step
-      median = float(np.median(recent)) if recent else None
-      if not np.isfinite(check) or (median and check > DIVERGENCE_FACTOR * max(median, 0.1)):
-        tag = store.tags()[-1]
-        timer.time("restore", store.restore, tag, session=sess)
-        rollbacks += 1
-        out("[%s] step %d: loss %.3g after a learning-rate spike (recent median %.3g) "
-            "-> rolled back to snapshot %r taken at step %d"
-            % (mode, step, check, median or float("nan"), tag, sess.run(model.global_step)))
-        continue
-      recent = (recent + [loss])[-20:]
-    current_acc, current_loss = sess.run([model.accuracy, model.loss], test_feed)
-    for tag in store.tags():  # every held snapshot next to the current parameters
-      past_acc, past_loss = timer.time("evaluate_with", store.evaluate_with,
-                                       [model.accuracy, model.loss], test_feed,
-                                       tag=tag, session=sess)
-      out("[%s] held-out data: snapshot %r (step %d, %s) accuracy %.3f loss %.3f"
-          % (mode, tag, step_of[tag], store.tier(tag), past_acc, past_loss))
-    out("[%s] held-out data: current (step %d)    accuracy %.3f loss %.3f"
-        % (mode, sess.run(model.global_step), current_acc, current_loss))
-    # evaluate_with left the current parameters as they were.
-    assert sess.run(model.loss, test_feed) == current_loss
-    for _ in range(20):  # more timed calls, for steadier figures
-      timer.time("evaluate_with", store.evaluate_with, model.loss, test_feed, session=sess)
-      timer.time("restore", store.restore, session=sess)
+  try:
+    with tf.Session(graph=graph) as sess:
+      sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
+      out("[%s] store covers %d variables (%d KiB per snapshot): model, Adam slots and "
+          "beta powers, global_step" % (mode, len(store.keys), store.param_nbytes // 1024))
+      recent = []
+      for _ in range(steps):
+        step = sess.run(model.global_step)
+        if step % SNAPSHOT_EVERY == 0:
+          step_of[timer.time("snapshot", store.snapshot, session=sess)] = step
+        batch = rng.randint(0, len(train_x), 64)
+        feed = {model.x: train_x[batch], model.y: train_y[batch]}
+        if step in spikes:  # once: a replayed step after a rollback is normal
+          spikes.discard(step)
+          feed[model.learning_rate] = SPIKE_LEARNING_RATE
+        _, loss = sess.run([model.train_op, model.loss], feed)
+        check = sess.run(model.loss, feed)  # the same batch, after the step
+        median = float(np.median(recent)) if recent else None
+        if not np.isfinite(check) or (median and check > DIVERGENCE_FACTOR * max(median, 0.1)):
+          tag = store.tags()[-1]
+          timer.time("restore", store.restore, tag, session=sess)
+          rollbacks += 1
+          out("[%s] step %d: loss %.3g after a learning-rate spike (recent median %.3g) "
+              "-> rolled back to snapshot %r taken at step %d"
+              % (mode, step, check, median or float("nan"), tag, sess.run(model.global_step)))
+          continue
+        recent = (recent + [loss])[-20:]
+      current_acc, current_loss = sess.run([model.accuracy, model.loss], test_feed)
+      for tag in store.tags():  # every held snapshot next to the current parameters
+        past_acc, past_loss = timer.time("evaluate_with", store.evaluate_with,
+                                         [model.accuracy, model.loss], test_feed,
+                                         tag=tag, session=sess)
+        out("[%s] held-out data: snapshot %r (step %d, %s) accuracy %.3f loss %.3f"
+            % (mode, tag, step_of[tag], store.tier(tag), past_acc, past_loss))
+      out("[%s] held-out data: current (step %d)    accuracy %.3f loss %.3f"
+          % (mode, sess.run(model.global_step), current_acc, current_loss))
+      # evaluate_with left the current parameters as they were.
+      assert sess.run(model.loss, test_feed) == current_loss
+      for _ in range(20):  # more timed calls, for steadier figures
+        timer.time("evaluate_with", store.evaluate_with, model.loss, test_feed, session=sess)
+        timer.time("restore", store.restore, session=sess)
+  finally:
     store.close()  # waits for the disk writer; the spill file is then complete
   return timer, {"rollbacks": rollbacks, "accuracy": current_acc}
 
