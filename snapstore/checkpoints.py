@@ -33,6 +33,7 @@ import re
 
 import numpy as np
 
+from snapstore import _compat
 from snapstore import errors
 from snapstore._tf import tf
 from tensorflow.python.training.tracking import base as tracking_base  # pylint: disable=g-direct-tensorflow-import
@@ -65,7 +66,7 @@ class Checkpoint(object):
       raise errors.CheckpointError(
           "%s is not a TensorFlow checkpoint snapstore can read (%s). Pass what "
           "tf.train.Saver.save returned (the checkpoint prefix)."
-          % (self._path, _first_line(e))) from e
+          % (self._path, errors.first_line(e))) from e
     dtypes = self._reader.get_variable_to_dtype_map()
     self._declared = dict(
         (name, (tuple(shape), _numpy_dtype(dtypes[name])))
@@ -108,7 +109,7 @@ class Checkpoint(object):
                "default)." % np.dtype(self._declared[name][1]).name)
       raise errors.CheckpointError(
           "Reading %r from checkpoint %s failed: %s.%s Nothing was stored."
-          % (name, self._path, _first_line(e), fix)) from e
+          % (name, self._path, errors.first_line(e), fix)) from e
 
   def close(self):
     """Drops the reader. Safe to call twice."""
@@ -127,8 +128,7 @@ class Checkpoint(object):
 
 def _resolve(path):
   """The checkpoint to open for `path`, or a CheckpointError saying what is wrong."""
-  if hasattr(path, "__fspath__"):
-    path = path.__fspath__()
+  path = _compat.fspath(path)
   if not isinstance(path, str) or not path:
     raise TypeError("A checkpoint path must be a non-empty string, got %r." % (path,))
   if tf.io.gfile.isdir(path):
@@ -167,8 +167,3 @@ def _numpy_dtype(dtype):
     return np.dtype(dtype.as_numpy_dtype)
   except TypeError:  # e.g. a resource or variant entry: never a store's dtype
     return dtype.name
-
-
-def _first_line(error):
-  message = getattr(error, "message", None) or str(error)
-  return message.strip().splitlines()[0] if message.strip() else type(error).__name__

@@ -13,6 +13,12 @@ class Error(Exception):
   """Base class for the errors snapstore raises."""
 
 
+def first_line(error):
+  """The first line of `error`'s message (a TF OpError's without its traceback)."""
+  message = getattr(error, "message", None) or str(error)
+  return message.strip().splitlines()[0] if message.strip() else type(error).__name__
+
+
 def names(items, limit=10):
   """Names read from a file, for a message: at most `limit`, unprintable ones quoted.
 

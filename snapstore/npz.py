@@ -39,6 +39,7 @@ import zlib
 
 import numpy as np
 
+from snapstore import _compat
 from snapstore import errors
 from snapstore import sources
 
@@ -71,7 +72,7 @@ def save(path, keys, arrays, compress=False):
   Raises:
     SnapshotFileError: The directory does not exist or cannot be written.
   """
-  path = _fspath(path)
+  path = _compat.fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(directory):
     raise errors.SnapshotFileError(
@@ -152,7 +153,7 @@ class Archive(object):
   _archive = None  # close() is safe if __init__ raised
 
   def __init__(self, path):
-    path = _fspath(path)
+    path = _compat.fspath(path)
     if not os.path.isfile(path):
       raise errors.SnapshotFileError("Cannot read %s: no such file." % path)
     try:
@@ -327,11 +328,6 @@ def _read(archive, info, path, key):
 
 def _describe(error):
   return str(error).strip() or type(error).__name__
-
-
-def _fspath(path):
-  # os.fspath is new in Python 3.6.
-  return path.__fspath__() if hasattr(path, "__fspath__") else path
 
 
 def _remove_quietly(path):

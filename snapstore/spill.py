@@ -47,6 +47,7 @@ import h5py
 import numpy as np
 import xxhash
 
+from snapstore import _compat
 from snapstore import buffers
 from snapstore import errors
 from snapstore import journal
@@ -161,7 +162,7 @@ class SpillFile(object):
     # One operation at a time: a read from the training thread waits for a
     # write on the writer thread to finish (and its possible reopen).
     self._lock = getattr(self, "_lock", None) or threading.RLock()
-    self.path = _fspath(path)
+    self.path = _compat.fspath(path)
     if not os.path.isfile(self.path):
       raise errors.SnapshotFileError("Cannot read %s: no such file." % self.path)
     try:
@@ -207,7 +208,7 @@ class SpillFile(object):
       IncompatibleSnapshotError: An existing file recorded other variables
         (names, shapes and dtypes all listed).
     """
-    path = _fspath(path)
+    path = _compat.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
       raise errors.SnapshotFileError(
@@ -693,14 +694,8 @@ class SnapshotSource(object):
 
   Lets `SnapshotStore.load_spill` read a snapshot of another run's file the way
   it reads a checkpoint or an `.npz`: names mapped, checked in full before any
-  data is read, each array's checksum verified as it is read.
-
-  Args:
-    spill_file: An open `SpillFile`.
-    tag: The tag of a complete snapshot in it.
-
-  Raises:
-    UnknownTagError: No complete snapshot `tag` (incomplete ones are named).
+  data is read, each array's checksum verified as it is read. Made by
+  `open_snapshot`; closing it closes the file.
   """
 
   def __init__(self, spill_file, tag):
@@ -717,6 +712,30 @@ class SnapshotSource(object):
 
   def read(self, name):
     return self._file.read_variable(self._tag, name)
+
+  def close(self):
+    self._file.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    self.close()
+
+
+def open_snapshot(path, tag):
+  """Opens snapshot `tag` of the spill file `path` as a `SnapshotSource`.
+
+  Raises:
+    SnapshotFileError: As for `open_spill`.
+    UnknownTagError: No complete snapshot `tag` (incomplete ones are named).
+  """
+  spill_file = open_spill(path)
+  try:
+    return SnapshotSource(spill_file, tag)
+  except BaseException:
+    spill_file.close()
+    raise
 
 
 def open_spill(path):
@@ -823,7 +842,3 @@ def _open_problem(path, error):
   if "signature" in message:
     return "%s is not an HDF5 file, so not a snapstore spill file." % path
   return "Cannot open %s as an HDF5 spill file: %s." % (path, message)
-
-
-def _fspath(path):
-  return path.__fspath__() if hasattr(path, "__fspath__") else path

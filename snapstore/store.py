@@ -209,7 +209,7 @@ class SnapshotStore(object):
         lost = self._sync_with_mode()
         raise errors.SnapshotError(
             "Taking snapshot %r failed: %s. The variables are unchanged.%s"
-            % (tag, _first_line(e), _lost_note(lost))) from e
+            % (tag, errors.first_line(e), _lost_note(lost))) from e
       return self._record(tag, victim)
 
   def restore(self, tag=None, session=None):
@@ -238,7 +238,7 @@ class SnapshotStore(object):
         raise errors.RestoreError(
             "Restoring snapshot %r failed: %s. The variables may hold a mix of "
             "old and restored values; the snapshot is intact, call restore(%r) "
-            "again." % (tag, _first_line(e), tag)) from e
+            "again." % (tag, errors.first_line(e), tag)) from e
       return tag
 
   def delete(self, tag):
@@ -305,7 +305,7 @@ class SnapshotStore(object):
       except tf.errors.OpError as e:
         raise errors.Error(
             "evaluate_with could not set the current parameters aside: %s. "
-            "Nothing was changed." % _first_line(e)) from e
+            "Nothing was changed." % errors.first_line(e)) from e
       try:
         self._mode.restore(tag, sess)
         return sess.run(fetches, feed_dict=feed_dict)
@@ -446,10 +446,9 @@ class SnapshotStore(object):
         arrays, each named.
       ValueError, TypeError: A bad mapping, or two members mapped to one variable.
     """
-    names = sources.NameMap(self._varset, strip_prefix, add_prefix, mapping)
-    sess = self._session(session, "load_npz", required=self._mode.data_needs_session)
-    arrays = npz.load(path, self._varset, names, allow_extra=allow_extra)
-    return self._put(arrays, tag, sess, "load_npz")
+    return self._load("load_npz", lambda: npz.Archive(path),
+                      sources.NameMap(self._varset, strip_prefix, add_prefix, mapping),
+                      allow_extra, tag, session)
 
   def load_checkpoint(self, path, tag=None, strip_prefix=None, add_prefix=None,
                       mapping=None, allow_extra=False, session=None):
@@ -500,12 +499,9 @@ class SnapshotStore(object):
     """
     if strip_prefix is None and not callable(mapping):
       strip_prefix = self._varset.scope
-    names = sources.NameMap(self._varset, strip_prefix, add_prefix, mapping)
-    sess = self._session(session, "load_checkpoint",
-                         required=self._mode.data_needs_session)
-    with checkpoints.Checkpoint(path) as source:
-      arrays = sources.read(source, self._varset, names, allow_extra=allow_extra)
-    return self._put(arrays, tag, sess, "load_checkpoint")
+    return self._load("load_checkpoint", lambda: checkpoints.Checkpoint(path),
+                      sources.NameMap(self._varset, strip_prefix, add_prefix, mapping),
+                      allow_extra, tag, session)
 
   def load_spill(self, path, snapshot, tag=None, strip_prefix=None,
                  add_prefix=None, mapping=None, allow_extra=False, session=None):
@@ -537,13 +533,9 @@ class SnapshotStore(object):
         variables, all named.
       ValueError: Two names mapped to one variable.
     """
-    names = sources.NameMap(self._varset, strip_prefix, add_prefix, mapping)
-    sess = self._session(session, "load_spill",
-                         required=self._mode.data_needs_session)
-    with spill.open_spill(path) as spill_file:
-      arrays = sources.read(spill.SnapshotSource(spill_file, snapshot),
-                            self._varset, names, allow_extra=allow_extra)
-    return self._put(arrays, tag, sess, "load_spill")
+    return self._load("load_spill", lambda: spill.open_snapshot(path, snapshot),
+                      sources.NameMap(self._varset, strip_prefix, add_prefix, mapping),
+                      allow_extra, tag, session)
 
   # -- tiers: a spill file under the store ------------------------------------------
 
@@ -584,7 +576,7 @@ class SnapshotStore(object):
       except tf.errors.OpError as e:
         raise errors.SnapshotError(
             "Spilling snapshot %r failed: reading it failed: %s. It stays where "
-            "it was." % (tag, _first_line(e))) from e
+            "it was." % (tag, errors.first_line(e))) from e
       return tag
 
   def flush(self):
@@ -784,7 +776,7 @@ class SnapshotStore(object):
       raise errors.RestoreError(
           "The current parameters that evaluate_with set aside are still not "
           "written back: %s. The store keeps them; call recover() with a "
-          "working session." % _first_line(e)) from e
+          "working session." % errors.first_line(e)) from e
     self._pending = _NOTHING
 
   def _rewired(self, fetches, feed_dict, tag):
@@ -801,7 +793,19 @@ class SnapshotStore(object):
       raise errors.RestoreError(
           "evaluate_with could not write the current parameters back: %s. The "
           "store keeps them and writes them back at the start of its next call, "
-          "or call recover()." % _first_line(e)) from e
+          "or call recover()." % errors.first_line(e)) from e
+
+  def _load(self, what, open_source, names, allow_extra, tag, session):
+    """Stores the snapshot a file holds: `load_npz`, `load_checkpoint`, `load_spill`.
+
+    The session is resolved first, so that a missing one is reported before
+    any file is read; `open_source()` gives a source (see `snapstore.sources`)
+    usable as a context manager, read in full and closed before storing.
+    """
+    self._session(session, what, required=self._mode.data_needs_session)
+    with open_source() as source:
+      arrays = sources.read(source, self._varset, names, allow_extra=allow_extra)
+    return self._put(arrays, tag, session, what)
 
   def _put(self, values, tag, session, what):
     sess = self._session(session, what, required=self._mode.data_needs_session)
@@ -816,7 +820,7 @@ class SnapshotStore(object):
       except tf.errors.OpError as e:
         lost = self._sync_with_mode()
         raise errors.SnapshotError("Storing snapshot %r failed: %s.%s"
-                                   % (tag, _first_line(e), _lost_note(lost))) from e
+                                   % (tag, errors.first_line(e), _lost_note(lost))) from e
       return self._record(tag, victim)
 
   def _new_tag(self, tag):
@@ -923,9 +927,6 @@ def _check_options(mode_cls, options):
         mode_cls.name, ", ".join(unknown), ", ".join(allowed) or "none"))
 
 
-def _first_line(error):
-  message = getattr(error, "message", None) or str(error)
-  return message.strip().splitlines()[0] if message.strip() else type(error).__name__
 
 
 def _lost_note(lost):

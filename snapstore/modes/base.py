@@ -12,6 +12,7 @@ Graph ops are built in `__init__` only; methods run them.
 import abc
 import threading
 
+from snapstore import _owned
 from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-direct-tensorflow-import
 
 
@@ -151,16 +152,17 @@ def run_cached(session, fetches, feed_list=None, values=()):
   # By the feeds themselves, not the list: a caller that passes a new list of
   # the same placeholders on every call must not get a new callable each time.
   key = (id(fetches), tuple(id(f) for f in feed_list) if feed_list else ())
-  cache = getattr(session, _CALLABLES, None)
-  if cache is not None:
-    entry = cache.get(key)
-    if entry is not None:
-      return entry[0](*values)
+  entry = _CALLABLES.get(session, {}).get(key)
+  if entry is not None:
+    return entry[0](*values)
   if not hasattr(session, "make_callable"):
     feeds = dict(zip(feed_list, values)) if feed_list else None
     return session.run(fetches, feed_dict=feeds)
   with _LOCK:
-    cache = session.__dict__.setdefault(_CALLABLES, {})
+    cache = _CALLABLES.get(session)
+    if cache is None:
+      cache = {}
+      _CALLABLES.set(session, cache)
     if feed_list and hasattr(session, "_make_callable_from_options"):
       options = config_pb2.CallableOptions(
           feed=[t.name for t in feed_list], target=[fetches.name])
@@ -171,5 +173,5 @@ def run_cached(session, fetches, feed_list=None, values=()):
   return entry[0](*values)
 
 
-_CALLABLES = "_snapstore_callables"
+_CALLABLES = _owned.PerObject("callables")  # on each session: {key: entry}
 _LOCK = threading.Lock()
