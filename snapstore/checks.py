@@ -28,6 +28,19 @@ def number(value, name):
   return float(value)
 
 
+def tag(value):
+  """`value` as a snapshot tag: an int (a numpy integer becomes one) or a non-empty str.
+
+  Raises:
+    TypeError: Anything else (None, a bool, an empty string, ...).
+  """
+  if isinstance(value, np.integer):
+    value = int(value)
+  if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
+    raise TypeError("A tag must be an int or a non-empty string, got %r." % (value,))
+  return value
+
+
 def function(value, name):
   """Checks `value` is None or callable.
 

@@ -55,8 +55,8 @@ import collections
 
 import numpy as np
 
+from snapstore import checks
 from snapstore import errors
-from snapstore import session as session_lib
 from snapstore._tf import tf
 from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 
@@ -151,7 +151,7 @@ class Ensemble(object):
     self._store = store
     self._outputs = outputs
     self._combiners = _combiners(combine, outputs, leaves)
-    self._tags = None if tags is None else _check_tags(tags, store)
+    self._tags = None if tags is None else _check_tags(tags)
     if rewire is None:
       rewire = store.mode == "device"
     if rewire:
@@ -223,29 +223,12 @@ class Ensemble(object):
       ValueError: "vote" on values that are not labels or scores.
       Whatever `Session.run` raises for the outputs.
     """
-    store = self._store
-    sess = session_lib.resolve(session, store.graph, "Ensemble.evaluate")
-    # One lock over the whole evaluation, so that no snapshot taken by another
-    # thread moves a member out of its slot between the lookup and the run.
-    with store._lock:  # pylint: disable=protected-access
-      store.recover(session=sess)
-      tags = self._members()
-      together, fetches, feeds = [], [], dict(feed_dict or {})
-      for tag in tags if self._rewire else []:
-        # The store's own lookup, as evaluate_with's: builds nothing.
-        rewired = store._rewired(self._outputs, feed_dict, tag)  # pylint: disable=protected-access
-        if rewired is not None:
-          together.append(tag)
-          fetches.append(rewired[0])
-          feeds.update(rewired[1] or {})  # each slot's copies of fed tensors
-      values = {}
-      if together:
-        values.update(zip(together, sess.run(fetches, feed_dict=feeds)))
-      for tag in tags:
-        if tag not in values:
-          values[tag] = store.evaluate_with(self._outputs, feed_dict, tag=tag,
-                                            session=sess)
-    members = collections.OrderedDict((tag, values[tag]) for tag in tags)
+    if self._tags is None and not self._store.tags():
+      raise errors.UnknownTagError(
+          "The ensemble's store holds no snapshots yet; load the members with "
+          "store.load_checkpoint / load_npz, or take snapshots, first.")
+    members = self._store.evaluate_each(self._outputs, feed_dict, tags=self._tags,
+                                        together=self._rewire, session=session)
     return EnsembleResult(self._combine(list(members.values())), members)
 
   def __repr__(self):
@@ -254,18 +237,6 @@ class Ensemble(object):
         self._store.name, "one run" if self._rewire else "one member at a time")
 
   # -- internals -------------------------------------------------------------------
-
-  def _members(self):
-    held = self._store.tags()
-    if self._tags is None:
-      if not held:
-        raise errors.UnknownTagError(
-            "The ensemble's store holds no snapshots yet; load the members with "
-            "store.load_checkpoint / load_npz, or take snapshots, first.")
-      return held
-    for tag in self._tags:
-      self._store.info(tag)  # UnknownTagError listing the held tags
-    return list(self._tags)
 
   def _held_members(self, counted):
     if not counted:
@@ -339,14 +310,14 @@ def _check_votable(t):
         % t.name)
 
 
-def _check_tags(tags, store):
+def _check_tags(tags):
   if isinstance(tags, (str, int)) or not hasattr(tags, "__iter__"):
     raise TypeError("tags must be a list of tags, got %r." % (tags,))
   tags = list(tags)
   if any(t is None for t in tags):
     raise TypeError("tags must be ints or non-empty strings, got None in %r."
                     % (tags,))
-  tags = [store._new_tag(t) for t in tags]  # pylint: disable=protected-access
+  tags = [checks.tag(t) for t in tags]
   if not tags:
     raise ValueError("An Ensemble needs at least one member; tags is empty "
                      "(pass tags=None for every snapshot of the store).")

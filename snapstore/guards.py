@@ -432,7 +432,7 @@ def _check_tag(store, tag):
   if tag is None:
     raise TypeError("A guard or trial needs a fixed tag (an int or a non-empty "
                     "string), got None.")
-  return store._new_tag(tag)  # pylint: disable=protected-access
+  return checks.tag(tag)
 
 
 def _name(name):

@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from snapstore import checkpoints
+from snapstore import checks
 from snapstore import errors
 from snapstore import guards
 from snapstore import modes
@@ -311,6 +312,57 @@ class SnapshotStore(object):
         return sess.run(fetches, feed_dict=feed_dict)
       finally:
         self._put_back(token, sess)
+
+  def evaluate_each(self, fetches, feed_dict=None, tags=None, together=True,
+                    session=None):
+    """Runs `fetches` with each of several snapshots, as `evaluate_with` would.
+
+    Snapshots held in device slots, for which every fetch has a rewired version
+    (built beforehand by `past(fetches, slot)`), run together in one
+    `session.run`; the others run one after another through the swap. The
+    store's lock is held throughout, so no other thread's call moves a snapshot
+    out of its slot meanwhile. The current parameters are left bit for bit as
+    they were. This is how `snapstore.Ensemble` evaluates its members.
+
+    Args:
+      fetches: As for `Session.run`.
+      feed_dict: As for `Session.run`; fed for every snapshot.
+      tags: The snapshots, in order; default: every snapshot held, oldest first.
+      together: If False, each snapshot runs alone, as `evaluate_with` runs
+        it (rewired or swapped): one run each, and the activations of one
+        forward pass at a time.
+      session: The session to run in; default: the default session.
+
+    Returns:
+      An OrderedDict from tag to what `Session.run(fetches, feed_dict)` returns.
+
+    Raises:
+      UnknownTagError: A tag the store does not hold, or no snapshots at all.
+      As `evaluate_with` otherwise.
+    """
+    sess = self._session(session, "evaluate_each")
+    with self._lock:
+      self._prepare(sess)
+      if tags is None:
+        tags = self.tags()
+        if not tags:
+          self._existing(None)  # the "no snapshots yet" error
+      for tag in tags:
+        self._existing(tag, allow_default=False)
+      in_one_run, fetch_list, feeds = [], [], dict(feed_dict or {})
+      for tag in tags if together else ():
+        rewired = self._rewired(fetches, feed_dict, tag)
+        if rewired is not None:
+          in_one_run.append(tag)
+          fetch_list.append(rewired[0])
+          feeds.update(rewired[1] or {})  # each slot's copies of fed tensors
+      values = {}
+      if in_one_run:
+        values.update(zip(in_one_run, sess.run(fetch_list, feed_dict=feeds)))
+      for tag in tags:
+        if tag not in values:
+          values[tag] = self.evaluate_with(fetches, feed_dict, tag=tag, session=sess)
+      return collections.OrderedDict((tag, values[tag]) for tag in tags)
 
   def recover(self, session=None):
     """Writes back current parameters a failed `evaluate_with` could not.
@@ -824,13 +876,7 @@ class SnapshotStore(object):
       return self._record(tag, victim)
 
   def _new_tag(self, tag):
-    if tag is None:
-      return self._next_auto_tag
-    if isinstance(tag, np.integer):
-      tag = int(tag)
-    if isinstance(tag, bool) or not isinstance(tag, (int, str)) or tag == "":
-      raise TypeError("A tag must be an int or a non-empty string, got %r." % (tag,))
-    return tag
+    return self._next_auto_tag if tag is None else checks.tag(tag)
 
   def _victim(self, tag):
     capacity = self._mode.capacity

@@ -301,6 +301,21 @@ class RunPathsTest(_EnsembleCase):
     self.assertLiveUnchanged()
     self.assertEqual(together.device_nbytes, 3 * self.store.param_nbytes)
 
+  def test_store_evaluate_each_without_rewired_copies_swaps_each(self):
+    self._setup("device")  # no Ensemble built: the outputs have no rewired copies
+    counting = _CountingSession(self.sess)
+    values = self.store.evaluate_each(self.logits, self.feed, tags=TAGS[::-1],
+                                      session=counting)
+    self.assertEqual(list(values), TAGS[::-1])
+    self.assertGreaterEqual(counting.runs, 3)
+    for tag in TAGS:
+      helpers.assert_bit_equal(
+          values[tag], self.store.evaluate_with(self.logits, self.feed, tag=tag,
+                                                session=self.sess), tag)
+    self.assertLiveUnchanged()
+    with self.assertRaisesRegex(snapstore.UnknownTagError, r"No snapshot tagged 'z'"):
+      self.store.evaluate_each(self.logits, self.feed, tags=["z"], session=self.sess)
+
   def test_unrewirable_outputs_name_the_way_out(self):
     graph = tf.Graph()
     with graph.as_default():
