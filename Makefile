@@ -1,10 +1,20 @@
 # Two commands a new user needs (see README):
 #   make demo   create .venv/ (Python 3.7, TensorFlow 1.15.5) and run the demo
 #   make test   the same environment, then the test suite
+# The same on TensorFlow 2.x in compat.v1 graph mode (Python 3.11):
+#   make demo-tf2 / make test-tf2       .venv-tf2/   (TensorFlow 2.21 with tf-keras)
+#   make test-tf215                     .venv-tf215/ (TensorFlow 2.15)
+# The TF 2.x targets also build .venv/, so that the test writing files on one
+# stack and reading them on the other runs in both directions.
 VENV := .venv
 PY := $(VENV)/bin/python
+# TF 2.16+ routes tf.compat.v1.layers and tf.keras to tf-keras (the TF1-style
+# Keras) only with this set; Keras 3 has no graph mode.
+TF2_ENV := TF_USE_LEGACY_KERAS=1
+PY_TF2 := $(TF2_ENV) .venv-tf2/bin/python
+PY_TF215 := .venv-tf215/bin/python
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv demo-tf2 test-tf2 bench-tf2 venv-tf2 test-tf215 venv-tf215 clean
 
 demo: venv
 	$(PY) -m snapstore.demo
@@ -18,5 +28,23 @@ bench: venv
 venv:
 	./scripts/bootstrap
 
+demo-tf2: venv-tf2
+	$(PY_TF2) -m snapstore.demo
+
+test-tf2: venv-tf2 venv
+	$(PY_TF2) -m pytest tests -q
+
+bench-tf2: venv-tf2
+	$(PY_TF2) bench/run_all.py
+
+venv-tf2:
+	./scripts/bootstrap tf2
+
+test-tf215: venv-tf215 venv
+	$(PY_TF215) -m pytest tests -q
+
+venv-tf215:
+	./scripts/bootstrap tf215
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-tf2 .venv-tf215 build dist *.egg-info .pytest_cache
