@@ -1,24 +1,63 @@
-"""Imports TensorFlow 1.15 once, with an ImportError that says how to fix it.
+"""The one module that imports TensorFlow: version gate, graph mode, private APIs.
 
-snapstore does not depend on `tensorflow` in setup.py because TF 1.15 comes as two
-distributions (`tensorflow` and `tensorflow-gpu`). This module turns the usual
-ways an install goes wrong into one clear message.
+snapstore runs, from one code base, on TensorFlow 1.15 (Python 3.7; the
+reference stack) and on TensorFlow 2.15 and newer through `tf.compat.v1` in
+graph mode (Python 3.11 and newer). The rest of the package imports TensorFlow
+only from here:
+
+    from snapstore._tf import tf      # tensorflow.compat.v1, on every version
+    from snapstore._tf import ops     # a private module; see the list below
+
+Public names stand in for private ones where they are the same class on every
+version: `tf.Tensor` for `ops.Tensor` (gone in TF 2.x), `tf.Operation`, and
+`tf.Variable` (VariableV1) as the constructor that takes `use_resource=` and
+`variable_def=`; isinstance checks use the base class `tf_variables.Variable`,
+because TF 2.x's ResourceVariable is not a VariableV1.
+
+Private TensorFlow APIs are used only for what no public one does (building a
+variable from ops made here, copying an op, unwrapping a MonitoredSession).
+Each is imported below with a comment saying what it is for; where versions
+differ, a shim here gives the package one name for it, and says which version
+needs it. Shims detect the feature (an attribute, a module), not the version
+number, and nothing outside this module looks at TensorFlow's version.
+
+Graph mode. Importing snapstore on TensorFlow 2.x disables v2 behaviour
+(`tf.compat.v1.disable_v2_behavior()`: eager execution, v2 control flow,
+resource variables by default, ...) unless the program has chosen already:
+when eager execution is already off, nothing is changed; when TensorFlow ops
+have already run eagerly, the program is an eager one and the import fails
+with an ImportError saying what snapstore needs. On TensorFlow 1.15 eager
+execution is off unless `tf.enable_eager_execution()` was called or
+TF2_BEHAVIOR=1 is set (importing TF 2.x sets it, for its child processes too),
+which gets the same ImportError.
+
+Keras. From TensorFlow 2.16 on, `tf.keras` is Keras 3 unless tf-keras is
+installed and TF_USE_LEGACY_KERAS=1 is set (before TensorFlow is imported).
+Keras 3 has no graph mode, no `tf.compat.v1.layers` and no `get_session`;
+snapstore refuses its models and variables with `KERAS_3_FIX` in the message.
 """
+import os
+import re
 import sys
 
-_FIX = ("Install one build of TensorFlow 1.15 on Python 3.7: "
-        "`pip install 'snapstore[cpu]'` (tensorflow==1.15.*) or "
-        "`pip install 'snapstore[gpu]'` (tensorflow-gpu==1.15.*).")
+_MIN_TF2 = (2, 15)
+
+
+def _install_fix():
+  """How to install a TensorFlow snapstore supports on this Python."""
+  if sys.version_info[:2] <= (3, 7):
+    return ("Install TensorFlow 1.15 on Python 3.7: `pip install 'snapstore[cpu]'` "
+            "(tensorflow==1.15.*) or `pip install 'snapstore[gpu]'` "
+            "(tensorflow-gpu==1.15.*).")
+  return ("Install TensorFlow 2.15 or newer with tf-keras (Python 3.11 and "
+          "newer): `pip install 'snapstore[cpu]'` or `pip install "
+          "'snapstore[gpu]'`; or TensorFlow 1.15 on Python 3.7.")
 
 
 def _import():
-  if sys.version_info[:2] != (3, 7):
-    raise ImportError(
-        "snapstore needs TensorFlow 1.15 on Python 3.7 (TF 1.15 runs on Python "
-        "3.5-3.7; snapstore is tested on 3.7); this is "
-        "Python %d.%d. %s" % (sys.version_info[0], sys.version_info[1], _FIX))
+  """Imports TensorFlow; an ImportError naming the fix if it is not usable."""
   try:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow  # pylint: disable=g-import-not-at-top
   except TypeError as e:
     # protobuf >= 3.21 breaks the generated *_pb2 modules of TF 1.15 with
     # "Descriptors cannot not be created directly".
@@ -28,12 +67,186 @@ def _import():
           "Fix: pip install 'protobuf<3.21'" % e)
     raise
   except ImportError as e:
-    raise ImportError("snapstore could not import TensorFlow (%s). %s" % (e, _FIX))
-  if not tf.__version__.startswith("1.15"):
+    raise ImportError("snapstore could not import TensorFlow (%s). %s"
+                      % (e, _install_fix()))
+  return tensorflow, check_version(tensorflow.__version__)
+
+
+def check_version(text):
+  """`(major, minor)` of TensorFlow version `text`, or an ImportError.
+
+  Supported: 1.15, and 2.15 or newer.
+  """
+  match = re.match(r"(\d+)\.(\d+)", text)
+  version = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+  if not (version == (1, 15) or version >= _MIN_TF2):
     raise ImportError(
-        "snapstore needs TensorFlow 1.15 (graph mode); found TensorFlow %s. %s"
-        % (tf.__version__, _FIX))
-  return tf.compat.v1
+        "snapstore needs TensorFlow 1.15, or 2.15 or newer (in compat.v1 graph "
+        "mode); found TensorFlow %s. %s" % (text, _install_fix()))
+  return version
 
 
-tf = _import()
+_tensorflow, VERSION = _import()
+tf = _tensorflow.compat.v1
+
+# pylint: disable=g-direct-tensorflow-import,g-import-not-at-top,wrong-import-position,unused-import
+# Eager context state, to tell a program that already ran eager ops (same path
+# on every version).
+from tensorflow.python.eager import context as _context
+from tensorflow.python.util import deprecation as _deprecation
+
+
+def _ensure_graph_mode():
+  """Turns off eager execution unless the program chose otherwise (module doc)."""
+  if not tf.executing_eagerly():
+    return  # graph mode already: TF 1.15's default, or the program's choice
+  # TF 2.x starts with eager on. Switching is safe as long as nothing ran
+  # eagerly yet (TF's own advice: before Tensors, Graphs or devices exist).
+  # pylint: disable=protected-access
+  if VERSION[0] >= 2 and not _context.context()._initialized:
+    # Its deprecation warning (about ref variables) is TF's advice to TF's
+    # users, not something the program did.
+    with _deprecation.silence():
+      tf.disable_v2_behavior()
+    return
+  raise ImportError(
+      "snapstore needs graph mode (TF1-style graphs and tf.Session), but eager "
+      "execution is on and %s. Fix: call "
+      "tf.compat.v1.disable_v2_behavior() at the start of the program, before "
+      "any TensorFlow op runs, or import snapstore before running any."
+      % ("TensorFlow ops already ran eagerly" if VERSION[0] >= 2
+         else "tf.enable_eager_execution() was called (or TF2_BEHAVIOR=1 is "
+         "set in the environment, as importing TF 2.x sets it)"))
+
+
+_ensure_graph_mode()
+
+# -- private modules, at the same path on TF 1.15 and 2.x ---------------------
+# Graph internals with no public v1 name: colocate_with (the public one is
+# deprecated and warns), name_scope, name_from_scope_name, the gradient
+# registry that a rewired op's gradient override looks up.
+from tensorflow.python.framework import ops
+# Switch, RefSwitch and Merge as Python wrappers, and CondContext, which a
+# copied tf.cond branch gets (as import_meta_graph rebuilds it).
+from tensorflow.python.ops import control_flow_ops
+# IsInWhileLoop: which ops a copy of a subgraph cannot take.
+from tensorflow.python.ops import control_flow_util
+# The raw ops a ResourceVariable is built from (shadows made from their parts).
+from tensorflow.python.ops import resource_variable_ops
+# variable_op_v2 (a ref variable's op) and the ref assigns with use_locking.
+from tensorflow.python.ops import state_ops
+# The Variable base class (isinstance of every variable kind), PartitionedVariable
+# and SaveSliceInfo (parts of a partitioned variable).
+from tensorflow.python.ops import variables as tf_variables
+# silence(): TF's deprecation warnings about its own constructors' arguments.
+from tensorflow.python.util import deprecation
+# _MonitoredSession and _WrappedSession, unwrapped to the raw tf.Session.
+from tensorflow.python.training import monitored_session
+# VariableDef, which shadows are made from (as import_meta_graph makes them).
+from tensorflow.core.framework import variable_pb2
+# CallableOptions, for Session._make_callable_from_options.
+from tensorflow.core.protobuf import config_pb2
+# pylint: enable=g-direct-tensorflow-import,g-import-not-at-top,wrong-import-position,unused-import
+
+# -- shims: one name for what differs between versions ------------------------
+
+def new_operation(node_def, graph, inputs, control_inputs, op_def):
+  """An op built from `node_def` in `graph`, as import_graph_def builds one.
+
+  TF 2.x builds it with `Operation.from_node_def` (its constructor takes a C op
+  and aborts the interpreter when given a NodeDef); TF 1.15 with the constructor.
+  """
+  make = getattr(ops.Operation, "from_node_def", ops.Operation)
+  return make(node_def, graph, inputs=inputs, control_inputs=control_inputs,
+              op_def=op_def)
+
+
+# The VarHandleOp of a ResourceVariable, with its handle data: renamed with a
+# leading underscore in TF 2.x.
+variable_handle_from_shape_and_dtype = getattr(
+    resource_variable_ops, "variable_handle_from_shape_and_dtype", None) or getattr(
+        resource_variable_ops, "_variable_handle_from_shape_and_dtype")
+
+
+def _object_graph_key():
+  # The checkpoint entry that holds the object graph of a TF2-style (object
+  # based) checkpoint, not a variable: in training.tracking on TF 1.15, in
+  # trackable from TF 2.11 on.
+  try:
+    from tensorflow.python.trackable import base  # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
+  except ImportError:
+    from tensorflow.python.training.tracking import base  # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
+  return base.OBJECT_GRAPH_PROTO_KEY
+
+
+OBJECT_GRAPH_PROTO_KEY = _object_graph_key()
+
+# Reading a truncated or corrupt checkpoint raises these: DataLossError and
+# friends on every version, and IndexError from TF 2.x's reader for some
+# truncations.
+CHECKPOINT_READ_ERRORS = (tf.errors.OpError, IndexError)
+
+# -- Keras --------------------------------------------------------------------
+
+KERAS_3_FIX = ("snapstore works with TF1-style Keras in graph mode, which Keras "
+               "3 does not have: install tf-keras (`pip install tf-keras`, the "
+               "version matching TensorFlow) and set TF_USE_LEGACY_KERAS=1 "
+               "before TensorFlow is imported.")
+
+
+def _keras_major():
+  """The major version of the installed `keras` package, or None."""
+  try:
+    from importlib import metadata  # pylint: disable=g-import-not-at-top
+    return int(metadata.version("keras").split(".")[0])
+  except Exception:  # pylint: disable=broad-except
+    return None  # no importlib.metadata (Python 3.7), or no keras package
+
+
+def uses_keras_3():
+  """True if `tf.keras` is Keras 3 (TF 2.16+ without TF_USE_LEGACY_KERAS=1).
+
+  Decided as TF's own lazy loader decides, without importing Keras.
+  """
+  if VERSION < (2, 16):
+    return False  # tf.keras is TensorFlow's own Keras 2 (or the keras 2 package)
+  if os.environ.get("TF_USE_LEGACY_KERAS", None) in ("true", "True", "1"):
+    return False  # tf-keras
+  return (_keras_major() or 3) >= 3  # no keras package: no TF1-style Keras either
+
+
+def is_keras_3_object(obj):
+  """True for an object of Keras 3: a model, a layer, a `keras.Variable`."""
+  return (type(obj).__module__ or "").split(".")[0] == "keras" and (
+      _keras_major() or 0) >= 3
+
+
+def keras_callback_base():
+  """The base class of `SnapshotCallback`: TF1-style Keras's `Callback`.
+
+  Keras 3 has none that works in graph mode; then a stand-in whose constructor
+  raises with `KERAS_3_FIX` (and Keras 3 is not imported).
+  """
+  if uses_keras_3():
+    return _NoGraphModeKeras
+  return tf.keras.callbacks.Callback
+
+
+class _NoGraphModeKeras(object):
+  """Stands in for Keras's Callback where tf.keras is Keras 3."""
+
+  def __init__(self, *args, **kwargs):
+    del args, kwargs
+    raise RuntimeError("%s needs TF1-style Keras, but tf.keras is Keras 3 here. %s"
+                       % (type(self).__name__, KERAS_3_FIX))
+
+
+def stack():
+  """The stack this process runs on, for benchmarks and bootstrap output."""
+  import numpy  # pylint: disable=g-import-not-at-top
+  import h5py  # pylint: disable=g-import-not-at-top
+  return "TensorFlow %s (%s), Python %s, numpy %s, h5py %s" % (
+      _tensorflow.__version__,
+      "compat.v1 graph mode" if VERSION[0] >= 2 else "graph mode",
+      ".".join(str(v) for v in sys.version_info[:3]), numpy.__version__,
+      h5py.__version__)

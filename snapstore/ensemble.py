@@ -58,7 +58,6 @@ import numpy as np
 from snapstore._tf import tf
 from snapstore.core import checks
 from snapstore import errors
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 
 EnsembleResult = collections.namedtuple("EnsembleResult", ["combined", "members"])
 EnsembleResult.__doc__ = """What `Ensemble.evaluate` returns.
@@ -268,7 +267,7 @@ def _check_outputs(outputs, graph):
   if not leaves:
     raise ValueError("An Ensemble needs at least one output tensor.")
   for t in leaves:
-    if not isinstance(t, ops.Tensor):
+    if not isinstance(t, tf.Tensor):
       raise TypeError(
           "Ensemble outputs must be tensors (or a list, tuple or dict of "
           "them), got %r." % (t,))

@@ -5,9 +5,10 @@ from absl.testing import parameterized
 import numpy as np
 
 import snapstore
+from snapstore._tf import resource_variable_ops
 from snapstore._tf import tf
+from snapstore._tf import tf_variables
 from tensorflow.python.compiler.xla import xla  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 from tests import helpers
 
 KINDS = helpers.kind_cases()
@@ -60,7 +61,8 @@ class MotivatingCasesTest(tf.test.TestCase, parameterized.TestCase):
                       "copy/dense_1/kernel"])
     self.assertEqual(list(c.variables), sorted(originals, key=lambda v: v.name))
     for v in copies:
-      self.assertIsInstance(v, tf.Variable)
+      # The base class: TF 2.x's ResourceVariable is not a tf.compat.v1.Variable.
+      self.assertIsInstance(v, tf_variables.Variable)
       self.assertEqual(resource_variable_ops.is_resource_variable(v), use_resource)
       self.assertIn(v, graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES))
       self.assertIn(v, graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES))
@@ -151,7 +153,9 @@ class MotivatingCasesTest(tf.test.TestCase, parameterized.TestCase):
       out = _dense_net(x, use_resource)
       kernel = tf.trainable_variables("net")[0]
       self.assertEqual(kernel.op.name, "net/dense/kernel")
-      other = tf.get_variable("other", initializer=kernel.initialized_value(),
+      # Initialized in the same run as the kernel, from the same tensor: the
+      # same values (TF 2.x's resource variables have no initialized_value()).
+      other = tf.get_variable("other", initializer=kernel.initial_value,
                               use_resource=use_resource)
       c = snapstore.clone(out, inputs=[x], replacements={kernel: other})
       bump = (other.assign_add(tf.ones_like(other)) if use_resource

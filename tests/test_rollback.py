@@ -151,8 +151,7 @@ class _LateStateOptimizer(tf.train.GradientDescentOptimizer):
   """Creates a variable while building its update, not in _create_slots."""
 
   def _finish(self, update_ops, name_scope):
-    from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-    with ops.init_scope():
+    with tf.init_scope():
       self._create_non_slot_variable(0.0, "late", self._first)
     return super(_LateStateOptimizer, self)._finish(update_ops, name_scope)
 

@@ -11,7 +11,10 @@ state as an attribute of the graph or session ties their lifetimes instead.
     stores.set(graph, store)
     stores.get(graph)                      # None for a graph without one
 """
+import threading
 import weakref
+
+_LOCK = threading.Lock()  # two first `set`s on one object must share its dict
 
 
 class PerObject(object):
@@ -34,4 +37,11 @@ class PerObject(object):
 
   def set(self, obj, value):
     """Attaches `value` to `obj` until `obj` is garbage."""
-    obj.__dict__.setdefault(self._attr, {})[id(self)] = (weakref.ref(self), value)
+    with _LOCK:
+      entries = getattr(obj, self._attr, None)
+      if entries is None:
+        entries = {}
+        # setattr, not `obj.__dict__`: TF 2.x's Graph (a pybind11 class)
+        # takes new attributes but has no `__dict__`.
+        setattr(obj, self._attr, entries)
+      entries[id(self)] = (weakref.ref(self), value)

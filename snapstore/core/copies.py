@@ -13,10 +13,10 @@ variable and its shadow never leaves the device.
 import numpy as np
 
 from snapstore._tf import tf
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import state_ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import variables as tf_variables  # pylint: disable=g-direct-tensorflow-import
+from snapstore._tf import ops
+from snapstore._tf import resource_variable_ops
+from snapstore._tf import state_ops
+from snapstore._tf import tf_variables
 
 
 def is_resource(var):

@@ -13,11 +13,11 @@ for the session's hooks (inside a hook, `run_context.session` is already raw).
 import threading
 
 from snapstore._tf import tf
+from snapstore._tf import config_pb2
+from snapstore._tf import monitored_session
 from snapstore.core import attached
 from snapstore.core import checks
 from snapstore import errors
-from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.training import monitored_session  # pylint: disable=g-direct-tensorflow-import
 
 
 def resolve(session, graph, what):

@@ -10,14 +10,14 @@ crosses devices.
                                         ("snapstore/slot_1", collections)])
 """
 from snapstore._tf import tf
+from snapstore._tf import control_flow_ops
+from snapstore._tf import deprecation
+from snapstore._tf import ops
+from snapstore._tf import resource_variable_ops
+from snapstore._tf import state_ops
+from snapstore._tf import variable_handle_from_shape_and_dtype
+from snapstore._tf import variable_pb2
 from snapstore.core import copies
-from tensorflow.core.framework import variable_pb2  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import control_flow_ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import state_ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import variables as tf_variables  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.util import deprecation  # pylint: disable=g-direct-tensorflow-import
 
 
 def make_shadows(primary, shadows):
@@ -73,7 +73,7 @@ def _resource_shadow(primary, name, value, collections):
   with ops.name_scope(name) as scope:
     # As the constructor: the handle's shared name is its op name, so that
     # every session on the cluster finds the same variable.
-    handle = resource_variable_ops.variable_handle_from_shape_and_dtype(
+    handle = variable_handle_from_shape_and_dtype(
         primary.shape, dtype, shared_name=ops.name_from_scope_name(scope),
         name=scope, graph_mode=True)
     with ops.name_scope(scope):
@@ -101,7 +101,7 @@ def _ref_shadow(primary, name, value, collections):
       initializer = state_ops.assign(variable, once, validate_shape=True).op
       with ops.colocate_with(variable.op):
         snapshot = tf.identity(variable, name="read")
-  shadow = tf_variables.VariableV1(variable_def=variable_pb2.VariableDef(
+  shadow = tf.Variable(use_resource=False, variable_def=variable_pb2.VariableDef(
       variable_name=variable.name, initializer_name=initializer.name,
       snapshot_name=snapshot.name, initial_value_name=value.name,
       trainable=False, is_resource=False))

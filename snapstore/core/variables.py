@@ -19,9 +19,11 @@ import collections
 
 import numpy as np
 
+from snapstore._tf import is_keras_3_object
+from snapstore._tf import KERAS_3_FIX
 from snapstore._tf import tf
+from snapstore._tf import tf_variables
 from snapstore import errors
-from tensorflow.python.ops import variables as tf_variables  # pylint: disable=g-direct-tensorflow-import
 
 # Collection holding every shadow variable made by any store. Shadows are never
 # themselves picked up by scope or collection resolution.
@@ -216,6 +218,8 @@ class VariableSet(object):
     graph = graph or tf.get_default_graph()
     pairs = []
     for opt in optimizers:
+      if is_keras_3_object(opt):
+        raise TypeError("optimizer %r is a Keras 3 optimizer. %s" % (opt, KERAS_3_FIX))
       if not all(hasattr(opt, a) for a in ("variables", "get_slot", "get_slot_names")):
         raise TypeError("optimizer must be a tf.train.Optimizer or a Keras "
                         "optimizer, got %r." % (opt,))
@@ -303,6 +307,9 @@ def _parts(var, where):
   if isinstance(var, tf_variables.PartitionedVariable):
     return list(var)
   if not isinstance(var, tf_variables.Variable):
+    if is_keras_3_object(var):
+      raise TypeError("%s holds %r, a Keras 3 variable. %s" % (where, var,
+                                                              KERAS_3_FIX))
     raise TypeError("%s holds %r, which is not a tf.Variable." % (where, var))
   return [var]
 

@@ -33,10 +33,11 @@ import re
 
 import numpy as np
 
+from snapstore._tf import CHECKPOINT_READ_ERRORS
+from snapstore._tf import OBJECT_GRAPH_PROTO_KEY
 from snapstore._tf import tf
 from snapstore.core import checks
 from snapstore import errors
-from tensorflow.python.training.tracking import base as tracking_base  # pylint: disable=g-direct-tensorflow-import
 
 # The files of a V2 checkpoint and the meta graph, which users pass by mistake.
 _FILE_OF_CHECKPOINT = re.compile(r"^(.+)\.(index|meta|data-\d{5}-of-\d{5})$")
@@ -62,7 +63,7 @@ class Checkpoint(object):
     self._path = _resolve(path)
     try:
       self._reader = tf.train.load_checkpoint(self._path)
-    except tf.errors.OpError as e:
+    except CHECKPOINT_READ_ERRORS as e:
       raise errors.CheckpointError(
           "%s is not a TensorFlow checkpoint snapstore can read (%s). Pass what "
           "tf.train.Saver.save returned (the checkpoint prefix)."
@@ -71,7 +72,7 @@ class Checkpoint(object):
     self._declared = dict(
         (name, (tuple(shape), _numpy_dtype(dtypes[name])))
         for name, shape in self._reader.get_variable_to_shape_map().items()
-        if name != tracking_base.OBJECT_GRAPH_PROTO_KEY)
+        if name != OBJECT_GRAPH_PROTO_KEY)
 
   @property
   def where(self):
@@ -92,7 +93,7 @@ class Checkpoint(object):
     self._check_open()
     try:
       return np.asarray(self._reader.get_tensor(name))
-    except tf.errors.OpError as e:
+    except CHECKPOINT_READ_ERRORS as e:
       fix = ""
       if isinstance(e, tf.errors.UnimplementedError) and "Sliced" in str(e):
         fix = (" It is a partitioned variable stored in slices by a V1 "

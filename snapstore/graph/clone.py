@@ -52,14 +52,13 @@ import collections
 import contextlib
 
 from snapstore._tf import tf
+from snapstore._tf import deprecation
+from snapstore._tf import tf_variables
 from snapstore.core import checks
 from snapstore.core import copies
 from snapstore.core import shadows
 from snapstore import errors
 from snapstore.graph import subgraph
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import variables as tf_variables  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.util import deprecation  # pylint: disable=g-direct-tensorflow-import
 
 Clone = collections.namedtuple(
     "Clone", ["outputs", "inputs", "variables", "initializer", "scope"])
@@ -136,7 +135,7 @@ def clone(outputs, inputs=None, replacements=None, scope="clone",
   inputs = _check_inputs(inputs, graph)
   replaced = _check_replacements(replacements, graph)
   stops = list(inputs) + list(replaced)
-  output_ops = [x if isinstance(x, ops.Operation) else x.op for x in leaves]
+  output_ops = [x if isinstance(x, tf.Operation) else x.op for x in leaves]
   within = subgraph.backward_ops(output_ops, stop=stops)
   _check_feeding(stops, within, leaves)
 
@@ -189,7 +188,7 @@ def clone(outputs, inputs=None, replacements=None, scope="clone",
     with tf.name_scope(new_scope + "/"):
       initializer = (tf.variables_initializer(list(new_vars.values()))
                      if new_vars else tf.no_op(name="init"))
-  copied = [op_map.get(x, x) if isinstance(x, ops.Operation)
+  copied = [op_map.get(x, x) if isinstance(x, tf.Operation)
             else tensor_map.get(x, x) for x in leaves]
   return Clone(tf.nest.pack_sequence_as(outputs, copied), new_inputs, new_vars,
                initializer, new_scope)
@@ -224,7 +223,7 @@ class _Builder(object):
     # to use `initialized_value()`); reading the original is the point here.
     with tf.name_scope(directory + "/" if directory else None), \
         _maybe_device(var.device), deprecation.silence():
-      new = tf_variables.VariableV1(
+      new = tf.Variable(
           initial_value=make_value, trainable=trainable,
           collections=[k for k in members if k != tf.GraphKeys.TRAINABLE_VARIABLES],
           validate_shape=var.shape.is_fully_defined(), name=base,
@@ -294,7 +293,7 @@ def _check_outputs(leaves):
     raise ValueError("clone() got no outputs.")
   graph = None
   for x in leaves:
-    if not isinstance(x, (ops.Tensor, ops.Operation)):
+    if not isinstance(x, (tf.Tensor, tf.Operation)):
       raise TypeError("clone() outputs must be tensors or ops (or a list, tuple "
                       "or dict of them), got %r." % (x,))
     graph = _same_graph(graph, x)
@@ -311,14 +310,14 @@ def _same_graph(graph, x):
 def _check_inputs(inputs, graph):
   if inputs is None:
     return []
-  if isinstance(inputs, ops.Tensor):
+  if isinstance(inputs, tf.Tensor):
     inputs = [inputs]
   if isinstance(inputs, (str, bytes, dict)) or not hasattr(inputs, "__iter__"):
     raise TypeError("inputs must be a tensor or a list of tensors, got %r."
                     % (inputs,))
   out = []
   for t in inputs:
-    if not isinstance(t, ops.Tensor):
+    if not isinstance(t, tf.Tensor):
       raise TypeError("inputs must be tensors, got %r." % (t,))
     _same_graph(graph, t)
     if t not in out:
@@ -346,8 +345,8 @@ def _check_replacements(replacements, graph):
                 key.name, key.name,
                 "resource" if copies.is_resource(key) else "ref", value.name))
       key_t, value_t = key.op.outputs[0], value.op.outputs[0]
-    elif isinstance(key, ops.Tensor):
-      if not isinstance(value, ops.Tensor):
+    elif isinstance(key, tf.Tensor):
+      if not isinstance(value, tf.Tensor):
         raise TypeError("replacements[%s] must be a tensor, got %r."
                         % (key.name, value))
       key_t, value_t = key, value

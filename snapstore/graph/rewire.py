@@ -49,13 +49,11 @@ for the tag's slot (it never builds any), also mapping fed tensors to their
 copies; otherwise it uses the swap.
 """
 from snapstore._tf import tf
+from snapstore._tf import ops
 from snapstore.core import checks
 from snapstore.core import variables
 from snapstore import errors
 from snapstore.graph import subgraph
-from tensorflow.python.framework import dtypes  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.util import compat  # pylint: disable=g-direct-tensorflow-import
 
 _GRADIENT_OVERRIDE = "SnapstoreShadowInput"
 _ORIGINAL_GRADIENT = "_snapstore_gradient_op_type"
@@ -63,7 +61,7 @@ _SWAP_NOTE = ("evaluate_with(past=True) evaluates such fetches by swapping the "
               "parameters instead, which is exact.")
 
 
-@ops.RegisterGradient(_GRADIENT_OVERRIDE)
+@tf.RegisterGradient(_GRADIENT_OVERRIDE)
 def _no_gradient_into_shadows(op, *grads):
   """Gradient of a copy reading a shadow: none for the shadow, TF's for the rest."""
   shadows = set(v.op for v in op.graph.get_collection(variables.SHADOW_VARIABLES))
@@ -74,7 +72,7 @@ def _no_gradient_into_shadows(op, *grads):
     # shadow's resource handle.
     return [None] * len(op.inputs)
   try:
-    op_type = compat.as_str(op.get_attr(_ORIGINAL_GRADIENT))
+    op_type = tf.compat.as_str(op.get_attr(_ORIGINAL_GRADIENT))
   except ValueError:
     op_type = op.type
   # The registry is private, but it is the only way to reach the gradient
@@ -164,7 +162,7 @@ class Rewirer(object):
   # -- internals -------------------------------------------------------------------
 
   def _as_tensor(self, x):
-    if isinstance(x, ops.Tensor):
+    if isinstance(x, tf.Tensor):
       return x if x.graph is self._graph else None
     if isinstance(x, str):
       try:
@@ -178,13 +176,13 @@ class Rewirer(object):
     if not leaves:
       raise ValueError("store.past() got no tensors.")
     for t in leaves:
-      if isinstance(t, ops.Operation) or not isinstance(t, ops.Tensor):
+      if isinstance(t, tf.Operation) or not isinstance(t, tf.Tensor):
         raise TypeError(
             "store.past() takes tensors (or a list, tuple or dict of them), got "
             "%r. For a variable, pass var.value(); ops have no past value (run "
             "them with evaluate_with, which swaps)." % (t,))
       checks.same_graph(t, self._graph, "store.past()'s output %s" % t.name)
-      if t.dtype._is_ref_dtype or t.dtype.base_dtype == dtypes.resource:  # pylint: disable=protected-access
+      if t.dtype._is_ref_dtype or t.dtype.base_dtype == tf.resource:  # pylint: disable=protected-access
         raise ValueError(
             "store.past() got %s, a variable's %s; pass the value "
             "(var.value()) instead: a past reference could be written through."
@@ -241,5 +239,5 @@ class Rewirer(object):
       return
     if "_gradient_op_type" in node_def.attr:
       node_def.attr[_ORIGINAL_GRADIENT].CopyFrom(node_def.attr["_gradient_op_type"])
-    node_def.attr["_gradient_op_type"].s = compat.as_bytes(_GRADIENT_OVERRIDE)
+    node_def.attr["_gradient_op_type"].s = tf.compat.as_bytes(_GRADIENT_OVERRIDE)
 

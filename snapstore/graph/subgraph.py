@@ -19,7 +19,8 @@ rewritten; and it is deprecated in TF 1.15 and gone in TF 2. Why not
 `import_graph_def(input_map=...)`: it rejects colocation with ops outside the
 imported GraphDef ("Specified colocation to an op that does not exist during
 import"), which every variable read has. Both copy an op the same way this
-module does, with `tf.Operation(node_def, graph, inputs, ...)`.
+module does, from a NodeDef (`tf.Operation(node_def, graph, inputs, ...)` on TF 1.15,
+`Operation.from_node_def` on TF 2.x; see `snapstore._tf.new_operation`).
 
 Control flow: a copied `tf.cond` runs as the original does (its Switch and
 Merge ops carry the semantics), and the copies get a `CondContext` rebuilt from
@@ -31,11 +32,9 @@ refuse them.
 import heapq
 
 from snapstore._tf import tf
-from tensorflow.core.framework import node_def_pb2  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import control_flow_ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.util import compat  # pylint: disable=g-direct-tensorflow-import
+from snapstore._tf import control_flow_ops
+from snapstore._tf import control_flow_util
+from snapstore._tf import new_operation
 
 # Ops that own a variable's buffer (ref variables) or resource (ResourceVariable).
 VARIABLE_OP_TYPES = frozenset(["VariableV2", "Variable", "VarHandleOp"])
@@ -147,14 +146,14 @@ def refusal(what, op, outputs, why):
     why: Why `op` cannot be copied.
   """
   needed_by = [x.name for x in outputs
-               if op in backward_ops([x if isinstance(x, ops.Operation) else x.op])]
+               if op in backward_ops([x if isinstance(x, tf.Operation) else x.op])]
   return "%s %s: on the way it meets op '%s' (type %s); %s. Nothing was built." % (
       what, ", ".join(needed_by or [x.name for x in outputs]), op.name, op.type, why)
 
 
 def _str_attr(op, name):
   try:
-    return compat.as_str(op.get_attr(name))
+    return tf.compat.as_str(op.get_attr(name))
   except ValueError:
     return ""
 
@@ -302,14 +301,14 @@ def copy_ops(ordered, tensor_map, op_map, new_name, edit=None, after=None,
     for op in ordered:
       inputs = [tensor_map.get(t, t) for t in op.inputs]
       controls = [op_map.get(c, c) for c in op.control_inputs]
-      node_def = node_def_pb2.NodeDef()
+      node_def = tf.NodeDef()
       node_def.CopyFrom(op.node_def)
       node_def.name = names[op]
       del node_def.input[:]
       rename_colocation(node_def, renamed)
       if edit is not None:
         edit(op, node_def, inputs)
-      new = ops.Operation(node_def, graph, inputs=inputs, control_inputs=controls,
+      new = new_operation(node_def, graph, inputs=inputs, control_inputs=controls,
                           op_def=op.op_def)
       op_map[op] = new
       for t, new_t in zip(op.outputs, new.outputs):
@@ -387,9 +386,9 @@ def rename_colocation(node_def, renamed):
     return
   values = node_def.attr["_class"].list.s
   for i, value in enumerate(values):
-    value = compat.as_str(value)
+    value = tf.compat.as_str(value)
     if value.startswith("loc:@") and value[5:] in renamed:
-      values[i] = compat.as_bytes("loc:@" + renamed[value[5:]])
+      values[i] = tf.compat.as_bytes("loc:@" + renamed[value[5:]])
 
 
 def copy_static_shapes(op, new):

@@ -20,11 +20,11 @@ assign. Host memory holds `len(store) * store.param_nbytes` bytes; the device
 holds nothing extra.
 """
 from snapstore._tf import tf
+from snapstore._tf import ops
 from snapstore.core import attached
 from snapstore.core import buffers
 from snapstore.core import copies
 from snapstore.modes import base
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 
 
 class HostMode(base.CopyMode):

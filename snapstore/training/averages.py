@@ -40,11 +40,12 @@ checkpoints. The shadows holding the averages are the store's:
 import numpy as np
 
 from snapstore._tf import tf
+from snapstore._tf import ops
+from snapstore._tf import tf_variables
 from snapstore.core import checks
 from snapstore.core import copies
 from snapstore.core import variables
 from snapstore import errors
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 
 
 class _SlotAverage(object):
@@ -291,7 +292,7 @@ def _check_rate(value, name, decay=False):
 
 
 def _check_num_updates(num_updates, graph):
-  if not isinstance(num_updates, (tf.Tensor, tf.Variable)):
+  if not isinstance(num_updates, (tf.Tensor, tf_variables.Variable)):
     raise TypeError("num_updates must be a scalar tensor or variable (e.g. the "
                     "global step), got %r." % (num_updates,))
   dtype = num_updates.dtype.base_dtype

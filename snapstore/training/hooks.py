@@ -46,6 +46,7 @@ goes on).
 """
 import numpy as np
 
+from snapstore._tf import keras_callback_base
 from snapstore._tf import tf
 from snapstore.core import attached
 from snapstore.core import checks
@@ -234,12 +235,14 @@ class SnapshotHook(_Protocol, tf.train.SessionRunHook):
     self._keeper.after_step(run_context.session, run_values.results)
 
 
-class SnapshotCallback(_Protocol, tf.keras.callbacks.Callback):
+class SnapshotCallback(_Protocol, keras_callback_base()):
   """The `SnapshotHook` protocol for `model.fit` in TF1 Keras.
 
   Snapshots every N batches (or seconds) and rolls back when the batch loss
   (`logs[monitor]`) is NaN or infinite. The session is
-  `tf.keras.backend.get_session()`.
+  `tf.keras.backend.get_session()`. TF1 Keras is `tf.keras` on TF 1.15 and
+  2.15, and tf-keras on TF 2.16+ with TF_USE_LEGACY_KERAS=1; under Keras 3 the
+  constructor raises a RuntimeError saying so.
 
   Args:
     store: A `SnapshotStore`, a function `model -> SnapshotStore`, or None for
@@ -258,6 +261,7 @@ class SnapshotCallback(_Protocol, tf.keras.callbacks.Callback):
   Raises:
     ValueError: Both or neither of `every_n_batches` and `every_n_secs`.
     TypeError: A bad `store` or `on_rollback`.
+    RuntimeError: `tf.keras` is Keras 3, which has no graph mode.
   """
 
   def __init__(self, store=None, every_n_batches=None, every_n_secs=None,

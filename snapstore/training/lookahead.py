@@ -28,11 +28,11 @@ import collections
 import numpy as np
 
 from snapstore._tf import tf
+from snapstore._tf import ops
 from snapstore.core import checks
 from snapstore.core import copies
 from snapstore.store import SnapshotStore
 from snapstore.training.wrapped_optimizer import WrapperOptimizer
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 
 SLOW = "slow"
 

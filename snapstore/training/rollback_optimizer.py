@@ -42,11 +42,12 @@ import collections
 import numpy as np
 
 from snapstore._tf import tf
+from snapstore._tf import ops
+from snapstore._tf import tf_variables
 from snapstore.core import checks
 from snapstore.core import copies
 from snapstore.store import SnapshotStore
 from snapstore.training.wrapped_optimizer import WrapperOptimizer
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 
 _State = collections.namedtuple(
     "_State", ["store", "loss_before", "armed", "rollbacks", "check"])
@@ -94,7 +95,7 @@ class RollbackOptimizer(WrapperOptimizer):
     if backoff is not None:
       if checks.number(backoff, "backoff") <= 0:
         raise ValueError("backoff must be > 0, got %r." % (backoff,))
-      if not (isinstance(learning_rate, tf.Variable)
+      if not (isinstance(learning_rate, tf_variables.Variable)
               and learning_rate.dtype.base_dtype.is_floating
               and learning_rate.shape.ndims == 0):
         raise TypeError("learning_rate must be a scalar float tf.Variable (the "

@@ -13,9 +13,9 @@ variables, which `tf.train.Optimizer` keys by graph.
 import weakref
 
 from snapstore._tf import tf
+from snapstore._tf import ops
 from snapstore.core import attached
 from snapstore.core import copies
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 
 
 class WrapperOptimizer(tf.train.Optimizer):
