@@ -91,7 +91,8 @@ class SpillFile(object):
       raise errors.SnapshotFileError("Cannot open %s: %s." % (self.path, e))
     self.rolled_back = self._file.rolled_back
     try:
-      self._h5 = h5py.File(self._file, "r+" if writable else "r", libver="latest")
+      self._h5 = h5py.File(self._file, "r+" if writable else "r",
+                           libver=layout.LIBVER)
     except layout.H5_ERRORS as e:
       self._file.close()
       raise errors.SnapshotFileError(layout.open_problem(self.path, e))

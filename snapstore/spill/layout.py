@@ -40,6 +40,12 @@ FORMAT = "snapstore.spill"
 VERSION = 1
 COMPRESSIONS = ("gzip", "lzf")
 CHECKSUM = "xxh3_64"  # faster than CRC-32: a spill is bound by memory bandwidth
+# HDF5 1.10's file format (checksummed object headers and B-trees) on every
+# stack, so that a file written on one reads on the other: h5py 2.10 (TF 1.15's
+# stack) bundles HDF5 1.10, which cannot read the newer object versions that
+# HDF5 1.12+ (h5py 3, the TF 2.x stack) writes under libver="latest" (a bool
+# dataset's datatype, for one). On HDF5 1.10, "latest" is exactly this.
+LIBVER = ("v110", "v110")
 # Compression filters a spill file may use; gzip and lzf expand at most about
 # 1032-fold (deflate's bound; lzf's is lower).
 FILTERS = (h5py.h5z.FILTER_DEFLATE, h5py.h5z.FILTER_SHUFFLE,
@@ -109,7 +115,7 @@ def initialize(f, specs):
   """Writes the markers and the variable list of a new spill file into `f`."""
   # Fixed-length byte strings: HDF5 keeps variable-length strings in its
   # global heap, the one metadata structure without a checksum.
-  with h5py.File(f, "w", libver="latest") as h5:
+  with h5py.File(f, "w", libver=LIBVER) as h5:
     h5.attrs["format"] = as_bytes(FORMAT)
     h5.attrs["version"] = VERSION
     h5.attrs["checksum"] = as_bytes(CHECKSUM)
