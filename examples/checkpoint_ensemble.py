@@ -20,6 +20,7 @@ The script checks every member's probabilities against a numpy forward pass
 with the weights read from its checkpoint.
 """
 import argparse
+import importlib.util
 import os
 import shutil
 import sys
@@ -28,6 +29,11 @@ import tempfile
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
+# Keras) only with this set before TensorFlow is imported; where tf-keras
+# is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import snapstore  # pylint: disable=g-import-not-at-top
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top

@@ -14,12 +14,18 @@ the fast weights as they were. One `session.run(train_op)` is one step: the
 synchronization every k steps happens in the graph.
 """
 import argparse
+import importlib.util
 import os
 import sys
 
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
+# Keras) only with this set before TensorFlow is imported; where tf-keras
+# is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import snapstore  # pylint: disable=g-import-not-at-top
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top

@@ -217,28 +217,41 @@ def uses_keras_3():
 
 def is_keras_3_object(obj):
   """True for an object of Keras 3: a model, a layer, a `keras.Variable`."""
-  return (type(obj).__module__ or "").split(".")[0] == "keras" and (
+  return _is_keras_3_class(type(obj))
+
+
+def _is_keras_3_class(cls):
+  return (cls.__module__ or "").split(".")[0] == "keras" and (
       _keras_major() or 0) >= 3
 
 
 def keras_callback_base():
   """The base class of `SnapshotCallback`: TF1-style Keras's `Callback`.
 
-  Keras 3 has none that works in graph mode; then a stand-in whose constructor
-  raises with `KERAS_3_FIX` (and Keras 3 is not imported).
+  Where there is none (Keras 3, or TF1-style Keras fails to import), a
+  stand-in whose constructor raises a RuntimeError saying why and how to fix
+  it, so that importing snapstore does not fail. Keras 3 is not imported.
   """
   if uses_keras_3():
-    return _NoGraphModeKeras
-  return tf.keras.callbacks.Callback
+    return _no_graph_mode_keras("tf.keras is Keras 3 here")
+  try:
+    base = tf.keras.callbacks.Callback
+  except ImportError as e:  # e.g. TF_USE_LEGACY_KERAS=1 without tf-keras
+    return _no_graph_mode_keras("it cannot be imported (%s)" % e)
+  if _is_keras_3_class(base):  # TensorFlow chose Keras 3 before snapstore ran
+    return _no_graph_mode_keras("tf.keras is Keras 3 here")
+  return base
 
 
-class _NoGraphModeKeras(object):
-  """Stands in for Keras's Callback where tf.keras is Keras 3."""
+def _no_graph_mode_keras(problem):
+  class NoGraphModeKeras(object):
+    """Stands in for Keras's Callback where there is no TF1-style Keras."""
 
-  def __init__(self, *args, **kwargs):
-    del args, kwargs
-    raise RuntimeError("%s needs TF1-style Keras, but tf.keras is Keras 3 here. %s"
-                       % (type(self).__name__, KERAS_3_FIX))
+    def __init__(self, *args, **kwargs):
+      del args, kwargs
+      raise RuntimeError("%s needs TF1-style Keras, but %s. %s"
+                         % (type(self).__name__, problem, KERAS_3_FIX))
+  return NoGraphModeKeras
 
 
 def stack():

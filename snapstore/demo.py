@@ -11,6 +11,7 @@ In disk mode the store keeps one snapshot in memory and spills the older ones to
 an HDF5 file in a temporary directory, so the evaluations read from both tiers.
 """
 import argparse
+import importlib.util
 import os
 import sys
 import tempfile
@@ -19,8 +20,14 @@ import time
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
+# Keras) only with this set before TensorFlow is imported; where tf-keras
+# is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import snapstore  # pylint: disable=g-import-not-at-top
+from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 
 LEARNING_RATE = 1e-2
@@ -168,6 +175,7 @@ def main(argv=None):
   print("snapstore %s demo: %d training steps per mode, learning-rate spikes at steps "
         "%s, snapshot every %d steps" % (snapstore.__version__, args.steps,
                                          sorted(spikes), SNAPSHOT_EVERY))
+  print("on %s" % stack())
   results = {}
   for mode in args.modes:
     start = time.perf_counter()

@@ -1,11 +1,14 @@
 """pytest configuration: quiet TensorFlow logs and pick TF1-style Keras before TF is imported."""
+import importlib.util
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The suite's tf.compat.v1.layers and Keras models are TF1-style Keras, which
-# TF 2.16+ takes from tf-keras only with this set before it is imported (TF
-# 1.15 and 2.15 ignore it). Tests of Keras 3 run in a child process without it.
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# TF 2.16+ takes from tf-keras only with this set before it is imported. Where
+# tf-keras is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own. The
+# Keras 3 tests run in a child process without it.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 
 def pytest_collection_modifyitems(items):
