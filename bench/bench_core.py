@@ -56,12 +56,19 @@ that holds only the model, and prints every call's time and page faults.
     .venv/bin/python bench/bench_core.py --resource       # ResourceVariable only
     .venv/bin/python bench/bench_core.py --size-mb 64 --num-vars 16 --repeats 5
     .venv/bin/python bench/bench_core.py --json bench/results/core.json
+    .venv-tf2/bin/python bench/bench_core.py --gpu   # variables on /gpu:0
+
+`--gpu` puts the model's variables (and so the device shadows, colocated with
+them) on /gpu:0, checks in a traced run that device mode's copies ran there,
+and measures the same table; fresh processes are not run. Where TensorFlow sees
+no GPU it prints that it skipped and why, and measures nothing.
 """
 import argparse
 import collections
 import concurrent.futures
 import datetime
 import gc
+import importlib.util
 import json
 import os
 import platform
@@ -74,10 +81,16 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
+# Keras) only with this set before TensorFlow is imported; where tf-keras
+# is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import snapstore  # pylint: disable=g-import-not-at-top
+from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 
 tf.logging.set_verbosity(tf.logging.ERROR)
@@ -151,6 +164,9 @@ def parse_args(argv=None):
                       "directory (default: the system temp dir)")
   p.add_argument("--json", metavar="PATH", default=None,
                  help="write raw timings, configuration and ratios to PATH")
+  p.add_argument("--gpu", action="store_true",
+                 help="put the variables on /gpu:0 (skips, saying so, where "
+                      "TensorFlow sees no GPU)")
   args = p.parse_args(argv)
   if not args.kinds:
     args.kinds = ["ref", "resource"]
@@ -188,15 +204,16 @@ def fs_of(path):
 class Bench(object):
   """One graph, one session, every method for one variable kind."""
 
-  def __init__(self, kind, shape, num_vars, ckpt_parent):
+  def __init__(self, kind, shape, num_vars, ckpt_parent, device=None):
     self.kind = kind
     use_resource = kind == "resource"
     self.graph = tf.Graph()
     with self.graph.as_default():
       tf.set_random_seed(0)
-      self.vars = [tf.Variable(tf.random.uniform(shape), name="w%02d" % i,
-                               use_resource=use_resource)
-                   for i in range(num_vars)]
+      with tf.device(device):  # shadows and copies follow by colocation
+        self.vars = [tf.Variable(tf.random.uniform(shape), name="w%02d" % i,
+                                 use_resource=use_resource)
+                     for i in range(num_vars)]
       # snapstore, as the issue describes: built with the model.
       self.dev = snapstore.SnapshotStore(var_list=self.vars, mode="device",
                                          max_to_keep=1, name="dev_store")
@@ -217,9 +234,10 @@ class Bench(object):
           *[tf.assign(v, s) for s, v in zip(shadows, self.vars)],
           name="hand_restore")
       # An in-place write of every variable (values unchanged), like a train step.
-      zero = tf.Variable(tf.zeros(shape), trainable=False, name="zero",
-                         collections=[tf.GraphKeys.LOCAL_VARIABLES],
-                         use_resource=use_resource)
+      with tf.device(device):
+        zero = tf.Variable(tf.zeros(shape), trainable=False, name="zero",
+                           collections=[tf.GraphKeys.LOCAL_VARIABLES],
+                           use_resource=use_resource)
       self.update = tf.group(*[tf.assign_add(v, zero) for v in self.vars],
                              name="update")
       self.saver = tf.train.Saver(var_list=self.vars, max_to_keep=1,
@@ -318,6 +336,21 @@ class Bench(object):
 
   def _numpy_fresh(self):
     self.np_fresh = [a.copy() for a in self.np_src]
+
+  def copy_devices(self):
+    """{device: number of copies} of device mode's snapshot and restore assigns.
+
+    From one traced run of each op: where the placer really ran them.
+    """
+    counts = collections.Counter()
+    for op in (self.dev_snapshot_op, self.dev_restore_op):
+      metadata = tf.RunMetadata()
+      self.sess.run(op, options=tf.RunOptions(
+          trace_level=tf.RunOptions.FULL_TRACE), run_metadata=metadata)
+      copies = set(c.name for c in op.control_inputs)
+      for dev in metadata.step_stats.dev_stats:
+        counts.update(dev.device for n in dev.node_stats if n.node_name in copies)
+    return dict(counts)
 
   def check_unchanged(self):
     now = self.sess.run(self.vars)
@@ -653,6 +686,19 @@ def main(argv=None):
   mnt, fstype = fs_of(ckpt_parent)
   print("snapstore bench_core  %s" % started.strftime("%Y-%m-%d %H:%M:%S %Z"))
   print("command: %s" % " ".join([sys.executable] + sys.argv))
+  print("stack: %s" % stack())
+  device = None
+  if args.gpu:
+    gpus = tf.config.experimental.list_physical_devices("GPU")
+    if not gpus:
+      print("gpu: skipped: TensorFlow %s (built with CUDA: %s) sees no GPU "
+            "on this machine (CUDA_VISIBLE_DEVICES: %s); nothing was measured."
+            % (tf.__version__, tf.test.is_built_with_cuda(),
+               os.environ.get("CUDA_VISIBLE_DEVICES", "not set")))
+      return 0
+    device = "/gpu:0"
+    args.fresh_process = 0
+    print("gpu: variables on /gpu:0 of %s" % ", ".join(g.name for g in gpus))
   print("machine: %s, %s CPUs, %s RAM, %s; Python %s, TensorFlow %s, numpy %s, "
         "%s" % (info.get("cpu", "?"), info["cpus"], info.get("mem_total", "?"),
                 info["platform"], info["python"], info["tensorflow"],
@@ -668,6 +714,8 @@ def main(argv=None):
   print("Saver checkpoints: %s/snapstore-bench-*/ on %s (%s); the files stay in "
         "the page cache, so Saver is measured at its best (no disk reads, no fsync)"
         % (ckpt_parent, mnt, fstype))
+  info["stack"] = stack()
+  info["device"] = device or "default"
   report = {"started": started.isoformat(), "argv": sys.argv, "machine": info,
             "config": {"size_mb": args.size_mb, "num_vars": args.num_vars,
                        "shape": list(shape), "repeats": args.repeats,
@@ -678,9 +726,13 @@ def main(argv=None):
   for kind in args.kinds:
     log("[%s] building the graph and initializing..." % kind)
     t0 = time.perf_counter()
-    bench = Bench(kind, shape, args.num_vars, ckpt_parent)
+    bench = Bench(kind, shape, args.num_vars, ckpt_parent, device)
     log("[%s] ready in %.1f s; Saver writes to %s" % (
         kind, time.perf_counter() - t0, bench.ckpt_dir))
+    if device:
+      placed = bench.copy_devices()
+      print("[%s] device mode's snapshot and restore copies ran on: %s" % (
+          kind, ", ".join("%s (%d)" % d for d in sorted(placed.items()))))
     gc.collect()
     try:
       results = run_rounds(bench, args.repeats, args.warmup, log)

@@ -26,6 +26,7 @@ makes single runs vary by 2x or more.
     .venv/bin/python bench/bench_disk.py [--mib 64] [--reps 9] [--json out.json]
 """
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -38,8 +39,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
+# Keras) only with this set before TensorFlow is imported; where tf-keras
+# is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import snapstore  # pylint: disable=g-import-not-at-top,wrong-import-position
+from snapstore._tf import stack  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore.core.variables import VariableSet  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore.spill import file as spill_file  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -243,6 +250,7 @@ def main(argv=None):
   p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
   p.add_argument("--json", default=None)
   args = p.parse_args(argv)
+  print("stack: %s" % stack(), flush=True)
   workdir = tempfile.mkdtemp(prefix="bench_disk_", dir=args.dir)
   try:
     throughput = bench_throughput(args.mib, args.reps, workdir)

@@ -35,6 +35,7 @@ Usage: python bench/bench_ensemble.py [--quick] [--batch N] [--width N]
 status.
 """
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -43,11 +44,17 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
+# Keras) only with this set before TensorFlow is imported; where tf-keras
+# is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import snapstore  # pylint: disable=g-import-not-at-top
+from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 # Interleaved rounds, median and minimum: the same timing as the rewiring bench.
 from bench_rewire import _seconds  # pylint: disable=g-import-not-at-top
@@ -197,6 +204,7 @@ def main(argv=None):
   parser.add_argument("--members", type=int, nargs="+", default=[2, 4, 8])
   parser.add_argument("--json", default=None, help="also write results here")
   args = parser.parse_args(argv)
+  print("stack: %s" % stack(), flush=True)
   repeats = 5 if args.quick else 20
   directory = tempfile.mkdtemp(prefix="snapstore_bench_ensemble_")
   report = []

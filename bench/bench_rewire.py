@@ -28,17 +28,24 @@ Usage: python bench/bench_rewire.py [--quick] [--batch N] [--width N]
 [--depth N] [--json PATH]. A missed target is reported, not an exit status.
 """
 import argparse
+import importlib.util
 import json
 import os
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
+# Keras) only with this set before TensorFlow is imported; where tf-keras
+# is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import snapstore  # pylint: disable=g-import-not-at-top
+from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 
 tf.logging.set_verbosity(tf.logging.ERROR)
@@ -142,6 +149,7 @@ def main(argv=None):
   parser.add_argument("--depth", type=int, default=4)
   parser.add_argument("--json", default=None, help="also write results here")
   args = parser.parse_args(argv)
+  print("stack: %s" % stack(), flush=True)
   repeats = 5 if args.quick else 30
   results, nbytes = run(args.batch, args.width, args.depth, repeats)
   median = dict((name, m) for name, m, _ in results)

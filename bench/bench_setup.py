@@ -19,14 +19,21 @@ builds are interleaved and the median is reported.
     .venv/bin/python bench/bench_setup.py --num-vars 50 200 --repeats 3 --json out.json
 """
 import argparse
+import importlib.util
 import json
 import os
 import statistics
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
+# Keras) only with this set before TensorFlow is imported; where tf-keras
+# is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import snapstore  # pylint: disable=g-import-not-at-top
+from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 
 tf.logging.set_verbosity(tf.logging.ERROR)
@@ -58,6 +65,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--json", help="write the raw results here")
   args = parser.parse_args()
+  print("stack: %s" % stack(), flush=True)
   kinds = ["adam", "device K=1", "device K=4", "host"]
   results = []
   print("store construction vs Adam's minimize() (median of %d interleaved builds)"

@@ -38,6 +38,7 @@ one. Target (issue 6): device mode, a snapshot every step, at most 5%.
     .venv/bin/python bench/bench_training.py --json bench/results/training.json
 """
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -46,10 +47,16 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
+# Keras) only with this set before TensorFlow is imported; where tf-keras
+# is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import snapstore  # pylint: disable=g-import-not-at-top
+from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 from snapstore.demo import Classifier  # pylint: disable=g-import-not-at-top
 from snapstore.demo import make_data  # pylint: disable=g-import-not-at-top
@@ -214,6 +221,7 @@ def _quantile(values, q):
 
 def main(argv=None):
   args = parse_args(argv)
+  print("stack: %s" % stack(), flush=True)
   tf.logging.set_verbosity(tf.logging.ERROR)
   info = {"python": platform.python_version(), "tensorflow": tf.__version__,
           "numpy": np.__version__, "platform": platform.platform(),

@@ -23,6 +23,7 @@ of each read, which makes TensorFlow hand its own buffer to numpy).
     .venv/bin/python bench/probe_host_restore.py --sharing-check # aligned feeds shared?
 """
 import argparse
+import importlib.util
 import os
 import resource
 import statistics
@@ -30,10 +31,16 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
+# Keras) only with this set before TensorFlow is imported; where tf-keras
+# is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import snapstore  # pylint: disable=g-import-not-at-top
+from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
 from tensorflow.python.ops import array_ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
@@ -106,6 +113,7 @@ def main():
   p.add_argument("--sharing-check", action="store_true",
                  help="only check whether aligned feeds are shared (see sharing_check)")
   args = p.parse_args()
+  print("stack: %s" % stack(), flush=True)
   if args.sharing_check:
     return sharing_check()
   elems = int(args.size_mb * (1 << 20)) // 4 // args.num_vars

@@ -16,6 +16,7 @@ Two measurements behind the notes on `bench_disk.py` in `bench/README.md`:
     .venv/bin/python bench/probe_spill.py [--reps 6] [--dir DIR]
 """
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -28,7 +29,13 @@ import xxhash
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
+# Keras) only with this set before TensorFlow is imported; where tf-keras
+# is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
+from snapstore._tf import stack  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore.core import buffers  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore.core.variables import VariableSet  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -127,6 +134,7 @@ def main(argv=None):
   parser.add_argument("--reps", type=int, default=6)
   parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
   args = parser.parse_args(argv)
+  print("stack: %s" % stack(), flush=True)
   tf.logging.set_verbosity(tf.logging.ERROR)
   with tempfile.TemporaryDirectory(dir=args.dir) as workdir:
     checksum_vs_write(workdir, args.reps)

@@ -26,6 +26,7 @@ Exit status 1 if a check fails (values, ops, files, threads, RSS bound).
 """
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import shutil
@@ -38,8 +39,14 @@ import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
+# Keras) only with this set before TensorFlow is imported; where tf-keras
+# is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import snapstore  # pylint: disable=g-import-not-at-top,wrong-import-position
+from snapstore._tf import stack  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MODES = ("device", "host", "disk")
@@ -189,6 +196,7 @@ def main(argv=None):
   parser.add_argument("--max-new-objects", type=int, default=500)
   parser.add_argument("--json", help="also write the results to this file")
   args = parser.parse_args(argv)
+  print("stack: %s" % stack(), flush=True)
   results, failed = [], False
   for mode in args.modes.split(","):
     result = soak(mode, args.cycles, kib=args.kib, check_every=args.check_every,
