@@ -204,6 +204,62 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
         helpers.assert_state(model.values(sess), expected)
 
 
+  @parameterized.named_parameters(*KINDS)
+  def test_a_gpu_variables_store_stays_on_its_gpu(self, use_resource):
+    # The placer puts every op of a colocation group on the device of the
+    # group's variable. So if every op the store builds for a variable on
+    # /gpu:0 (its shadows, their initializers, each snapshot and restore copy
+    # and the read feeding it) is in that variable's group, the store runs on
+    # the GPU and no parameter crosses to the host. Checked in the graph,
+    # which needs no GPU; where TF sees one, the traced placement is checked
+    # too, and elsewhere the store runs with soft placement.
+    gpu = "/device:GPU:0"
+    dtypes = (tf.float16, tf.float32, tf.float64, tf.int64)
+    with tf.Graph().as_default() as graph:
+      model = helpers.Model(use_resource=use_resource, dtypes=dtypes, devices=[gpu])
+      before = set(graph.get_operations())
+      with tf.device("/cpu:0"):  # a surrounding device scope must not win
+        store = snapstore.SnapshotStore(scope="net", max_to_keep=2)
+      built = [op for op in graph.get_operations() if op not in before]
+    groups = dict((("loc:@" + v.op.name).encode(), v)
+                  for v in model.variables.values())
+    for v in model.variables.values():
+      self.assertEqual(tf.DeviceSpec.from_string(v.device).device_type, "GPU")
+    copies = [c for k in range(2) for group in (store.snapshot_op(k), store.restore_op(k))
+              for c in group.control_inputs]
+    self.assertEqual(len(copies), 4 * len(model.variables))
+    # Besides the grouping no-ops and the placeholders that take host arrays
+    # (load_npz), the store built nothing a variable does not hold on its device.
+    loose = [op.name for op in built
+             if op.type not in ("NoOp", "Placeholder") and not (
+                 len(op.colocation_groups()) == 1
+                 and op.colocation_groups()[0] in groups)]
+    self.assertEqual(loose, [])
+    for slot in range(2):
+      for key, shadow in store.shadows(slot).items():
+        self.assertEqual(shadow.op.colocation_groups(),
+                         model.variables[key].op.colocation_groups())
+    for op in copies:  # the copy and the value it copies share a group
+      self.assertEqual(op.colocation_groups(), op.inputs[1].op.colocation_groups())
+    gpus = tf.config.experimental.list_physical_devices("GPU")
+    config = tf.ConfigProto(allow_soft_placement=not gpus)
+    with tf.Session(graph=graph, config=config) as sess:
+      helpers.init(sess)
+      model.randomize(sess, seed=0)
+      expected = model.values(sess)
+      tag = store.snapshot(session=sess)
+      if gpus:
+        placed = {}
+        for op in (store.snapshot_op(0), store.restore_op(0)):
+          placed.update(_placements(sess, op))
+        for op in copies[:len(model.variables)]:
+          self.assertIn("GPU:0", placed[op.name], op.name)
+      sess.run(model.train_op)
+      helpers.assert_state_differs(model.values(sess), expected)
+      store.restore(tag, session=sess)
+      helpers.assert_state(model.values(sess), expected)
+
+
 class SlotOpsTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*KINDS)
