@@ -16,9 +16,11 @@ because TF 2.x's ResourceVariable is not a VariableV1.
 
 Private TensorFlow APIs are used only for what no public one does (building a
 variable from ops made here, copying an op, unwrapping a MonitoredSession).
-Each is imported below with a comment saying what it is for; where versions
-differ, a shim here gives the package one name for it, and says which version
-needs it. Shims detect the feature (an attribute, a module), not the version
+Each private module is imported below with a comment saying what it is for,
+and each private member of a TF object the package uses (`op._id`,
+`Session._make_callable_from_options`, ...) is wrapped in a function here;
+where versions differ, a shim gives the package one name for it, and says
+which version needs it. Shims detect the feature (an attribute, a module), not the version
 number, and nothing outside this module looks at TensorFlow's version.
 
 Graph mode. Importing snapstore on TensorFlow 2.x disables v2 behaviour
@@ -185,6 +187,73 @@ OBJECT_GRAPH_PROTO_KEY = _object_graph_key()
 # friends on every version, and IndexError from TF 2.x's reader for some
 # truncations.
 CHECKPOINT_READ_ERRORS = (tf.errors.OpError, IndexError)
+
+# -- private members of TF objects, the same on TF 1.15 and 2.x --------------
+# pylint: disable=protected-access
+
+
+def creation_order(op):
+  """`op`'s creation index in its graph (`Operation._id`): a deterministic order."""
+  return op._id
+
+
+def control_flow_context(op):
+  """The v1 control-flow context `op` was built in (a CondContext...), or None."""
+  return op._get_control_flow_context()
+
+
+def reapply_device_functions(graph, op):
+  """Places `op` by the device scopes in effect, as import_graph_def does for
+  each op it imports (clears the op's device, then applies the scopes)."""
+  op._set_device("")
+  graph._apply_device_functions(op)
+
+
+def set_save_slice_info(variable, info):
+  """Marks `variable` as the part `info` of a partitioned variable."""
+  variable._set_save_slice_info(info)
+
+
+def registered_gradient(op_type):
+  """The gradient function registered for `op_type`, under any override."""
+  return ops._gradient_registry.lookup(op_type)
+
+
+def is_ref_dtype(dtype):
+  """True for a ref variable's reference dtype (float32_ref...)."""
+  return dtype._is_ref_dtype
+
+
+def callable_with_exact_feeds(session, feeds, target):
+  """A callable running op `target` with tensors `feeds` fed, made by
+  `Session._make_callable_from_options`: it takes each feed with its exact
+  dtype and shape, unlike `make_callable`. None for sessions without it."""
+  make = getattr(session, "_make_callable_from_options", None)
+  if make is None:
+    return None
+  return make(config_pb2.CallableOptions(feed=[t.name for t in feeds],
+                                         target=[target.name]))
+
+
+def raw_session(session):
+  """The tf.Session under MonitoredSession and its wrappers (hooks, recovery);
+  None if a MonitoredSession is closed. Other objects are returned as given."""
+  if isinstance(session, monitored_session._MonitoredSession):
+    session = session._tf_sess()
+    if session is None:
+      return None
+  while isinstance(session, monitored_session._WrappedSession):
+    session = session._sess
+  return session
+
+
+def create_slots(optimizer, variables):
+  """Makes a tf.train.Optimizer's slots for `variables` now (`_create_slots`,
+  which apply_gradients calls)."""
+  optimizer._create_slots(variables)
+
+
+# pylint: enable=protected-access
 
 # -- Keras --------------------------------------------------------------------
 

@@ -12,10 +12,10 @@ variable and its shadow never leaves the device.
 """
 import numpy as np
 
-from snapstore._tf import tf
 from snapstore._tf import ops
 from snapstore._tf import resource_variable_ops
 from snapstore._tf import state_ops
+from snapstore._tf import tf
 from snapstore._tf import tf_variables
 
 

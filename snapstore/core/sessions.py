@@ -12,9 +12,9 @@ for the session's hooks (inside a hook, `run_context.session` is already raw).
 """
 import threading
 
+from snapstore._tf import callable_with_exact_feeds
+from snapstore._tf import raw_session
 from snapstore._tf import tf
-from snapstore._tf import config_pb2
-from snapstore._tf import monitored_session
 from snapstore.core import attached
 from snapstore.core import checks
 from snapstore import errors
@@ -50,15 +50,10 @@ def resolve(session, graph, what):
 
 
 def _unwrap(session):
-  # pylint: disable=protected-access
-  if isinstance(session, monitored_session._MonitoredSession):
-    raw = session._tf_sess()
-    if raw is None:
-      raise errors.NoSessionError("The MonitoredSession is closed.")
-    session = raw
-  while isinstance(session, monitored_session._WrappedSession):
-    session = session._sess
-  return session
+  raw = raw_session(session)
+  if raw is None:
+    raise errors.NoSessionError("The MonitoredSession is closed.")
+  return raw
 
 
 def run_cached(session, fetches, feed_list=None, values=()):
@@ -90,11 +85,8 @@ def run_cached(session, fetches, feed_list=None, values=()):
     if cache is None:
       cache = {}
       _CALLABLES.set(session, cache)
-    if feed_list and hasattr(session, "_make_callable_from_options"):
-      options = config_pb2.CallableOptions(
-          feed=[t.name for t in feed_list], target=[fetches.name])
-      fn = session._make_callable_from_options(options)  # pylint: disable=protected-access
-    else:
+    fn = callable_with_exact_feeds(session, feed_list, fetches) if feed_list else None
+    if fn is None:
       fn = session.make_callable(fetches, feed_list=feed_list)
     entry = cache[key] = (fn, fetches, feed_list)
   return entry[0](*values)

@@ -9,12 +9,12 @@ crosses devices.
     slot_0, slot_1 = make_shadows(var, [("snapstore/slot_0", collections),
                                         ("snapstore/slot_1", collections)])
 """
-from snapstore._tf import tf
 from snapstore._tf import control_flow_ops
 from snapstore._tf import deprecation
 from snapstore._tf import ops
 from snapstore._tf import resource_variable_ops
 from snapstore._tf import state_ops
+from snapstore._tf import tf
 from snapstore._tf import variable_handle_from_shape_and_dtype
 from snapstore._tf import variable_pb2
 from snapstore.core import copies

@@ -51,8 +51,11 @@ The ops are copied by `snapstore.graph.subgraph`, which says why not by
 import collections
 import contextlib
 
-from snapstore._tf import tf
+from snapstore._tf import creation_order
 from snapstore._tf import deprecation
+from snapstore._tf import reapply_device_functions
+from snapstore._tf import set_save_slice_info
+from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
 from snapstore.core import copies
@@ -231,7 +234,7 @@ class _Builder(object):
           use_resource=copies.is_resource(var))
     info = getattr(var, "_save_slice_info", None)
     if info is not None:  # a part of a partitioned variable
-      new._set_save_slice_info(tf_variables.Variable.SaveSliceInfo(  # pylint: disable=protected-access
+      set_save_slice_info(new, tf_variables.Variable.SaveSliceInfo(
           self._new_name(info.full_name), info.full_shape, info.var_offset,
           info.var_shape))
     return new
@@ -261,10 +264,8 @@ class _Builder(object):
       # Like `import_graph_def`: the original's device, inside whatever
       # `tf.device` scope clone() is called in. These are private, but they
       # are exactly what `import_graph_def` runs for each imported op.
-      # pylint: disable=protected-access
-      new._set_device("")
       with _maybe_device(op.device):
-        self._graph._apply_device_functions(new)
+        reapply_device_functions(self._graph, new)
 
 
 def _maybe_device(device):
@@ -401,7 +402,7 @@ def _variables_of(within, replaced, graph):
 
 def _refuse(to_copy, within, originals, initial_value, outputs):
   copied_keys = dict((subgraph.resource_key(v.op), v) for v in originals)
-  for op in sorted(within, key=lambda o: o._id):  # pylint: disable=protected-access
+  for op in sorted(within, key=creation_order):
     alias = subgraph.aliased(op, copied_keys)
     if alias:
       _fail(op, outputs, alias + ", so the copy would still read the original")

@@ -48,8 +48,10 @@ Rules:
 for the tag's slot (it never builds any), also mapping fed tensors to their
 copies; otherwise it uses the swap.
 """
+from snapstore._tf import creation_order
+from snapstore._tf import is_ref_dtype
+from snapstore._tf import registered_gradient
 from snapstore._tf import tf
-from snapstore._tf import ops
 from snapstore.core import checks
 from snapstore.core import variables
 from snapstore import errors
@@ -77,7 +79,7 @@ def _no_gradient_into_shadows(op, *grads):
     op_type = op.type
   # The registry is private, but it is the only way to reach the gradient
   # the override hides; `ops.get_gradient_function` would return this one.
-  grad_fn = ops._gradient_registry.lookup(op_type)  # pylint: disable=protected-access
+  grad_fn = registered_gradient(op_type)
   in_grads = list(grad_fn(op, *grads)) if grad_fn is not None else [None] * len(blocked)
   return [None if b else g for b, g in zip(blocked, in_grads)]
 
@@ -182,11 +184,11 @@ class Rewirer(object):
             "%r. For a variable, pass var.value(); ops have no past value (run "
             "them with evaluate_with, which swaps)." % (t,))
       checks.same_graph(t, self._graph, "store.past()'s output %s" % t.name)
-      if t.dtype._is_ref_dtype or t.dtype.base_dtype == tf.resource:  # pylint: disable=protected-access
+      if is_ref_dtype(t.dtype) or t.dtype.base_dtype == tf.resource:
         raise ValueError(
             "store.past() got %s, a variable's %s; pass the value "
             "(var.value()) instead: a past reference could be written through."
-            % (t.name, "reference" if t.dtype._is_ref_dtype else "handle"))  # pylint: disable=protected-access
+            % (t.name, "reference" if is_ref_dtype(t.dtype) else "handle"))
 
   def _copy(self, missing, slot):
     tensor_map, op_map = self._tensors[slot], self._ops[slot]
@@ -209,7 +211,7 @@ class Rewirer(object):
   def _refuse(self, within, to_copy, outputs):
     """Raises RewireError for the first op that cannot be rewired faithfully."""
     # In creation order, so the op named is the first one the model built.
-    for op in sorted(within, key=lambda o: o._id):  # pylint: disable=protected-access
+    for op in sorted(within, key=creation_order):
       alias = subgraph.aliased(op, self._primary_keys)
       if alias and op not in self._shadow_ops:
         self._fail(op, outputs, alias + ", which rewiring cannot map to a shadow")

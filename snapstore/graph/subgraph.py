@@ -31,10 +31,12 @@ refuse them.
 """
 import heapq
 
-from snapstore._tf import tf
+from snapstore._tf import control_flow_context
 from snapstore._tf import control_flow_ops
 from snapstore._tf import control_flow_util
+from snapstore._tf import creation_order
 from snapstore._tf import new_operation
+from snapstore._tf import tf
 
 # Ops that own a variable's buffer (ref variables) or resource (ResourceVariable).
 VARIABLE_OP_TYPES = frozenset(["VariableV2", "Variable", "VarHandleOp"])
@@ -75,7 +77,7 @@ def uncopyable_control_flow(op):
   if op.type in _LOOP_OP_TYPES or control_flow_util.IsInWhileLoop(op):
     return ("it is part of a tf.while_loop, and a copy of a loop loses its "
             "WhileContext (frame and gradients)")
-  ctx = op._get_control_flow_context()  # pylint: disable=protected-access
+  ctx = control_flow_context(op)
   while ctx is not None:
     if not isinstance(ctx, control_flow_ops.CondContext):
       return ("it runs in control-flow context %s, which snapstore does not "
@@ -227,8 +229,7 @@ def topological(op_set):
   """
   pending = dict((op, len(set(_inputs_in(op, op_set)))) for op in op_set)
   dependents = _dependents(op_set)
-  # pylint: disable=protected-access
-  ready = [(op._id, op) for op, n in pending.items() if n == 0]  # ids are unique
+  ready = [(creation_order(op), op) for op, n in pending.items() if n == 0]  # unique
   heapq.heapify(ready)
   order = []
   while ready:
@@ -237,7 +238,7 @@ def topological(op_set):
     for d in dependents.get(op, ()):
       pending[d] -= 1
       if pending[d] == 0:
-        heapq.heappush(ready, (d._id, d))
+        heapq.heappush(ready, (creation_order(d), d))
   if len(order) != len(op_set):
     stuck = sorted(op.name for op, n in pending.items() if n > 0)
     raise ValueError("The ops to copy form a cycle (a while loop?): %s"
@@ -331,11 +332,10 @@ def _copy_contexts(made, tensor_map, contexts, new_name):
   original's proto with every name mapped to the copy's, and holding only the
   copies, so that the originals keep their own context.
   """
-  # pylint: disable=protected-access
   graph = made[0][0].graph
   by_context = {}
   for op, new in made:
-    ctx = op._get_control_flow_context()
+    ctx = control_flow_context(op)
     if ctx is not None:
       by_context.setdefault(ctx, []).append(new)
 

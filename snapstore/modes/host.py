@@ -19,8 +19,8 @@ A restore feeds the arrays into placeholders built once and runs one grouped
 assign. Host memory holds `len(store) * store.param_nbytes` bytes; the device
 holds nothing extra.
 """
-from snapstore._tf import tf
 from snapstore._tf import ops
+from snapstore._tf import tf
 from snapstore.core import attached
 from snapstore.core import buffers
 from snapstore.core import copies

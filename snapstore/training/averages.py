@@ -39,8 +39,8 @@ checkpoints. The shadows holding the averages are the store's:
 """
 import numpy as np
 
-from snapstore._tf import tf
 from snapstore._tf import ops
+from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
 from snapstore.core import copies

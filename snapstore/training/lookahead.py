@@ -27,8 +27,8 @@ import collections
 
 import numpy as np
 
-from snapstore._tf import tf
 from snapstore._tf import ops
+from snapstore._tf import tf
 from snapstore.core import checks
 from snapstore.core import copies
 from snapstore.store import SnapshotStore

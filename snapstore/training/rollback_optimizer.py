@@ -41,8 +41,9 @@ import collections
 
 import numpy as np
 
-from snapstore._tf import tf
+from snapstore._tf import create_slots
 from snapstore._tf import ops
+from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
 from snapstore.core import copies
@@ -152,7 +153,7 @@ class RollbackOptimizer(WrapperOptimizer):
       # The inner optimizer's state must exist before the store covers it, and
       # the store's copy must run before the inner step writes.
       with ops.init_scope():
-        self._optimizer._create_slots(variables)  # pylint: disable=protected-access
+        create_slots(self._optimizer, variables)
       loss_before = self._own_variable(np.zeros((), loss.dtype.as_numpy_dtype),
                                        self._name + "_loss_before", first)
       armed = self._own_variable(np.bool_(False), self._name + "_armed", first)

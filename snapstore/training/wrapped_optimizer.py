@@ -12,8 +12,8 @@ variables, which `tf.train.Optimizer` keys by graph.
 """
 import weakref
 
-from snapstore._tf import tf
 from snapstore._tf import ops
+from snapstore._tf import tf
 from snapstore.core import attached
 from snapstore.core import copies
 
