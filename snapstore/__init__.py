@@ -1,4 +1,4 @@
-"""snapstore: in-memory snapshots of TensorFlow 1.15 variables.
+"""snapstore: in-memory snapshots of TensorFlow graph-mode variables.
 
 Take a snapshot of a model's variables, roll back to it, and evaluate past
 parameters next to current ones, without writing a checkpoint every step.

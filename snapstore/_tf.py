@@ -18,10 +18,10 @@ Private TensorFlow APIs are used only for what no public one does (building a
 variable from ops made here, copying an op, unwrapping a MonitoredSession).
 Each private module is imported below with a comment saying what it is for,
 and each private member of a TF object the package uses (`op._id`,
-`Session._make_callable_from_options`, ...) is wrapped in a function here;
-where versions differ, a shim gives the package one name for it, and says
-which version needs it. Shims detect the feature (an attribute, a module), not the version
-number, and nothing outside this module looks at TensorFlow's version.
+`Session._make_callable_from_options`, ...) is wrapped in a function here.
+Where versions differ, a shim gives the package one name and says which
+version needs it; shims detect the feature (an attribute, a module), not the
+version number. Nothing outside this module looks at TensorFlow's version.
 
 Graph mode. Importing snapstore on TensorFlow 2.x disables v2 behaviour
 (`tf.compat.v1.disable_v2_behavior()`: eager execution, v2 control flow,

@@ -1,4 +1,4 @@
-"""`SnapshotStore`: snapshot, roll back and evaluate past parameters in TF 1.15.
+"""`SnapshotStore`: snapshot, roll back and evaluate past parameters (graph mode).
 
 Build the store with the model, before the graph is finalized; afterwards no call
 adds ops to the graph.
