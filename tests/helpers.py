@@ -1,4 +1,5 @@
-"""Shared test helpers: parameter cases, a small multi-dtype model, bit-exact checks."""
+"""Shared test helpers: parameter cases, small models, bit-exact and graph checks."""
+import contextlib
 import itertools
 import os
 
@@ -106,6 +107,44 @@ class Model(object):
 
   def values(self, sess):
     return dict(zip(self.variables, sess.run(list(self.variables.values()))))
+
+
+def dense_net(x, scope="net", use_resource=False, hidden=8, outputs=2,
+              activation=tf.nn.relu, seed=None, with_hidden=False):
+  """The small network many tests share: two dense layers under a variable scope.
+
+  The variables are `<scope>/dense/{kernel,bias}` (the hidden layer) and
+  `<scope>/dense_1/{kernel,bias}` (the output layer); `dense_net_numpy`
+  computes the same function.
+
+  Args:
+    x: The input, a float tensor of shape [batch, features].
+    scope: The variable scope to build in, or None to build in the current
+      one (which then also decides the variable kind).
+    use_resource: Whether the variables are resource variables (ref if not).
+    hidden: The width of the hidden layer.
+    outputs: The width of the output layer.
+    activation: The hidden layer's activation; the output layer has none.
+    seed: None for the layers' default initializer, or a seed for a Glorot
+      uniform initializer of both kernels.
+    with_hidden: Whether to return the hidden layer's output as well.
+
+  Returns:
+    The output tensor, or (hidden output, output) if `with_hidden`.
+  """
+  init = tf.glorot_uniform_initializer(seed=seed) if seed is not None else None
+  with (tf.variable_scope(scope, use_resource=use_resource) if scope is not None
+        else contextlib.nullcontext()):
+    hidden_out = tf.layers.dense(x, hidden, activation=activation,
+                                 kernel_initializer=init)
+    out = tf.layers.dense(hidden_out, outputs, kernel_initializer=init)
+  return (hidden_out, out) if with_hidden else out
+
+
+def dense_net_numpy(x, params, activation=lambda h: np.maximum(0.0, h)):
+  """`dense_net` in numpy, from its variables' values keyed relative to its scope."""
+  hidden = activation(x.dot(params["dense/kernel"]) + params["dense/bias"])
+  return hidden.dot(params["dense_1/kernel"]) + params["dense_1/bias"]
 
 
 def init(sess):

@@ -13,13 +13,6 @@ from tests import helpers
 KINDS = helpers.kind_cases()
 
 
-def _dense_net(x, use_resource, seed=None):
-  init = tf.glorot_uniform_initializer(seed=seed) if seed is not None else None
-  with tf.variable_scope("net", use_resource=use_resource):
-    hidden = tf.layers.dense(x, 8, activation=tf.nn.relu, kernel_initializer=init)
-    return tf.layers.dense(hidden, 2, kernel_initializer=init)
-
-
 def _values(sess, variables):
   return [np.asarray(v) for v in sess.run(list(variables))]
 
@@ -43,7 +36,7 @@ class MotivatingCasesTest(tf.test.TestCase, parameterized.TestCase):
     graph = tf.Graph()
     with graph.as_default():
       x = tf.placeholder(tf.float32, [None, 4], name="x")
-      out = _dense_net(x, use_resource)
+      out = helpers.dense_net(x, use_resource=use_resource)
       originals = tf.global_variables("net")
       c = snapstore.clone(out, inputs=[x], scope="copy")
       copies = list(c.variables.values())
@@ -94,7 +87,7 @@ class MotivatingCasesTest(tf.test.TestCase, parameterized.TestCase):
     graph = tf.Graph()
     with graph.as_default():
       x = tf.placeholder(tf.float32, [None, 4], name="x")
-      out = _dense_net(x, use_resource, seed=3)
+      out = helpers.dense_net(x, use_resource=use_resource, seed=3)
       originals = tf.global_variables("net")
       c = snapstore.clone(out, inputs=[x], scope="copy", initial_value="initializer")
       copies = list(c.variables.values())
@@ -121,7 +114,7 @@ class MotivatingCasesTest(tf.test.TestCase, parameterized.TestCase):
     graph = tf.Graph()
     with graph.as_default():
       x = tf.placeholder(tf.float32, [None, 4], name="x")
-      out = _dense_net(x, use_resource)
+      out = helpers.dense_net(x, use_resource=use_resource)
       c = snapstore.clone(out, inputs=[x], scope="shared", share_variables=True)
       other = tf.placeholder(tf.float32, [None, 4], name="other")
       twice = other * 2.0
@@ -148,7 +141,7 @@ class MotivatingCasesTest(tf.test.TestCase, parameterized.TestCase):
     graph = tf.Graph()
     with graph.as_default():
       x = tf.placeholder(tf.float32, [None, 4], name="x")
-      out = _dense_net(x, use_resource)
+      out = helpers.dense_net(x, use_resource=use_resource)
       kernel = tf.trainable_variables("net")[0]
       self.assertEqual(kernel.op.name, "net/dense/kernel")
       other = tf.get_variable("other", initializer=kernel.initialized_value(),
@@ -301,7 +294,7 @@ class ConstructsTest(tf.test.TestCase, parameterized.TestCase):
     graph = tf.Graph()
     with graph.as_default():
       x = tf.placeholder(tf.float32, [None, 4], name="x")
-      out = _dense_net(x, True)
+      out = helpers.dense_net(x, use_resource=True)
       first = snapstore.clone(out, inputs=[x], scope="copy")
       with tf.device("/cpu:1"):
         second = snapstore.clone(out, inputs=[x], scope="copy")
@@ -328,7 +321,7 @@ class ErrorsTest(tf.test.TestCase):
     graph = tf.Graph()
     with graph.as_default():
       self.x = tf.placeholder(tf.float32, [None, 4], name="x")
-      self.out = _dense_net(self.x, False)
+      self.out = helpers.dense_net(self.x)
     return graph
 
   def assertRefused(self, graph, error, regex, *args, **kwargs):
@@ -396,7 +389,7 @@ class ErrorsTest(tf.test.TestCase):
     graph = tf.Graph()
     with graph.as_default():
       x = tf.placeholder(tf.float32, [None, 4], name="x")
-      out = _dense_net(x, True)
+      out = helpers.dense_net(x, use_resource=True)
       kernel = tf.trainable_variables("net")[0]
       alias = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=kernel.shape,
                                      shared_name=kernel.op.get_attr("shared_name"))

@@ -210,9 +210,9 @@ class _EnsembleCase(tf.test.TestCase, parameterized.TestCase):
     self.graph = tf.Graph()
     with self.graph.as_default():
       self.x = tf.placeholder(tf.float32, [None, 3])
-      with tf.variable_scope("net", use_resource=use_resource):
-        self.hidden = tf.layers.dense(self.x, 5, tf.nn.tanh)
-        self.logits = tf.layers.dense(self.hidden, 4)
+      self.hidden, self.logits = helpers.dense_net(
+          self.x, use_resource=use_resource, hidden=5, outputs=4,
+          activation=tf.nn.tanh, with_hidden=True)
       self.store = snapstore.SnapshotStore(scope="net", mode=mode, max_to_keep=3)
       self.ensembles = build_ensembles() if build_ensembles else None
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
@@ -231,9 +231,8 @@ class _EnsembleCase(tf.test.TestCase, parameterized.TestCase):
     self.feed = {self.x: rng.randn(7, 3).astype(np.float32)}
 
   def numpy_logits(self, tag, x=None):
-    w = self.weights[tag]
-    hidden = np.tanh(self.feed[self.x].dot(w["dense/kernel"]) + w["dense/bias"])
-    return hidden.dot(w["dense_1/kernel"]) + w["dense_1/bias"]
+    return helpers.dense_net_numpy(self.feed[self.x], self.weights[tag],
+                                   activation=np.tanh)
 
   def assertLiveUnchanged(self):
     for before, after in zip(self.live,

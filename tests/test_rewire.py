@@ -94,8 +94,7 @@ class ConstructsTest(_Case):
 
     def build():
       self.x = tf.placeholder(tf.float32, [None, 6])
-      h = tf.layers.dense(self.x, 16, activation=tf.nn.relu)
-      return tf.layers.dense(h, 3)
+      return helpers.dense_net(self.x, scope=None, hidden=16, outputs=3)
     self._setup(build, use_resource, lambda: {self.x: x})
     self.assertPastMatchesSwap()
 
@@ -241,8 +240,7 @@ class NetworkBTest(tf.test.TestCase, parameterized.TestCase):
     with graph.as_default():
       x = tf.placeholder(tf.float32, [None, 4])
       reward = tf.placeholder(tf.float32, [None, 2])
-      with tf.variable_scope("network_B", use_resource=use_resource):
-        out = tf.layers.dense(tf.layers.dense(x, 8, activation=tf.nn.relu), 2)
+      out = helpers.dense_net(x, scope="network_B", use_resource=use_resource)
       b_vars = tf.trainable_variables("network_B")
       store = snapstore.SnapshotStore(scope="network_B")
       past_out = store.past(out, slot=0)
@@ -260,9 +258,9 @@ class NetworkBTest(tf.test.TestCase, parameterized.TestCase):
       for _ in range(10):
         params = dict(zip(store.keys, sess.run(list(store.variables.values()))))
         current_value, past_value = sess.run([out, past_out], {x: x_value})
-        self.assertAllClose(current_value, _forward(x_value, params),
+        self.assertAllClose(current_value, helpers.dense_net_numpy(x_value, params),
                             rtol=1e-5, atol=1e-5)
-        self.assertAllClose(past_value, _forward(x_value, previous or params),
+        self.assertAllClose(past_value, helpers.dense_net_numpy(x_value, previous or params),
                             rtol=1e-5, atol=1e-5)
         if previous is not None:
           helpers.assert_bits_differ(past_value, current_value, "past")
@@ -276,21 +274,16 @@ class NetworkBTest(tf.test.TestCase, parameterized.TestCase):
         previous = params
 
 
-def _forward(x, params):
-  hidden = np.maximum(0.0, x.dot(params["dense/kernel"]) + params["dense/bias"])
-  return hidden.dot(params["dense_1/kernel"]) + params["dense_1/bias"]
-
-
 class CachingAndEvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
 
   def _build(self, use_resource=False, max_to_keep=2):
     self.graph = tf.Graph()
     with self.graph.as_default():
       self.x = tf.placeholder(tf.float32, [None, 3])
-      with tf.variable_scope("net", use_resource=use_resource):
-        self.hidden = tf.layers.dense(self.x, 4, activation=tf.nn.tanh)
-        self.out = tf.layers.dense(self.hidden, 2)
-        self.loss = tf.losses.mean_squared_error(tf.zeros_like(self.out), self.out)
+      self.hidden, self.out = helpers.dense_net(
+          self.x, use_resource=use_resource, hidden=4, activation=tf.nn.tanh,
+          with_hidden=True)
+      self.loss = tf.losses.mean_squared_error(tf.zeros_like(self.out), self.out)
       self.store = snapstore.SnapshotStore(scope="net", max_to_keep=max_to_keep)
       self.perturb = _perturb_op(list(self.store.variables.values()), seed=3)
       self.init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
