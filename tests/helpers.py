@@ -147,6 +147,57 @@ def dense_net_numpy(x, params, activation=lambda h: np.maximum(0.0, h)):
   return hidden.dot(params["dense_1/kernel"]) + params["dense_1/bias"]
 
 
+class CountingSession(object):
+  """A session wrapper that counts the runs and the callables made through it.
+
+  Stores accept it as a session: it has `graph`, `run` and (unless hidden)
+  `make_callable`, as `snapstore.core.sessions.run_cached` needs.
+
+  Attributes:
+    runs: Steps run through this wrapper: calls of `run` and of the callables
+      it made.
+    made: Callables made with `make_callable`.
+  """
+
+  def __init__(self, sess, with_callables=True):
+    """Wraps `sess`.
+
+    Args:
+      sess: The `tf.Session` to run in.
+      with_callables: If False the wrapper has no `make_callable`, so a store
+        falls back to `run` and every step goes through `run`.
+    """
+    self._sess = sess
+    self.graph = sess.graph
+    self.runs = 0
+    self.made = 0
+    if with_callables:
+      self.make_callable = self._make_callable
+
+  def run(self, *args, **kwargs):
+    self.runs += 1
+    return self._sess.run(*args, **kwargs)
+
+  def _make_callable(self, *args, **kwargs):
+    self.made += 1
+    fn = self._sess.make_callable(*args, **kwargs)
+
+    def counted(*values, **options):
+      self.runs += 1
+      return fn(*values, **options)
+    return counted
+
+
+class CountingHook(tf.train.SessionRunHook):
+  """A session hook that counts the runs it sees (`runs`)."""
+
+  def __init__(self):
+    self.runs = 0
+
+  def before_run(self, run_context):
+    self.runs += 1
+
+
 def init(sess):
   with sess.graph.as_default():
     sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])

@@ -62,19 +62,6 @@ def tearDownModule():  # pylint: disable=invalid-name
   shutil.rmtree(_workdir, ignore_errors=True)
 
 
-class _CountingSession(object):
-  """Runs in `sess` and counts the runs (no make_callable: every run is seen)."""
-
-  def __init__(self, sess):
-    self._sess = sess
-    self.graph = sess.graph
-    self.runs = 0
-
-  def run(self, *args, **kwargs):
-    self.runs += 1
-    return self._sess.run(*args, **kwargs)
-
-
 class SeparateProcessesTest(tf.test.TestCase, parameterized.TestCase):
   """y = x + w with w = 1, 2, 3 from three processes, in one graph."""
 
@@ -101,7 +88,7 @@ class SeparateProcessesTest(tf.test.TestCase, parameterized.TestCase):
         for earlier in MEMBERS[:i + 1]:
           helpers.assert_bit_equal(store.arrays(earlier["tag"], session=sess)["w"],
                                    np.float32(earlier["w"]), earlier["tag"])
-      runs = _CountingSession(sess)
+      runs = helpers.CountingSession(sess, with_callables=False)
       result = ensemble.evaluate({x: [10.0]}, session=runs)
       if mode == "device":
         self.assertEqual(runs.runs, 1)  # every member in one session.run
@@ -176,7 +163,7 @@ class ClassifierTest(tf.test.TestCase, parameterized.TestCase):
       for m in MEMBERS:  # the checkpoints hold Adam's slots and the step too
         store.load_checkpoint(_written[m["tag"]]["classifier"], tag=m["tag"],
                               allow_extra=True, session=sess, **m["load"])
-      runs = _CountingSession(sess)
+      runs = helpers.CountingSession(sess, with_callables=False)
       result = ensemble.evaluate({x: test_x}, session=runs)
       votes_of_scores = score_vote.evaluate({x: test_x}, session=sess).combined
       for before, after in zip(live, sess.run(list(store.variables.values()))):
@@ -307,7 +294,7 @@ class RunPathsTest(_EnsembleCase):
     together, apart = self.ensembles
     self.assertTrue(together.rewired)
     self.assertFalse(apart.rewired)
-    counting = _CountingSession(self.sess)
+    counting = helpers.CountingSession(self.sess, with_callables=False)
     one = together.evaluate(self.feed, session=counting)
     self.assertEqual(counting.runs, 1)
     counting.runs = 0
@@ -320,7 +307,7 @@ class RunPathsTest(_EnsembleCase):
 
   def test_store_evaluate_each_without_rewired_copies_swaps_each(self):
     self._setup("device")  # no Ensemble built: the outputs have no rewired copies
-    counting = _CountingSession(self.sess)
+    counting = helpers.CountingSession(self.sess, with_callables=False)
     values = self.store.evaluate_each(self.logits, self.feed, tags=TAGS[::-1],
                                       session=counting)
     self.assertEqual(list(values), TAGS[::-1])

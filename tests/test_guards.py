@@ -193,7 +193,7 @@ class GuardTest(_GuardCase):
     with tf.Graph().as_default() as graph:
       model = th.Regression()
       store = model.store(max_to_keep=1)
-      counter = _CountingHook()
+      counter = helpers.CountingHook()
       with tf.train.MonitoredTrainingSession(hooks=[counter]) as sess:
         start = th.state(store, sess._tf_sess())  # pylint: disable=protected-access
         with store.guard(watch=model.loss, reraise=False, session=sess) as guard:
@@ -203,15 +203,6 @@ class GuardTest(_GuardCase):
         self.assertEqual(counter.runs, 2)  # the user's runs only
         helpers.assert_state(th.state(store, sess._tf_sess()), start)  # pylint: disable=protected-access
     del graph
-
-
-class _CountingHook(tf.train.SessionRunHook):
-
-  def __init__(self):
-    self.runs = 0
-
-  def before_run(self, run_context):
-    self.runs += 1
 
 
 class GuardErrorsTest(_GuardCase):
