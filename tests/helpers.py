@@ -147,6 +147,33 @@ def dense_net_numpy(x, params, activation=lambda h: np.maximum(0.0, h)):
   return hidden.dot(params["dense_1/kernel"]) + params["dense_1/bias"]
 
 
+@contextlib.contextmanager
+def new_ops(graph):
+  """Collects the ops that the block adds to `graph`.
+
+  Yields:
+    A list, empty inside the block, that holds the new ops once it exits.
+  """
+  start = len(graph.get_operations())
+  added = []
+  yield added
+  added.extend(graph.get_operations()[start:])
+
+
+@contextlib.contextmanager
+def assert_no_new_ops(graph):
+  """Asserts that the block adds no op to `graph`.
+
+  Raises:
+    AssertionError: On leaving the block, if it added ops; names them.
+  """
+  with new_ops(graph) as added:
+    yield
+  if added:
+    raise AssertionError("%d new ops in the graph: %s"
+                         % (len(added), ", ".join(op.name for op in added[:20])))
+
+
 class CountingSession(object):
   """A session wrapper that counts the runs and the callables made through it.
 

@@ -325,11 +325,10 @@ class ErrorsTest(tf.test.TestCase):
     return graph
 
   def assertRefused(self, graph, error, regex, *args, **kwargs):
-    op_count = len(graph.get_operations())
     variables = len(graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES))
-    with graph.as_default(), self.assertRaisesRegex(error, regex):
-      snapstore.clone(*args, **kwargs)
-    self.assertEqual(len(graph.get_operations()), op_count)
+    with helpers.assert_no_new_ops(graph), graph.as_default():
+      with self.assertRaisesRegex(error, regex):
+        snapstore.clone(*args, **kwargs)
     self.assertEqual(len(graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)),
                      variables)
 

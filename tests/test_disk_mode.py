@@ -227,16 +227,15 @@ class TiersTest(_Case):
   def test_finalized_graph_no_new_ops(self):
     self._setup(dtypes=(tf.float32,), memory_budget=60, max_to_keep=4)
     self.graph.finalize()
-    count = len(self.graph.get_operations())
-    for seed in range(30):
-      tag, _ = self._take(seed)
-      self.store.restore(tag, session=self.sess)
-      self.store.restore(self.store.tags()[0], session=self.sess)
-      self.store.evaluate_with(self.model.train_op, tag=self.store.tags()[0],
-                               session=self.sess)
-      if seed % 10 == 0:
-        self.store.flush()
-    self.assertEqual(len(self.graph.get_operations()), count)
+    with helpers.assert_no_new_ops(self.graph):
+      for seed in range(30):
+        tag, _ = self._take(seed)
+        self.store.restore(tag, session=self.sess)
+        self.store.restore(self.store.tags()[0], session=self.sess)
+        self.store.evaluate_with(self.model.train_op, tag=self.store.tags()[0],
+                                 session=self.sess)
+        if seed % 10 == 0:
+          self.store.flush()
 
 
 class ReopenTest(_Case):

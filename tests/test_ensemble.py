@@ -74,8 +74,7 @@ class SeparateProcessesTest(tf.test.TestCase, parameterized.TestCase):
       ensemble = snapstore.Ensemble(store, y, tags=TAGS, combine="mean")
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
     graph.finalize()
-    op_count = len(graph.get_operations())
-    with tf.Session(graph=graph) as sess:
+    with helpers.assert_no_new_ops(graph), tf.Session(graph=graph) as sess:
       sess.run(init)
       w.load(100.0, sess)
       live = sess.run(w)
@@ -106,7 +105,6 @@ class SeparateProcessesTest(tf.test.TestCase, parameterized.TestCase):
       for m in MEMBERS:
         helpers.assert_bit_equal(store.arrays(m["tag"], session=sess)["w"],
                                  np.float32(m["w"]), m["tag"])
-    self.assertLen(graph.get_operations(), op_count)
     self.assertEqual(ensemble.device_nbytes, 3 * 4 if mode == "device" else 0)
     self.assertEqual(ensemble.host_nbytes, 3 * 4 if mode == "host" else 0)
 
@@ -237,22 +235,21 @@ class CombineTest(_EnsembleCase):
               snapstore.Ensemble(self.store, self.logits, tags=["w3", "w1"],
                                  combine=lambda s: np.max(s, axis=0))]
     self._setup(mode, use_resource, build_ensembles=build)
-    op_count = len(self.graph.get_operations())
-    mean, vote, biggest = [e.evaluate(self.feed, session=self.sess)
-                           for e in self.ensembles]
-    expected = np.stack([self.numpy_logits(t) for t in TAGS])
-    self.assertEqual(list(mean.members), TAGS)  # tags=None: every snapshot, oldest first
-    for tag, value in zip(TAGS, expected):
-      self.assertAllClose(mean.members[tag], value, rtol=1e-5, atol=1e-6)
-    self.assertAllClose(mean.combined, expected.mean(axis=0), rtol=1e-5, atol=1e-6)
-    labels = expected.argmax(axis=2)
-    self.assertAllEqual(vote.combined, [np.bincount(labels[:, i], minlength=4).argmax()
-                                        for i in range(labels.shape[1])])
-    self.assertEqual(list(biggest.members), ["w3", "w1"])
-    self.assertAllClose(biggest.combined, np.maximum(expected[2], expected[0]),
-                        rtol=1e-5, atol=1e-6)
-    self.assertLiveUnchanged()
-    self.assertLen(self.graph.get_operations(), op_count)
+    with helpers.assert_no_new_ops(self.graph):
+      mean, vote, biggest = [e.evaluate(self.feed, session=self.sess)
+                             for e in self.ensembles]
+      expected = np.stack([self.numpy_logits(t) for t in TAGS])
+      self.assertEqual(list(mean.members), TAGS)  # tags=None: every snapshot, oldest first
+      for tag, value in zip(TAGS, expected):
+        self.assertAllClose(mean.members[tag], value, rtol=1e-5, atol=1e-6)
+      self.assertAllClose(mean.combined, expected.mean(axis=0), rtol=1e-5, atol=1e-6)
+      labels = expected.argmax(axis=2)
+      self.assertAllEqual(vote.combined, [np.bincount(labels[:, i], minlength=4).argmax()
+                                          for i in range(labels.shape[1])])
+      self.assertEqual(list(biggest.members), ["w3", "w1"])
+      self.assertAllClose(biggest.combined, np.maximum(expected[2], expected[0]),
+                          rtol=1e-5, atol=1e-6)
+      self.assertLiveUnchanged()
 
   def test_vote_counts_and_ties(self):
     labels = np.array([[0, 2, 1, 3], [2, 2, 3, 1], [2, 0, 3, 1], [0, 1, 1, 2]])

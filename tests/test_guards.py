@@ -177,16 +177,15 @@ class GuardTest(_GuardCase):
     model, store, sess = self._setup()
     guard = store.guard(watch=model.loss, retries=1, session=sess)
     self.graph.finalize()
-    ops_before = len(self.graph.get_operations())
-    for i, feed in enumerate(model.feeds(1, 20)):
-      for attempt in guard:
-        with attempt:
-          lr = BLOW_UP if i % 5 == 0 and attempt.number == 0 else 0.01
-          attempt.run(model.train_op, model.with_lr(feed, lr))
-          attempt.run(model.loss, feed)
-      with store.trial(metric=model.loss, feed_dict=feed, session=sess):
-        sess.run(model.train_op, feed)
-    self.assertEqual(len(self.graph.get_operations()), ops_before)
+    with helpers.assert_no_new_ops(self.graph):
+      for i, feed in enumerate(model.feeds(1, 20)):
+        for attempt in guard:
+          with attempt:
+            lr = BLOW_UP if i % 5 == 0 and attempt.number == 0 else 0.01
+            attempt.run(model.train_op, model.with_lr(feed, lr))
+            attempt.run(model.loss, feed)
+        with store.trial(metric=model.loss, feed_dict=feed, session=sess):
+          sess.run(model.train_op, feed)
     self.assertTrue(np.isfinite(sess.run(model.loss, feed)))
 
   def test_run_goes_through_a_monitored_session(self):

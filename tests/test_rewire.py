@@ -298,21 +298,20 @@ class CachingAndEvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
   def test_cached_per_op_and_slot(self):
     self._build()
     with self.graph.as_default():
-      ops_before = len(self.graph.get_operations())
-      past = self.store.past(self.out)
-      ops_after_first = len(self.graph.get_operations())
-      self.assertGreater(ops_after_first, ops_before)
-      self.assertIs(self.store.past(self.out), past)
-      # A tensor inside the earlier copy: already there.
-      past_hidden = self.store.past({"h": self.hidden, "o": self.out})
-      self.assertIs(past_hidden["o"], past)
-      self.assertEqual(len(self.graph.get_operations()), ops_after_first)
+      with helpers.new_ops(self.graph) as built:
+        past = self.store.past(self.out)
+      self.assertTrue(built)  # the first call builds the copy
+      with helpers.assert_no_new_ops(self.graph):
+        self.assertIs(self.store.past(self.out), past)
+        # A tensor inside the earlier copy: already there.
+        past_hidden = self.store.past({"h": self.hidden, "o": self.out})
+        self.assertIs(past_hidden["o"], past)
       # Another slot gets its own copy.
       self.assertIsNot(self.store.past(self.out, slot=1), past)
       # New outputs copy only the ops not copied yet.
-      before_loss = len(self.graph.get_operations())
-      self.store.past(self.loss)
-      added = [op.name for op in self.graph.get_operations()[before_loss:]]
+      with helpers.new_ops(self.graph) as added:
+        self.store.past(self.loss)
+      added = [op.name for op in added]
       self.assertFalse([n for n in added if "dense" in n], added)
     self.assertTrue(past.name.startswith("snapstore/past_0/net/dense_1/"), past.name)
     # The copies join no collection: the past loss is not a LOSSES member.
@@ -384,13 +383,12 @@ class CachingAndEvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
       past = self.store.past(self.out)
     sess = self._session()
     self.graph.finalize()
-    op_count = len(self.graph.get_operations())
-    tag = self.store.snapshot(session=sess)
-    expected = sess.run(past, self.feed)
-    for _ in range(1000):
-      got = self.store.evaluate_with(self.out, self.feed, tag=tag, session=sess)
-    helpers.assert_bit_equal(got, expected)
-    self.assertEqual(len(self.graph.get_operations()), op_count)
+    with helpers.assert_no_new_ops(self.graph):
+      tag = self.store.snapshot(session=sess)
+      expected = sess.run(past, self.feed)
+      for _ in range(1000):
+        got = self.store.evaluate_with(self.out, self.feed, tag=tag, session=sess)
+      helpers.assert_bit_equal(got, expected)
     self.assertIs(self.store.past(self.out), past)  # cached: fine when finalized
 
   def test_rewired_reads_run_on_the_variables_device(self):
@@ -518,10 +516,9 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
     return graph
 
   def assertRefused(self, graph, store, outputs, regex):
-    op_count = len(graph.get_operations())
-    with self.assertRaisesRegex(snapstore.RewireError, regex):
-      store.past(outputs)
-    self.assertEqual(len(graph.get_operations()), op_count)
+    with helpers.assert_no_new_ops(graph):
+      with self.assertRaisesRegex(snapstore.RewireError, regex):
+        store.past(outputs)
 
   @parameterized.named_parameters(*KINDS)
   def test_batch_norm_updates_as_control_dependency(self, use_resource):
