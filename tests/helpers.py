@@ -174,6 +174,27 @@ def assert_no_new_ops(graph):
                          % (len(added), ", ".join(op.name for op in added[:20])))
 
 
+@contextlib.contextmanager
+def assert_raises_naming(test, error, *fragments):
+  """Asserts that the block raises `error` with a message matching each regex.
+
+  For messages that must name several things (every mismatch, the problem and
+  its fix), in whatever order and words the rest of the message uses.
+
+  Args:
+    test: The running `tf.test.TestCase`.
+    error: The exception type the block must raise.
+    *fragments: Regexes each of which must match part of the message.
+
+  Yields:
+    The `assertRaises` context; `.exception` is the error raised.
+  """
+  with test.assertRaises(error) as caught:
+    yield caught
+  for fragment in fragments:
+    test.assertRegex(str(caught.exception), fragment)
+
+
 class CountingSession(object):
   """A session wrapper that counts the runs and the callables made through it.
 

@@ -64,7 +64,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       # the scope still covers only the model.
       second = snapstore.SnapshotStore(scope="net", mode="host")
       self.assertEqual(second.keys, first.keys)
-      with self.assertRaisesRegex(ValueError, "No variables to snapshot"):
+      with self.assertRaisesRegex(ValueError, "collection 'local_variables' .*is empty"):
         snapstore.SnapshotStore(collection=tf.GraphKeys.LOCAL_VARIABLES)
 
   @parameterized.named_parameters(*KINDS)

@@ -326,10 +326,9 @@ class RunPathsTest(_EnsembleCase):
       out = tf.while_loop(lambda i, acc: i < 3,
                           lambda i, acc: (i + 1, acc + w * x), (0, 0.0))[1]
       store = snapstore.SnapshotStore(scope="net", mode="device", max_to_keep=2)
-      with self.assertRaisesRegex(
-          snapstore.RewireError,
-          r"part of a tf\.while_loop.*Ensemble\(\.\.\., rewire=False\) evaluates "
-          r"the members one after another"):
+      with helpers.assert_raises_naming(self, snapstore.RewireError,
+                                        r"part of a tf\.while_loop",
+                                        r"Ensemble\(\.\.\., rewire=False\)"):
         snapstore.Ensemble(store, out)
       ensemble = snapstore.Ensemble(store, out, rewire=False)
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
@@ -347,8 +346,7 @@ class RunPathsTest(_EnsembleCase):
   def test_rewire_on_a_host_store(self):
     def build():
       with self.assertRaisesRegex(snapstore.ModeError,
-                                  r"rewire=True\) runs the members from device "
-                                  r"slots; this store uses mode 'host'"):
+                                  r"rewire=True\) runs the members from device slots"):
         snapstore.Ensemble(self.store, self.logits, rewire=True)
     self._setup("host", build_ensembles=build)
 
@@ -366,8 +364,8 @@ class EnsembleErrorsTest(_EnsembleCase):
           (ValueError, r"needs at least one output tensor", dict(outputs=[])),
           (snapstore.GraphMismatchError, r"Const:0 belongs to another graph",
            dict(outputs=foreign)),
-          (ValueError, r"Invalid combine 'median'; must be one of mean, vote, or a "
-           r"function", dict(combine="median")),
+          (ValueError, r"Invalid combine 'median'; must be one of mean, vote",
+           dict(combine="median")),
           (TypeError, r"combine must be 'mean', 'vote' or a function, got 3",
            dict(combine=3)),
           (ValueError, r"combine must be .* a structure like outputs",
@@ -394,8 +392,7 @@ class EnsembleErrorsTest(_EnsembleCase):
       return [snapstore.Ensemble(self.store, self.logits, tags=["w1", "gone"])]
     self._setup(mode, build_ensembles=build)
     with self.assertRaisesRegex(snapstore.UnknownTagError,
-                                r"No snapshot tagged 'gone'\. The store holds: "
-                                r"'w1', 'w2', 'w3'"):
+                                r"No snapshot tagged 'gone'.*'w1', 'w2', 'w3'"):
       self.ensembles[0].evaluate(self.feed, session=self.sess)
     self.assertLiveUnchanged()
 

@@ -212,11 +212,12 @@ class GuardErrorsTest(_GuardCase):
       store.guard(watch=model.loss.op)
     with self.graph.as_default():
       step_read = tf.identity(model.step)
-    with self.assertRaisesRegex(TypeError, "has dtype int64; only float tensors"):
+    with self.assertRaisesRegex(TypeError, "Watched tensor .*has dtype int64"):
       store.guard(watch=step_read)
     with tf.Graph().as_default():
       other = tf.constant(1.0)
-    with self.assertRaisesRegex(snapstore.GraphMismatchError, "another graph"):
+    with self.assertRaisesRegex(snapstore.GraphMismatchError,
+                                "Const:0 belongs to another graph"):
       store.guard(watch=[model.loss, other])
 
   def test_bad_arguments(self):
@@ -236,8 +237,8 @@ class GuardErrorsTest(_GuardCase):
 
   def test_with_statement_cannot_retry(self):
     _, store, sess = self._setup()
-    with self.assertRaisesRegex(ValueError, "retries=2 needs the block to run "
-                                "again.*for attempt in store.guard"):
+    with self.assertRaisesRegex(ValueError,
+                                "retries=2 needs the block to run again.*for attempt in"):
       with store.guard(retries=2, session=sess):
         pass
 
@@ -256,7 +257,8 @@ class GuardErrorsTest(_GuardCase):
 
   def test_guard_without_session(self):
     _, store, _ = self._setup()
-    with self.assertRaisesRegex(snapstore.NoSessionError, "snapshot"):
+    with self.assertRaisesRegex(snapstore.NoSessionError,
+                                r"snapshot\(\) needs a session"):
       with store.guard():
         pass
 
@@ -351,7 +353,8 @@ class TrialTest(_GuardCase):
       store.trial(metric=model.loss, accept=1)
     with tf.Graph().as_default():
       other = tf.constant(1.0)
-    with self.assertRaisesRegex(snapstore.GraphMismatchError, "another graph"):
+    with self.assertRaisesRegex(snapstore.GraphMismatchError,
+                                "Const:0 belongs to another graph"):
       store.trial(metric=other)
 
 

@@ -515,9 +515,9 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
         self.out = tf.layers.dense(self.x, 2)
     return graph
 
-  def assertRefused(self, graph, store, outputs, regex):
+  def assertRefused(self, graph, store, outputs, *fragments):
     with helpers.assert_no_new_ops(graph):
-      with self.assertRaisesRegex(snapstore.RewireError, regex):
+      with helpers.assert_raises_naming(self, snapstore.RewireError, *fragments):
         store.past(outputs)
 
   @parameterized.named_parameters(*KINDS)
@@ -531,9 +531,8 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
       store = snapstore.SnapshotStore(scope="net")
     self.assertRefused(
         graph, store, out,
-        r"op 'net/batch_normalization/AssignMovingAvg.*' \(type Assign.*\).* it "
-        r"writes a variable.*fetch it separately.*evaluate_with\(past=True\) "
-        r"evaluates such fetches by swapping")
+        r"op 'net/batch_normalization/AssignMovingAvg[^']*' .*writes a variable",
+        r"fetch it separately", r"evaluate_with\(past=True\)")
 
   def test_assign_in_the_outputs_path(self):
     graph = self._graph()
@@ -541,8 +540,7 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
       counter = tf.get_variable("net/counter", [], initializer=tf.zeros_initializer())
       out = self.out + tf.assign_add(counter, tf.reduce_sum(self.out))
       store = snapstore.SnapshotStore(scope="net")
-    self.assertRefused(graph, store, out, r"op 'AssignAdd' \(type AssignAdd\).*"
-                       r"writes a variable")
+    self.assertRefused(graph, store, out, r"op 'AssignAdd' .*writes a variable")
 
   def test_while_loop(self):
     graph = self._graph()
@@ -560,8 +558,7 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
       kernel = tf.trainable_variables("net")[0]
       (out,) = xla.compile(lambda: tf.matmul(self.x, kernel))
       store = snapstore.SnapshotStore(scope="net")
-    self.assertRefused(graph, store, out, r"op '.*' \(type .*\); it runs in "
-                       r"control-flow context XLACompileContext")
+    self.assertRefused(graph, store, out, r"control-flow context XLACompileContext")
 
   def test_unknown_stateful_op(self):
     graph = self._graph()
@@ -578,8 +575,8 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
                                      shared_name=kernel.op.get_attr("shared_name"))
       out = tf.matmul(self.x, tf.raw_ops.ReadVariableOp(resource=alias, dtype=tf.float32))
       store = snapstore.SnapshotStore(scope="net")
-    self.assertRefused(graph, store, out, r"op 'VarHandleOp' \(type VarHandleOp\).*"
-                       r"is the variable net/dense/kernel:0 under another op")
+    self.assertRefused(graph, store, out,
+                       r"'VarHandleOp'.*the variable net/dense/kernel:0 under another op")
 
   def test_finalized_graph(self):
     graph = self._graph()
@@ -587,8 +584,7 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
       store = snapstore.SnapshotStore(scope="net")
     graph.finalize()
     with self.assertRaisesRegex(snapstore.RewireError,
-                                r"graph is finalized.*Call store.past\(\) while "
-                                r"building the graph"):
+                                r"graph is finalized.*store\.past\(\) while building"):
       store.past(self.out)
 
   def test_refused_fetches_use_the_swap(self):
@@ -621,14 +617,15 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
       store.past(kernel)
     with self.assertRaisesRegex(TypeError, r"takes tensors.*got <tf.Operation"):
       store.past(self.out.op)
-    with self.assertRaisesRegex(ValueError, r"net/dense/kernel:0, a variable's "
-                                r"reference; pass the value"):
+    with self.assertRaisesRegex(ValueError,
+                                r"net/dense/kernel:0, a variable's reference; pass the value"):
       store.past(kernel.op.outputs[0])
     with self.assertRaisesRegex(ValueError, r"got no tensors"):
       store.past([])
     with tf.Graph().as_default():
       other = tf.zeros([1])
-    with self.assertRaisesRegex(snapstore.GraphMismatchError, r"another graph"):
+    with self.assertRaisesRegex(snapstore.GraphMismatchError,
+                                r"zeros:0 belongs to another graph"):
       store.past(other)
 
 
