@@ -99,11 +99,16 @@ class Model(object):
     self.train_op = tf.group(*updates)
 
   def randomize(self, sess, seed):
-    """Loads random bit patterns into every variable (no new ops)."""
+    """Loads random bit patterns into every variable (no new ops).
+
+    Returns:
+      The values loaded, as `values(sess)` gives them.
+    """
     rng = np.random.RandomState(seed)
     for var in self.variables.values():
       var.load(random_value(rng, var.shape.as_list(),
                             var.dtype.base_dtype.as_numpy_dtype), sess)
+    return self.values(sess)
 
   def values(self, sess):
     return dict(zip(self.variables, sess.run(list(self.variables.values()))))
@@ -139,6 +144,24 @@ def dense_net(x, scope="net", use_resource=False, hidden=8, outputs=2,
                                  kernel_initializer=init)
     out = tf.layers.dense(hidden_out, outputs, kernel_initializer=init)
   return (hidden_out, out) if with_hidden else out
+
+
+def dense_net_data(examples=16, seed=0):
+  """Inputs and targets for a `dense_net` of 4 features and 2 outputs.
+
+  Returns:
+    (x, y): float32 arrays of shapes [examples, 4] and [examples, 2], drawn
+    from a standard normal with `seed`.
+  """
+  rng = np.random.RandomState(seed)
+  x = rng.randn(examples, 4).astype(np.float32)
+  return x, rng.randn(examples, 2).astype(np.float32)
+
+
+def dense_net_placeholders():
+  """Placeholders to feed `dense_net_data` through: x [None, 4] and y [None, 2]."""
+  return (tf.placeholder(tf.float32, [None, 4], name="x"),
+          tf.placeholder(tf.float32, [None, 2], name="y"))
 
 
 def dense_net_numpy(x, params, activation=lambda h: np.maximum(0.0, h)):

@@ -303,8 +303,7 @@ class PinSlotTest(tf.test.TestCase, parameterized.TestCase):
     self.model.randomize(sess, seed=1)
     sess.run(self.refresh)  # e.g. inside the train step
     refreshed = self.model.values(sess)
-    self.model.randomize(sess, seed=2)
-    live = self.model.values(sess)
+    live = self.model.randomize(sess, seed=2)
     store.restore("target", session=sess)
     helpers.assert_state(self.model.values(sess), refreshed)
     self.model.randomize(sess, seed=2)

@@ -64,8 +64,8 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.Session(graph=graph) as sess:
       sess.run(tf.global_variables_initializer())
-      model.randomize(sess, seed)
-      return saver.save(sess, path), model.values(sess)
+      values = model.randomize(sess, seed)
+      return saver.save(sess, path), values
 
   @parameterized.named_parameters(
       *[(name + "_" + v, mode, kind, version) for name, mode, kind in CASES
@@ -84,8 +84,7 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
       model.randomize(sess, 1)
       store.snapshot("good", session=sess)
       good = model.values(sess)
-      model.randomize(sess, 2)
-      live = model.values(sess)
+      live = model.randomize(sess, 2)
       helpers.assert_state_differs(live, written)
       self.assertEqual(store.load_checkpoint(path, tag="ckpt", strip_prefix="member",
                                              session=sess), "ckpt")

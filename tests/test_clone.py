@@ -30,9 +30,7 @@ class MotivatingCasesTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*KINDS)
   def test_new_variables_train_alone_and_are_saved(self, use_resource):
-    rng = np.random.RandomState(0)
-    x_value = rng.randn(16, 4).astype(np.float32)
-    y_value = rng.randn(16, 2).astype(np.float32)
+    x_value, y_value = helpers.dense_net_data()
     graph = tf.Graph()
     with graph.as_default():
       x = tf.placeholder(tf.float32, [None, 4], name="x")

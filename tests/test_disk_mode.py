@@ -46,8 +46,7 @@ class _Case(tf.test.TestCase, parameterized.TestCase):
     return store
 
   def _take(self, seed, tag=None, store=None):
-    self.model.randomize(self.sess, seed)
-    values = self.model.values(self.sess)
+    values = self.model.randomize(self.sess, seed)
     return (store or self.store).snapshot(tag, session=self.sess), values
 
 

@@ -28,8 +28,7 @@ class _StoreCase(tf.test.TestCase, parameterized.TestCase):
     self.model.randomize(self.sess, seed=1)
     self.store.snapshot("good", session=self.sess)
     self.good = self.model.values(self.sess)
-    self.model.randomize(self.sess, seed=2)
-    self.live = self.model.values(self.sess)
+    self.live = self.model.randomize(self.sess, seed=2)
     self.tags = self.store.tags()
 
   def assertUnchanged(self):

@@ -233,13 +233,10 @@ class NetworkBTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*KINDS)
   def test_past_and_current_in_one_run(self, use_resource):
-    rng = np.random.RandomState(0)
-    x_value = rng.randn(16, 4).astype(np.float32)
-    r_value = rng.randn(16, 2).astype(np.float32)
+    x_value, r_value = helpers.dense_net_data()
     graph = tf.Graph()
     with graph.as_default():
-      x = tf.placeholder(tf.float32, [None, 4])
-      reward = tf.placeholder(tf.float32, [None, 2])
+      x, reward = helpers.dense_net_placeholders()
       out = helpers.dense_net(x, scope="network_B", use_resource=use_resource)
       b_vars = tf.trainable_variables("network_B")
       store = snapstore.SnapshotStore(scope="network_B")

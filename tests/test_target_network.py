@@ -17,13 +17,9 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
   def test_past_and_current_in_one_training_loop(self, mode, use_resource):
-    rng = np.random.RandomState(0)
-    x_value = rng.randn(16, 4).astype(np.float32)
-    y_value = rng.randn(16, 2).astype(np.float32)
     graph = tf.Graph()
     with graph.as_default():
-      x = tf.placeholder(tf.float32, [None, 4])
-      target = tf.placeholder(tf.float32, [None, 2])
+      x, target = helpers.dense_net_placeholders()
       out = helpers.dense_net(x, scope="network_B", use_resource=use_resource)
       b_vars = tf.trainable_variables("network_B")
       loss = tf.reduce_mean(tf.square(out - target))
@@ -38,6 +34,7 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
     # Only B's own variables are trained; the shadows are not trainable.
     self.assertCountEqual(graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES), b_vars)
 
+    x_value, y_value = helpers.dense_net_data()
     feed = {x: x_value, target: y_value}
     with tf.Session(graph=graph) as sess:
       helpers.init(sess)
