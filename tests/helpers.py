@@ -149,6 +149,10 @@ def dense_net(x, scope="net", use_resource=False, hidden=8, outputs=2,
 def dense_net_data(examples=16, seed=0):
   """Inputs and targets for a `dense_net` of 4 features and 2 outputs.
 
+  Args:
+    examples: How many rows to draw.
+    seed: The seed of the draw.
+
   Returns:
     (x, y): float32 arrays of shapes [examples, 4] and [examples, 2], drawn
     from a standard normal with `seed`.
@@ -165,7 +169,16 @@ def dense_net_placeholders():
 
 
 def dense_net_numpy(x, params, activation=lambda h: np.maximum(0.0, h)):
-  """`dense_net` in numpy, from its variables' values keyed relative to its scope."""
+  """`dense_net` in numpy.
+
+  Args:
+    x: The input array, [batch, features].
+    params: The values of the net's variables, keyed relative to its scope.
+    activation: The hidden layer's activation, in numpy.
+
+  Returns:
+    The output array, [batch, outputs].
+  """
   hidden = activation(x.dot(params["dense/kernel"]) + params["dense/bias"])
   return hidden.dot(params["dense_1/kernel"]) + params["dense_1/bias"]
 
