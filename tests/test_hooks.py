@@ -154,7 +154,7 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
       snapstore.SnapshotHook(store, every_n_steps=0)
     with self.assertRaisesRegex(ValueError, "every_n_secs must be > 0"):
       snapstore.SnapshotHook(store, every_n_secs=-1)
-    with self.assertRaisesRegex(TypeError, "store must be a SnapshotStore or a function"):
+    with self.assertRaisesRegex(TypeError, "store must be a SnapshotStore, a function returning one, got"):
       snapstore.SnapshotHook("store", every_n_steps=1)
     with self.assertRaisesRegex(TypeError, "loss must be a tensor, a tensor name"):
       snapstore.SnapshotHook(store, every_n_steps=1, loss=1.0)
@@ -314,7 +314,7 @@ class SnapshotCallbackTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, "exactly one of every_n_batches"):
       snapstore.SnapshotCallback()
     with self.assertRaisesRegex(TypeError,
-                                "store must be a SnapshotStore, a function .*or None"):
+                                "store must be a SnapshotStore, a function returning one or None"):
       snapstore.SnapshotCallback(store=3, every_n_batches=1)
 
 
