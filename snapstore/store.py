@@ -448,7 +448,7 @@ class SnapshotStore(object):
     for key, value in arrays.items():
       value = np.asarray(value)
       declared[key] = (value.shape, value.dtype)
-    self._varset.check_declared(declared, "The arrays")
+    self._varset.check_declared(declared, "The dict of arrays")
     return self._put([np.asarray(arrays[k]) for k in self._varset.keys], tag,
                      session, "load_arrays")
 

@@ -21,6 +21,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 from snapstore.demo import make_data  # pylint: disable=g-import-not-at-top
+from tests import helpers  # pylint: disable=g-import-not-at-top
 
 FEATURES = 20
 CLASSES = 4
@@ -39,9 +40,8 @@ def build_linear(scope, use_resource=False):
 def build_classifier(scope, use_resource=False):
   """The MLP under `scope`; returns (x, logits, probabilities)."""
   x = tf.placeholder(tf.float32, [None, FEATURES], name="x")
-  with tf.variable_scope(scope, use_resource=use_resource):
-    hidden = tf.layers.dense(x, HIDDEN, tf.nn.relu)
-    logits = tf.layers.dense(hidden, CLASSES)
+  logits = helpers.dense_net(x, scope=scope, use_resource=use_resource,
+                             hidden=HIDDEN, outputs=CLASSES)
   return x, logits, tf.nn.softmax(logits)
 
 

@@ -1,4 +1,5 @@
-"""Shared test helpers: parameter cases, a small multi-dtype model, bit-exact checks."""
+"""Shared test helpers: parameter cases, small models, bit-exact and graph checks."""
+import contextlib
 import itertools
 import os
 
@@ -98,14 +99,187 @@ class Model(object):
     self.train_op = tf.group(*updates)
 
   def randomize(self, sess, seed):
-    """Loads random bit patterns into every variable (no new ops)."""
+    """Loads random bit patterns into every variable (no new ops).
+
+    Returns:
+      The values loaded, as `values(sess)` gives them.
+    """
     rng = np.random.RandomState(seed)
     for var in self.variables.values():
       var.load(random_value(rng, var.shape.as_list(),
                             var.dtype.base_dtype.as_numpy_dtype), sess)
+    return self.values(sess)
 
   def values(self, sess):
     return dict(zip(self.variables, sess.run(list(self.variables.values()))))
+
+
+def dense_net(x, scope="net", use_resource=False, hidden=8, outputs=2,
+              activation=tf.nn.relu, seed=None, with_hidden=False):
+  """The small network many tests share: two dense layers under a variable scope.
+
+  The variables are `<scope>/dense/{kernel,bias}` (the hidden layer) and
+  `<scope>/dense_1/{kernel,bias}` (the output layer); `dense_net_numpy`
+  computes the same function.
+
+  Args:
+    x: The input, a float tensor of shape [batch, features].
+    scope: The variable scope to build in, or None to build in the current
+      one (which then also decides the variable kind).
+    use_resource: Whether the variables are resource variables (ref if not).
+    hidden: The width of the hidden layer.
+    outputs: The width of the output layer.
+    activation: The hidden layer's activation; the output layer has none.
+    seed: None for the layers' default initializer, or a seed for a Glorot
+      uniform initializer of both kernels.
+    with_hidden: Whether to return the hidden layer's output as well.
+
+  Returns:
+    The output tensor, or (hidden output, output) if `with_hidden`.
+  """
+  init = tf.glorot_uniform_initializer(seed=seed) if seed is not None else None
+  with (tf.variable_scope(scope, use_resource=use_resource) if scope is not None
+        else contextlib.nullcontext()):
+    hidden_out = tf.layers.dense(x, hidden, activation=activation,
+                                 kernel_initializer=init)
+    out = tf.layers.dense(hidden_out, outputs, kernel_initializer=init)
+  return (hidden_out, out) if with_hidden else out
+
+
+def dense_net_data(examples=16, seed=0):
+  """Inputs and targets for a `dense_net` of 4 features and 2 outputs.
+
+  Args:
+    examples: How many rows to draw.
+    seed: The seed of the draw.
+
+  Returns:
+    (x, y): float32 arrays of shapes [examples, 4] and [examples, 2], drawn
+    from a standard normal with `seed`.
+  """
+  rng = np.random.RandomState(seed)
+  x = rng.randn(examples, 4).astype(np.float32)
+  return x, rng.randn(examples, 2).astype(np.float32)
+
+
+def dense_net_placeholders():
+  """Placeholders to feed `dense_net_data` through: x [None, 4] and y [None, 2]."""
+  return (tf.placeholder(tf.float32, [None, 4], name="x"),
+          tf.placeholder(tf.float32, [None, 2], name="y"))
+
+
+def dense_net_numpy(x, params, activation=lambda h: np.maximum(0.0, h)):
+  """`dense_net` in numpy.
+
+  Args:
+    x: The input array, [batch, features].
+    params: The values of the net's variables, keyed relative to its scope.
+    activation: The hidden layer's activation, in numpy.
+
+  Returns:
+    The output array, [batch, outputs].
+  """
+  hidden = activation(x.dot(params["dense/kernel"]) + params["dense/bias"])
+  return hidden.dot(params["dense_1/kernel"]) + params["dense_1/bias"]
+
+
+@contextlib.contextmanager
+def new_ops(graph):
+  """Collects the ops that the block adds to `graph`.
+
+  Yields:
+    A list, empty inside the block, that holds the new ops once it exits.
+  """
+  start = len(graph.get_operations())
+  added = []
+  yield added
+  added.extend(graph.get_operations()[start:])
+
+
+@contextlib.contextmanager
+def assert_no_new_ops(graph):
+  """Asserts that the block adds no op to `graph`.
+
+  Raises:
+    AssertionError: On leaving the block, if it added ops; names them.
+  """
+  with new_ops(graph) as added:
+    yield
+  if added:
+    raise AssertionError("%d new ops in the graph: %s"
+                         % (len(added), ", ".join(op.name for op in added[:20])))
+
+
+@contextlib.contextmanager
+def assert_raises_naming(test, error, *fragments):
+  """Asserts that the block raises `error` with a message matching each regex.
+
+  For messages that must name several things (every mismatch, the problem and
+  its fix), in whatever order and words the rest of the message uses.
+
+  Args:
+    test: The running `tf.test.TestCase`.
+    error: The exception type the block must raise.
+    *fragments: Regexes each of which must match part of the message.
+
+  Yields:
+    The `assertRaises` context; `.exception` is the error raised.
+  """
+  with test.assertRaises(error) as caught:
+    yield caught
+  for fragment in fragments:
+    test.assertRegex(str(caught.exception), fragment)
+
+
+class CountingSession(object):
+  """A session wrapper that counts the runs and the callables made through it.
+
+  Stores accept it as a session: it has `graph`, `run` and (unless hidden)
+  `make_callable`, as `snapstore.core.sessions.run_cached` needs.
+
+  Attributes:
+    runs: Steps run through this wrapper: calls of `run` and of the callables
+      it made.
+    made: Callables made with `make_callable`.
+  """
+
+  def __init__(self, sess, with_callables=True):
+    """Wraps `sess`.
+
+    Args:
+      sess: The `tf.Session` to run in.
+      with_callables: If False the wrapper has no `make_callable`, so a store
+        falls back to `run` and every step goes through `run`.
+    """
+    self._sess = sess
+    self.graph = sess.graph
+    self.runs = 0
+    self.made = 0
+    if with_callables:
+      self.make_callable = self._make_callable
+
+  def run(self, *args, **kwargs):
+    self.runs += 1
+    return self._sess.run(*args, **kwargs)
+
+  def _make_callable(self, *args, **kwargs):
+    self.made += 1
+    fn = self._sess.make_callable(*args, **kwargs)
+
+    def counted(*values, **options):
+      self.runs += 1
+      return fn(*values, **options)
+    return counted
+
+
+class CountingHook(tf.train.SessionRunHook):
+  """A session hook that counts the runs it sees (`runs`)."""
+
+  def __init__(self):
+    self.runs = 0
+
+  def before_run(self, run_context):
+    self.runs += 1
 
 
 def init(sess):

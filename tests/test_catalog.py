@@ -58,7 +58,7 @@ class CatalogTest(unittest.TestCase):
   def test_bad_tags(self):
     c = catalog.Catalog(capacity=None)
     for bad in ("", True, 1.5, b"x", [1]):
-      with self.assertRaisesRegex(TypeError, "int or a non-empty string"):
+      with self.assertRaisesRegex(TypeError, "A tag must be an int or a non-empty string"):
         c.new_tag(bad)
 
   def test_order_is_oldest_first_and_a_replaced_tag_becomes_newest(self):
@@ -91,8 +91,7 @@ class CatalogTest(unittest.TestCase):
       c.record(tag, None, 1.0)
       c.pin(tag)
     with self.assertRaisesRegex(errors.PinnedTagError,
-                                r"Cannot store snapshot 'c': every slot of the "
-                                r"store is pinned \('a', 'b'\)"):
+                                r"'c': every slot of the store is pinned \('a', 'b'\)"):
       c.victim("c")
     self.assertIsNone(c.victim("a"))  # a pinned tag can be overwritten
     self.assertEqual(c.pinned(), ["a", "b"])
@@ -111,8 +110,7 @@ class CatalogTest(unittest.TestCase):
     c.record("a", None, 1.0)
     c.record(1, None, 2.0)
     with self.assertRaisesRegex(errors.UnknownTagError,
-                                r"No snapshot tagged 'x'\. The store holds: 'a', 1 "
-                                r"\(oldest first; it keeps max_to_keep=3\)"):
+                                r"No snapshot tagged 'x'.*'a', 1\b"):
       c.existing("x")
     with self.assertRaisesRegex(errors.UnknownTagError, "No snapshot tagged None"):
       c.existing(None, allow_default=False)
@@ -124,8 +122,7 @@ class CatalogTest(unittest.TestCase):
     c.check_unpinned("b", "never", lambda t: self.fail("asked for a slot"))
     c.pin("slow")
     with self.assertRaisesRegex(errors.PinnedTagError,
-                                r"'slow' is pinned to device slot 3.*; it cannot "
-                                r"be deleted"):
+                                r"'slow' is pinned to device slot 3.*it cannot be deleted"):
       c.check_unpinned("slow", "it cannot be deleted", lambda t: 3)
 
   def test_keep_only_forgets_lost_tags_and_their_pins(self):

@@ -64,8 +64,8 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.Session(graph=graph) as sess:
       sess.run(tf.global_variables_initializer())
-      model.randomize(sess, seed)
-      return saver.save(sess, path), model.values(sess)
+      values = model.randomize(sess, seed)
+      return saver.save(sess, path), values
 
   @parameterized.named_parameters(
       *[(name + "_" + v, mode, kind, version) for name, mode, kind in CASES
@@ -79,14 +79,12 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
       store = snapstore.SnapshotStore(scope="net", mode=mode, max_to_keep=2)
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
     graph.finalize()
-    op_count = len(graph.get_operations())
-    with tf.Session(graph=graph) as sess:
+    with helpers.assert_no_new_ops(graph), tf.Session(graph=graph) as sess:
       sess.run(init)
       model.randomize(sess, 1)
       store.snapshot("good", session=sess)
       good = model.values(sess)
-      model.randomize(sess, 2)
-      live = model.values(sess)
+      live = model.randomize(sess, 2)
       helpers.assert_state_differs(live, written)
       self.assertEqual(store.load_checkpoint(path, tag="ckpt", strip_prefix="member",
                                              session=sess), "ckpt")
@@ -95,7 +93,6 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
       helpers.assert_state(store.arrays("good", session=sess), good, "other snapshot")
       store.restore("ckpt", session=sess)
       helpers.assert_state(model.values(sess), written, "restored")
-    self.assertLen(graph.get_operations(), op_count)
 
   @parameterized.named_parameters(("device", "device"), ("host", "host"))
   def test_directory_gives_its_latest_checkpoint(self, mode):
@@ -217,11 +214,10 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
     with tf.Session(graph=graph) as sess:
       sess.run(init)
-      with self.assertRaisesRegex(
-          snapstore.IncompatibleSnapshotError,
-          r"named\.npz does not match the store's variables: variables the store "
-          r"does not have: step\. Names were mapped to the store's keys with "
-          r"strip_prefix='member'\. allow_extra=True skips names"):
+      with helpers.assert_raises_naming(
+          self, snapstore.IncompatibleSnapshotError,
+          r"variables the store does not have: step\b", r"strip_prefix='member'",
+          r"allow_extra=True"):
         store.load_npz(path, strip_prefix="member", session=sess)
       store.load_npz(path, tag="n", strip_prefix="member", allow_extra=True,
                      session=sess)
@@ -246,21 +242,16 @@ class CheckpointErrorsTest(_StoreCase):
   def test_no_checkpoint_at_path(self, mode, use_resource):
     self._setup(mode, use_resource)
     path = os.path.join(self.get_temp_dir(), "nowhere", "model.ckpt")
-    with self.assertRaisesRegex(
-        snapstore.CheckpointError,
-        r"^No checkpoint at .*nowhere/model\.ckpt: neither .*model\.ckpt\.index "
-        r"\(V2 format\) nor a file .*model\.ckpt \(V1 format\) exists\. Pass what "
-        r"tf\.train\.Saver\.save returned"):
+    with self.assertRaisesRegex(snapstore.CheckpointError,
+                                r"No checkpoint at \S*nowhere/model\.ckpt\b"):
       self._load(path)
     self.assertUnchanged()
 
   @parameterized.named_parameters(*CASES)
   def test_directory_without_checkpoint_file(self, mode, use_resource):
     self._setup(mode, use_resource)
-    with self.assertRaisesRegex(
-        snapstore.CheckpointError,
-        r"is a directory with no 'checkpoint' file naming a checkpoint that "
-        r"exists\. Pass a checkpoint prefix"):
+    with self.assertRaisesRegex(snapstore.CheckpointError,
+                                r"is a directory with no 'checkpoint' file"):
       self._load(self.get_temp_dir())
     self.assertUnchanged()
 
@@ -270,10 +261,8 @@ class CheckpointErrorsTest(_StoreCase):
     path = os.path.join(self.get_temp_dir(), "notes.txt")
     with open(path, "w") as f:
       f.write("not a checkpoint\n" * 100)
-    with self.assertRaisesRegex(
-        snapstore.CheckpointError,
-        r"notes\.txt is not a TensorFlow checkpoint snapstore can read \(.*\)\. "
-        r"Pass what tf\.train\.Saver\.save returned"):
+    with self.assertRaisesRegex(snapstore.CheckpointError,
+                                r"notes\.txt is not a TensorFlow checkpoint"):
       self._load(path)
     self.assertIsInstance(snapstore.CheckpointError("x"), snapstore.SnapshotFileError)
     self.assertUnchanged()
@@ -282,10 +271,8 @@ class CheckpointErrorsTest(_StoreCase):
   def test_one_file_of_a_checkpoint(self, mode, use_resource):
     self._setup(mode, use_resource)
     path = self._checkpoint(self._good_values())
-    with self.assertRaisesRegex(
-        snapstore.CheckpointError,
-        r"model\.ckpt\.index is one file of checkpoint .*model\.ckpt; pass the "
-        r"checkpoint's prefix"):
+    with self.assertRaisesRegex(snapstore.CheckpointError,
+                                r"model\.ckpt\.index is one file of checkpoint \S*/model\.ckpt\b"):
       self._load(path + ".index")
     self.assertUnchanged()
 
@@ -293,20 +280,24 @@ class CheckpointErrorsTest(_StoreCase):
   def test_each_mismatch_alone(self, mode, use_resource):
     self._setup(mode, use_resource)
     good = self._good_values()
-    cases = {
-        r"missing variables: v1_int32\. Names were mapped to the store's keys with "
-        r"strip_prefix='net'\.$": {"net/v0_float32": good["net/v0_float32"]},
-        r"variables the store does not have: surplus\. Names were mapped .* "
-        r"allow_extra=True skips names that map to no variable\.$": dict(
-            good, **{"net/surplus": np.zeros([2], np.float32)}),
-        r"v1_int32 has shape \(15,\), the variable has shape \(3, 5\)": dict(
-            good, **{"net/v1_int32": np.zeros([15], np.int32)}),
-        r"v1_int32 has dtype int64, the variable has dtype int32": dict(
-            good, **{"net/v1_int32": np.zeros([3, 5], np.int64)}),
-    }
-    for i, (message, values) in enumerate(cases.items()):
-      with self.assertRaisesRegex(snapstore.IncompatibleSnapshotError, message):
+    # (what the message names, whether it offers allow_extra=True, the values):
+    # only names that map to no variable can be skipped.
+    cases = [
+        (r"missing variables: v1_int32\b", False,
+         {"net/v0_float32": good["net/v0_float32"]}),
+        (r"variables the store does not have: surplus\b", True,
+         dict(good, **{"net/surplus": np.zeros([2], np.float32)})),
+        (r"v1_int32 has shape \(15,\), the variable has shape \(3, 5\)", False,
+         dict(good, **{"net/v1_int32": np.zeros([15], np.int32)})),
+        (r"v1_int32 has dtype int64, the variable has dtype int32", False,
+         dict(good, **{"net/v1_int32": np.zeros([3, 5], np.int64)})),
+    ]
+    for i, (message, offers_allow_extra, values) in enumerate(cases):
+      with self.assertRaisesRegex(snapstore.IncompatibleSnapshotError,
+                                  message) as caught:
         self._load(self._checkpoint(values, "case_%d" % i))
+      self.assertEqual("allow_extra=True" in str(caught.exception),
+                       offers_allow_extra, message)
     self.assertUnchanged()
 
   @parameterized.named_parameters(*CASES)
@@ -315,13 +306,13 @@ class CheckpointErrorsTest(_StoreCase):
     path = self._checkpoint({"net/v0_float32": np.zeros([5, 3], np.float64),
                              "net/other/extra": np.zeros([1], np.int8),
                              "beta1_power": np.float32(0.9)}, version=V1)
-    with self.assertRaisesRegex(
-        snapstore.IncompatibleSnapshotError,
-        r"^Checkpoint .*bad/model\.ckpt does not match the store's variables: "
-        r"missing variables: v1_int32; variables the store does not have: "
-        r"beta1_power, other/extra; v0_float32 has shape \(5, 3\), the variable "
-        r"has shape \(3, 5\); v0_float32 has dtype float64, the variable has "
-        r"dtype float32\."):
+    with helpers.assert_raises_naming(
+        self, snapstore.IncompatibleSnapshotError,
+        r"Checkpoint \S*bad/model\.ckpt does not match",
+        r"missing variables: v1_int32\b",
+        r"variables the store does not have: beta1_power, other/extra\b",
+        r"v0_float32 has shape \(5, 3\), the variable has shape \(3, 5\)",
+        r"v0_float32 has dtype float64, the variable has dtype float32"):
       self._load(path)
     self.assertUnchanged()
 
@@ -331,9 +322,9 @@ class CheckpointErrorsTest(_StoreCase):
     values = dict(self._good_values(), **{"net/dense/kernel/Adam": np.zeros([2]),
                                           "global_step": np.int64(4)})
     path = self._checkpoint(values)
-    with self.assertRaisesRegex(snapstore.IncompatibleSnapshotError,
-                                r"variables the store does not have: "
-                                r"dense/kernel/Adam, global_step\."):
+    with self.assertRaisesRegex(
+        snapstore.IncompatibleSnapshotError,
+        r"variables the store does not have: dense/kernel/Adam, global_step\b"):
       self._load(path)
     self.assertUnchanged()  # which restores 'good' into the variables
     self.assertEqual(self._load(path, allow_extra=True), "new")
@@ -347,17 +338,14 @@ class CheckpointErrorsTest(_StoreCase):
     self._setup(mode, use_resource)
     path = self._checkpoint(self._good_values())
     with self.assertRaisesRegex(
-        ValueError,
-        r"^mapping sends both 'net/v0_float32' and 'net/v1_int32' to variable "
-        r"'v0_float32'; a variable takes one name\.$"):
+        ValueError, r"both 'net/v0_float32' and 'net/v1_int32' to variable 'v0_float32'"):
       self._load(path, mapping={"net/v0_float32": "v0_float32",
                                 "net/v1_int32": "v0_float32"})
     # A mapping entry and the prefix rule that send two names to one key.
-    with self.assertRaisesRegex(
-        ValueError,
-        r"^Names 'net/v0_float32' and 'net/v1_int32' both map to 'v0_float32' "
-        r"\(with strip_prefix='net', a mapping of 1 name\(s\)\); a variable takes "
-        r"one name\. Change the prefixes, or pass mapping=\{'net/v1_int32': None\}"):
+    with helpers.assert_raises_naming(
+        self, ValueError,
+        r"'net/v0_float32' and 'net/v1_int32' both map to 'v0_float32'",
+        r"mapping=\{'net/v1_int32': None\}"):
       self._load(path, mapping={"net/v1_int32": "v0_float32"})
     self.assertUnchanged()
 
@@ -365,31 +353,26 @@ class CheckpointErrorsTest(_StoreCase):
   def test_bad_mappings(self, mode, use_resource):
     self._setup(mode, use_resource)
     path = self._checkpoint(self._good_values())
-    with self.assertRaisesRegex(
-        ValueError, r"mapping sends 'net/v0_float32' to 'v9', which is not a key "
-        r"of the store \(see store\.keys"):
+    with self.assertRaisesRegex(ValueError,
+                                r"'net/v0_float32' to 'v9', which is not a key"):
       self._load(path, mapping={"net/v0_float32": "v9"})
-    with self.assertRaisesRegex(
-        snapstore.IncompatibleSnapshotError,
-        r"the mapping names net/missing, which the file does not hold\."):
+    with self.assertRaisesRegex(snapstore.IncompatibleSnapshotError,
+                                r"mapping names net/missing, which the file does not"):
       self._load(path, mapping={"net/missing": "v0_float32",
                                 "net/v0_float32": None})
-    with self.assertRaisesRegex(ValueError, r"Pass a mapping function or "
-                                r"strip_prefix/add_prefix, not both"):
+    with self.assertRaisesRegex(ValueError,
+                                r"mapping function or strip_prefix/add_prefix, not both"):
       self._load(path, mapping=lambda name: name, strip_prefix="net")
-    with self.assertRaisesRegex(TypeError, r"The mapping function returned 3 for "
-                                r"'net/v0_float32'"):
+    with self.assertRaisesRegex(TypeError,
+                                r"mapping function returned 3 for 'net/v0_float32'"):
       self._load(path, mapping=lambda name: 3)
-    with self.assertRaisesRegex(TypeError, r"mapping must be a dict .* or a "
-                                r"function, got \['a'\]"):
+    with self.assertRaisesRegex(TypeError, r"mapping must be a dict .*got \['a'\]"):
       self._load(path, mapping=["a"])
-    with self.assertRaisesRegex(TypeError, r"mapping entries must be name -> "
-                                r"store key \(strings\) or None, got 'a': 1"):
+    with self.assertRaisesRegex(TypeError, r"mapping entries must be .*got 'a': 1"):
       self._load(path, mapping={"a": 1})
     with self.assertRaisesRegex(TypeError, r"strip_prefix must be a string"):
       self._load(path, strip_prefix=3)
-    with self.assertRaisesRegex(TypeError, r"checkpoint path must be a string or "
-                                r"os\.PathLike, got None"):
+    with self.assertRaisesRegex(TypeError, r"checkpoint path must be a string.*got None"):
       self._load(None)
     with self.assertRaisesRegex(ValueError, r"checkpoint path must not be empty"):
       self._load("")
@@ -404,8 +387,7 @@ class CheckpointErrorsTest(_StoreCase):
       f.truncate(os.path.getsize(data) // 2)
     with self.assertRaisesRegex(
         snapstore.CheckpointError,
-        r"^Reading 'net/v\d_\w+' from checkpoint .*model\.ckpt failed: .*\. "
-        r"Nothing was stored\.$"):
+        r"Reading 'net/v\d_\w+' from checkpoint \S*bad/model\.ckpt failed"):
       self._load(path)
     self.assertUnchanged()
 
@@ -423,11 +405,10 @@ class PartitionedErrorsTest(tf.test.TestCase, parameterized.TestCase):
     path = save_partitioned(os.path.join(self.get_temp_dir(), "v1", "model.ckpt"),
                             np.ones([10, 4], np.float32), parts=2, version=V1)
     store = self._store()
-    with self.assertRaisesRegex(
-        snapstore.CheckpointError,
-        r"Reading 'net/emb' from checkpoint .* failed: Sliced checkpoints are not "
-        r"supported\. It is a partitioned variable stored in slices by a V1 "
-        r"checkpoint, .* save the checkpoint again in the V2 format"):
+    with helpers.assert_raises_naming(
+        self, snapstore.CheckpointError,
+        r"Reading 'net/emb' .*stored in slices by a V1 checkpoint",
+        r"save the checkpoint again in the V2 format"):
       store.load_checkpoint(path)
     self.assertEqual(store.tags(), [])
 
@@ -439,10 +420,9 @@ class PartitionedErrorsTest(tf.test.TestCase, parameterized.TestCase):
       with tf.variable_scope("net"):
         tf.get_variable("h", [2], tf.float16)
       store = snapstore.SnapshotStore(scope="net", mode="host")
-    with self.assertRaisesRegex(
-        snapstore.CheckpointError,
-        r"Reading 'net/h' from checkpoint .* failed: Data type not supported\. "
-        r"TF's checkpoint reader cannot read dtype float16 from a V1 checkpoint; "
+    with helpers.assert_raises_naming(
+        self, snapstore.CheckpointError,
+        r"Reading 'net/h' .*cannot read dtype float16 from a V1 checkpoint",
         r"save the checkpoint again in the V2 format"):
       store.load_checkpoint(path)
     self.assertEqual(store.tags(), [])
@@ -453,8 +433,7 @@ class PartitionedErrorsTest(tf.test.TestCase, parameterized.TestCase):
     store = self._store()
     with self.assertRaisesRegex(
         snapstore.IncompatibleSnapshotError,
-        r"does not match the store's variables: emb has shape \(12, 4\), the "
-        r"partitioned variable has shape \(10, 4\)\. Names"):
+        r"emb has shape \(12, 4\), the partitioned variable has shape \(10, 4\)"):
       store.load_checkpoint(path)
     self.assertEqual(store.tags(), [])
 

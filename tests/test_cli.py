@@ -118,19 +118,17 @@ class CliTest(tf.test.TestCase):
     with open(self.path, "rb") as f, open(truncated, "wb") as g:
       g.write(f.read()[:-200])
     cases = [
-        (("list", text), r"notes\.h5 is not an HDF5 file, so not a snapstore "
-                         r"spill file\."),
-        (("list", foreign), r"foreign\.h5 is an HDF5 file, but not a snapstore "
-                            r"spill file"),
+        (("list", text), r"notes\.h5 is not an HDF5 file"),
+        (("list", foreign), r"foreign\.h5 is an HDF5 file, but not a snapstore spill"),
         (("verify", truncated), r"cut\.h5 is truncated"),
-        (("list", text + ".missing"), r"Cannot read .*: no such file\."),
-        (("show", self.path + ":nope"), r"holds no complete snapshot 'nope'\. "
-                                        r"Complete snapshots: 0, 'later'\."),
+        (("list", text + ".missing"), r"notes\.h5\.missing: no such file"),
+        (("show", self.path + ":nope"), r"no complete snapshot 'nope'.*0, 'later'"),
     ]
     for argv, message in cases:
       status, out, err = self.run_cli(*argv)
       self.assertEqual(status, 1, argv)
       self.assertEqual(out, "")
+      # The format of the line is fixed; the message is matched by its key part.
       self.assertRegex(err, r"^snapstore %s: error: .*%s" % (argv[0], message))
 
   def test_python_dash_m_entry_point(self):

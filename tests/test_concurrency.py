@@ -145,7 +145,8 @@ class StoreThreadsTest(_Case):
       stop.set()
     _run_threads([snapshots, closer])
     self.assertLen(outcome, 1)
-    self.assertRegex(str(outcome[0]), r"^The store 'snapstore' is closed\.$")
+    self.assertIsInstance(outcome[0], snapstore.StoreClosedError)
+    self.assertRegex(str(outcome[0]), r"store 'snapstore' is closed")
 
 
 class DiskWriterTest(_Case):

@@ -64,7 +64,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       # the scope still covers only the model.
       second = snapstore.SnapshotStore(scope="net", mode="host")
       self.assertEqual(second.keys, first.keys)
-      with self.assertRaisesRegex(ValueError, "No variables to snapshot"):
+      with self.assertRaisesRegex(ValueError, "collection 'local_variables' .*is empty"):
         snapstore.SnapshotStore(collection=tf.GraphKeys.LOCAL_VARIABLES)
 
   @parameterized.named_parameters(*KINDS)
@@ -87,8 +87,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       model = helpers.Model(use_resource=use_resource)
       with tf.Session() as sess:
         helpers.init(sess)
-        model.randomize(sess, seed=3)
-        expected = model.values(sess)
+        expected = model.randomize(sess, seed=3)
         tf.train.Saver().save(sess, path)
     with tf.Graph().as_default():
       model = helpers.Model(use_resource=use_resource)
@@ -131,8 +130,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       reset = tf.local_variables_initializer()
       with tf.Session() as sess:
         helpers.init(sess)
-        model.randomize(sess, seed=1)
-        expected = model.values(sess)
+        expected = model.randomize(sess, seed=1)
         store.snapshot("a", session=sess)
         sess.run(model.train_op)
         sess.run(update_mean)
@@ -152,8 +150,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       store = snapstore.SnapshotStore(scope="net")
       with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())  # shadows stay uninitialized
-        model.randomize(sess, seed=1)
-        expected = model.values(sess)
+        expected = model.randomize(sess, seed=1)
         store.snapshot(session=sess)
         sess.run(model.train_op)
         store.restore(session=sess)
@@ -174,8 +171,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       graph = tf.get_default_graph()
       with tf.Session(config=config) as sess:
         helpers.init(sess)
-        model.randomize(sess, seed=0)
-        expected = model.values(sess)
+        expected = model.randomize(sess, seed=0)
         tag = store.snapshot(session=sess)
         ops = [store.snapshot_op(0), store.snapshot_op(1), store.restore_op(0),
                store.restore_op(1)]

@@ -46,8 +46,7 @@ class _Case(tf.test.TestCase, parameterized.TestCase):
     return store
 
   def _take(self, seed, tag=None, store=None):
-    self.model.randomize(self.sess, seed)
-    values = self.model.values(self.sess)
+    values = self.model.randomize(self.sess, seed)
     return (store or self.store).snapshot(tag, session=self.sess), values
 
 
@@ -148,7 +147,8 @@ class TiersTest(_Case):
     self.store.restore(0, session=self.sess)
     helpers.assert_state(self.model.values(self.sess), state)
     if mode == "device":
-      with self.assertRaisesRegex(snapstore.ModeError, "in the spill file"):
+      with self.assertRaisesRegex(snapstore.ModeError,
+                                  "Snapshot 0 is in the spill file .*not in a device slot"):
         self.store.slot_of(0)
       self.assertEqual(self.store.slot_of(2), 0)
 
@@ -227,16 +227,15 @@ class TiersTest(_Case):
   def test_finalized_graph_no_new_ops(self):
     self._setup(dtypes=(tf.float32,), memory_budget=60, max_to_keep=4)
     self.graph.finalize()
-    count = len(self.graph.get_operations())
-    for seed in range(30):
-      tag, _ = self._take(seed)
-      self.store.restore(tag, session=self.sess)
-      self.store.restore(self.store.tags()[0], session=self.sess)
-      self.store.evaluate_with(self.model.train_op, tag=self.store.tags()[0],
-                               session=self.sess)
-      if seed % 10 == 0:
-        self.store.flush()
-    self.assertEqual(len(self.graph.get_operations()), count)
+    with helpers.assert_no_new_ops(self.graph):
+      for seed in range(30):
+        tag, _ = self._take(seed)
+        self.store.restore(tag, session=self.sess)
+        self.store.restore(self.store.tags()[0], session=self.sess)
+        self.store.evaluate_with(self.model.train_op, tag=self.store.tags()[0],
+                                 session=self.sess)
+        if seed % 10 == 0:
+          self.store.flush()
 
 
 class ReopenTest(_Case):
@@ -269,8 +268,7 @@ class ReopenTest(_Case):
     with snapstore.open_spill(self._path()) as f:
       self.assertEqual(f.incomplete(), ["broken"])
       with self.assertRaisesRegex(snapstore.UnknownTagError,
-                                  r"no complete snapshot 'broken'\. Its writing "
-                                  r"was interrupted"):
+                                  r"no complete snapshot 'broken'.*writing was interrupted"):
         f.read("broken")
     with self.assertLogs("snapstore", "WARNING") as logs:
       other = self._store(name="again")
@@ -292,12 +290,12 @@ class ReopenTest(_Case):
         tf.get_variable("v0_float32", [3, 6])
         tf.get_variable("v1_int32", [3, 5], dtype=tf.int64)
         tf.get_variable("extra", [1])
-      with self.assertRaisesRegex(
-          snapstore.IncompatibleSnapshotError,
-          r"^Spill file .*spill\.h5 does not match the store's variables: "
-          r"missing variables: extra; v0_float32 has shape \(3, 5\), the "
-          r"variable has shape \(3, 6\); v1_int32 has dtype int32, the variable "
-          r"has dtype int64\.$"):
+      with helpers.assert_raises_naming(
+          self, snapstore.IncompatibleSnapshotError,
+          r"Spill file \S*spill\.h5 does not match",
+          r"missing variables: extra\b",
+          r"v0_float32 has shape \(3, 5\), the variable has shape \(3, 6\)",
+          r"v1_int32 has dtype int32, the variable has dtype int64"):
         snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
                                 spill_path=self._path())
 
@@ -339,12 +337,10 @@ class WriterFaultTest(_Case):
     self._fail_writes(1, after=1)  # mid-spill: the second dataset fails
     tag, state = self._take(0, tag="precious")
     self.store._mode._writer.flush()  # pylint: disable=protected-access
-    with self.assertRaisesRegex(
-        snapstore.SpillError,
-        r"^Spill file .*spill\.h5: writing snapshot 'precious' failed \(OSError: "
-        r"\[Errno 28\] No space left on device\); it is kept in host memory and "
-        r"written again with the next spill or flush\(\)\. This call did nothing "
-        r"else; call it again\.$"):
+    with helpers.assert_raises_naming(
+        self, snapstore.SpillError,
+        r"writing snapshot 'precious' failed \(OSError: \[Errno 28\]",
+        r"kept in host memory"):
       self.store.snapshot(session=self.sess)
     self.assertEqual(self.store.tags(), ["precious"])
     self.assertEqual(self.store.tier(tag), "host")
@@ -383,11 +379,9 @@ class WriterFaultTest(_Case):
     self._setup(dtypes=(tf.float32,))
     self._fail_writes(100)
     self._take(0, tag="lost")
-    with self.assertRaisesRegex(
-        snapstore.SpillError,
-        r"^Closing the store's spill file .*: write of snapshot 'lost' failed "
-        r"\(OSError: .*\); snapshot\(s\) 'lost' could not be written and are "
-        r"lost with the store\.$"):
+    with helpers.assert_raises_naming(
+        self, snapstore.SpillError, r"snapshot 'lost' failed \(OSError",
+        r"'lost' could not be written and are lost"):
       self.store.close()
     self.store.close()  # safe twice
 
@@ -427,17 +421,16 @@ class OptionErrorsTest(_Case):
 
   def test_missing_directory(self):
     with self._graph().as_default():
-      with self.assertRaisesRegex(
-          snapstore.SnapshotFileError,
-          r"^Cannot create spill file .*/nowhere/s\.h5: directory .*/nowhere "
-          r"does not exist\. Create it first or choose another path\.$"):
+      with helpers.assert_raises_naming(self, snapstore.SnapshotFileError,
+                                        r"spill file \S*/nowhere/s\.h5",
+                                        r"directory \S*/nowhere does not exist"):
         snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
                                 spill_path=self._path("nowhere/s.h5"))
 
   def test_unwritable_directory(self):
     with self._graph().as_default():
       with self.assertRaisesRegex(snapstore.SnapshotFileError,
-                                  r"^Cannot create spill file /proc/s\.h5: "):
+                                  r"Cannot create spill file /proc/s\.h5"):
         snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
                                 spill_path="/proc/s.h5")
 
@@ -455,34 +448,30 @@ class OptionErrorsTest(_Case):
         snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
                                 spill_path=path)
       with self.assertRaisesRegex(snapstore.SnapshotFileError,
-                                  r"foreign\.h5 is an HDF5 file, but not a "
-                                  r"snapstore spill file .* written by another "
-                                  r"program\."):
+                                  r"foreign\.h5 is an HDF5 file, but not a snapstore spill"):
         snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
                                 spill_path=foreign)
 
   def test_bad_options(self):
     with self._graph().as_default():
-      with self.assertRaisesRegex(ValueError, r"^mode='disk' needs spill_path="):
+      with self.assertRaisesRegex(ValueError, r"mode='disk' needs spill_path="):
         snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0)
-      with self.assertRaisesRegex(ValueError, r"needs memory_budget=, the bytes"):
+      with self.assertRaisesRegex(ValueError, r"mode='disk' needs memory_budget="):
         snapstore.SnapshotStore(scope="net", mode="disk",
                                 spill_path=self._path())
-      with self.assertRaisesRegex(ValueError, r"memory_budget must be >= 0 \(bytes "
-                                  r"of snapshots kept in host memory"):
+      with self.assertRaisesRegex(ValueError, r"memory_budget must be >= 0.*got -1"):
         snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=-1,
                                 spill_path=self._path())
       with self.assertRaisesRegex(ValueError, r"compression_opts must be <= 9"):
         snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
                                 spill_path=self._path(), compression="gzip",
                                 compression_opts=10)
-      with self.assertRaisesRegex(ValueError, r"^Invalid compression 'zip'; must "
-                                  r"be None or one of gzip, lzf\.$"):
+      with self.assertRaisesRegex(ValueError,
+                                  r"Invalid compression 'zip'; must be None or one of gzip, lzf"):
         snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
                                 spill_path=self._path(), compression="zip")
-      with self.assertRaisesRegex(ValueError, r"^compression, max_pending only "
-                                  r"apply to a spill file; pass spill_path= as "
-                                  r"well\.$"):
+      with self.assertRaisesRegex(
+          ValueError, r"compression, max_pending only apply to a spill file.*spill_path="):
         snapstore.SnapshotStore(scope="net", mode="host", compression="lzf",
                                 max_pending=3)
       with self.assertRaisesRegex(ValueError, r"max_pending must be >= 1"):
@@ -494,10 +483,9 @@ class OptionErrorsTest(_Case):
     with self.graph.as_default():
       store = snapstore.SnapshotStore(scope="net", mode="host")
     store.load_arrays({"v0_float32": np.zeros([3, 5], np.float32)}, tag="t")
-    with self.assertRaisesRegex(
-        snapstore.ModeError,
-        r"^spill\(\) needs a spill file; this host-mode store has none\. Pass "
-        r"spill_path='file\.h5' when building it, or use mode='disk'\.$"):
+    with helpers.assert_raises_naming(
+        self, snapstore.ModeError, r"spill\(\) needs a spill file",
+        r"spill_path=", r"mode='disk'"):
       store.spill("t")
     store.flush()  # nothing to wait for
 
@@ -520,8 +508,7 @@ class CorruptFileTest(_Case):
     live = self.model.values(self.sess)
     with self.assertRaisesRegex(
         snapstore.SnapshotFileError,
-        r"spill\.h5: checksum mismatch in variable 'v1_int32' of snapshot 0: the "
-        r"stored data is corrupt and was not used\."):
+        r"spill\.h5: checksum mismatch in variable 'v1_int32' of snapshot 0\b"):
       other.restore(tag, session=self.sess)
     helpers.assert_state(self.model.values(self.sess), live)  # nothing written
 

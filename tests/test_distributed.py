@@ -102,9 +102,8 @@ class Replica(object):
     with self.graph.as_default(), tf.device(setter):
       self.x = tf.placeholder(tf.float32, [None, 6])
       self.y = tf.placeholder(tf.float32, [None, 3])
-      with tf.variable_scope(scope, use_resource=use_resource):
-        hidden = tf.layers.dense(self.x, 8, tf.nn.tanh, name="hidden")
-        self.out = tf.layers.dense(hidden, 3, name="out")
+      self.out = helpers.dense_net(self.x, scope=scope, use_resource=use_resource,
+                                   outputs=3, activation=tf.nn.tanh)
       loss = tf.reduce_mean(tf.square(self.out - self.y))
       opt = tf.train.AdamOptimizer(0.1)
       self.train = opt.minimize(loss)

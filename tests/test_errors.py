@@ -28,8 +28,7 @@ class _StoreCase(tf.test.TestCase, parameterized.TestCase):
     self.model.randomize(self.sess, seed=1)
     self.store.snapshot("good", session=self.sess)
     self.good = self.model.values(self.sess)
-    self.model.randomize(self.sess, seed=2)
-    self.live = self.model.values(self.sess)
+    self.live = self.model.randomize(self.sess, seed=2)
     self.tags = self.store.tags()
 
   def assertUnchanged(self):
@@ -60,10 +59,8 @@ class TagErrorsTest(_StoreCase):
                  lambda: self.store.evaluate_with([], tag="bad", session=self.sess),
                  lambda: self.store.arrays("bad", session=self.sess),
                  lambda: self.store.delete("bad")):
-      with self.assertRaisesRegex(
-          snapstore.UnknownTagError,
-          r"^No snapshot tagged 'bad'\. The store holds: 'good', 4 \(oldest first; "
-          r"it keeps max_to_keep=3\)\.$"):
+      with self.assertRaisesRegex(snapstore.UnknownTagError,
+                                  r"No snapshot tagged 'bad'.*'good', 4\b"):
         call()
     self.assertUnchanged()
 
@@ -105,12 +102,11 @@ class SessionErrorsTest(_StoreCase):
   def test_no_session(self, mode, use_resource):
     self._setup(mode, use_resource)
     self.assertIsNone(tf.get_default_session())
-    with self.assertRaisesRegex(
-        snapstore.NoSessionError,
-        r"restore\(\) needs a session: pass session=\.\.\., or call it inside "
-        r"`with session.as_default\(\):`"):
+    with helpers.assert_raises_naming(self, snapstore.NoSessionError,
+                                      r"restore\(\) needs a session", r"session=",
+                                      r"session\.as_default\(\)"):
       self.store.restore()
-    with self.assertRaisesRegex(snapstore.NoSessionError, r"^snapshot\(\) needs a session"):
+    with self.assertRaisesRegex(snapstore.NoSessionError, r"snapshot\(\) needs a session"):
       self.store.snapshot()
     self.assertUnchanged()
 
@@ -129,12 +125,13 @@ class NpzErrorsTest(_StoreCase):
     path = self._npz({"v0_float32": np.zeros([5, 3], np.float64),
                       "surplus": np.zeros([2], np.float32),
                       "other/extra": np.zeros([1], np.int8)})
-    with self.assertRaisesRegex(
-        snapstore.IncompatibleSnapshotError,
-        r"x\.npz does not match the store's variables: missing variables: v1_int32; "
-        r"variables the store does not have: other/extra, surplus; v0_float32 has "
-        r"shape \(5, 3\), the variable has shape \(3, 5\); v0_float32 has dtype "
-        r"float64, the variable has dtype float32\."):
+    with helpers.assert_raises_naming(
+        self, snapstore.IncompatibleSnapshotError,
+        r"x\.npz does not match",
+        r"missing variables: v1_int32\b",
+        r"variables the store does not have: other/extra, surplus\b",
+        r"v0_float32 has shape \(5, 3\), the variable has shape \(3, 5\)",
+        r"v0_float32 has dtype float64, the variable has dtype float32"):
       self.store.load_npz(path, session=self.sess)
     self.assertUnchanged()
 
@@ -160,10 +157,8 @@ class NpzErrorsTest(_StoreCase):
     arrays = self._good_arrays()
     arrays["v1_int32"] = np.array([{"evil": 1}] * 15, dtype=object).reshape(3, 5)
     path = self._npz(arrays)
-    with self.assertRaisesRegex(
-        snapstore.SnapshotFileError,
-        r"holds pickled Python objects in v1_int32; snapstore loads \.npz files "
-        r"with allow_pickle=False"):
+    with self.assertRaisesRegex(snapstore.SnapshotFileError,
+                                r"holds pickled Python objects in v1_int32"):
       self.store.load_npz(path, session=self.sess)
     self.assertUnchanged()
 
@@ -176,7 +171,8 @@ class NpzErrorsTest(_StoreCase):
     with self.assertRaisesRegex(snapstore.SnapshotFileError,
                                 r"junk\.npz is not an \.npz archive"):
       self.store.load_npz(path, session=self.sess)
-    with self.assertRaisesRegex(snapstore.SnapshotFileError, r"no such file"):
+    with self.assertRaisesRegex(snapstore.SnapshotFileError,
+                                r"junk\.npz\.missing: no such file"):
       self.store.load_npz(path + ".missing", session=self.sess)
     self.assertUnchanged()
 
@@ -212,9 +208,8 @@ class NpzErrorsTest(_StoreCase):
   @parameterized.named_parameters(*CASES)
   def test_load_arrays_checks_like_npz(self, mode, use_resource):
     self._setup(mode, use_resource)
-    with self.assertRaisesRegex(
-        snapstore.IncompatibleSnapshotError,
-        r"The arrays does not match the store's variables: missing variables: v1_int32"):
+    with self.assertRaisesRegex(snapstore.IncompatibleSnapshotError,
+                                r"missing variables: v1_int32\b"):
       self.store.load_arrays({"v0_float32": np.zeros([3, 5], np.float32)},
                              session=self.sess)
     self.assertUnchanged()
@@ -233,34 +228,32 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       helpers.Model()
       with self.assertRaisesRegex(ValueError,
-                                  r"^Invalid mode 'gpu'; must be one of device, disk, host\.$"):
+                                  r"Invalid mode 'gpu'; must be one of device, disk, host"):
         snapstore.SnapshotStore(mode="gpu")
 
   def test_unknown_mode_option(self):
     with tf.Graph().as_default():
       helpers.Model()
-      with self.assertRaisesRegex(
-          TypeError, r"Mode 'host' takes no option saveable; its options are: spill_path, "
-          r"compression, compression_opts, max_pending, durable\."):
+      # The message names the option and lists the valid ones.
+      with helpers.assert_raises_naming(
+          self, TypeError, r"Mode 'host' takes no option saveable",
+          r"spill_path, compression, compression_opts, max_pending, durable\b"):
         snapstore.SnapshotStore(mode="host", saveable=True)
-      with self.assertRaisesRegex(
-          TypeError, r"Mode 'device' takes no option colour; its options are: saveable, "
-          r"spill_path, compression, compression_opts, max_pending, durable\."):
+      with helpers.assert_raises_naming(
+          self, TypeError, r"Mode 'device' takes no option colour",
+          r"saveable, spill_path, compression, compression_opts, max_pending, durable\b"):
         snapstore.SnapshotStore(mode="device", colour=1)
 
   def test_empty_variable_sets(self):
     with tf.Graph().as_default():
       helpers.Model()
       with self.assertRaisesRegex(
-          ValueError, r"No variables to snapshot: collection 'variables' under scope "
-          r"'nothing' is empty\. Build the model before the store\."):
+          ValueError, r"collection 'variables' under scope 'nothing' is empty"):
         snapstore.SnapshotStore(scope="nothing")
-      with self.assertRaisesRegex(
-          ValueError, r"No variables to snapshot: var_list is empty\. Pass at least one"):
+      with self.assertRaisesRegex(ValueError, r"var_list is empty"):
         snapstore.SnapshotStore(var_list=[])
       with self.assertRaisesRegex(
-          ValueError, r"No variables to snapshot: collection 'model_variables' of the "
-          r"default graph is empty"):
+          ValueError, r"collection 'model_variables' of the default graph is empty"):
         snapstore.SnapshotStore(collection=tf.GraphKeys.MODEL_VARIABLES)
     with tf.Graph().as_default():
       with self.assertRaisesRegex(
@@ -293,9 +286,8 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
       with tf.variable_scope("a"):
         inside = tf.get_variable("w", [1])
       outside = tf.get_variable("w", [1])  # keeps its full name "w" as key
-      with self.assertRaisesRegex(
-          ValueError, r"Variables a/w:0 and w:0 both map to key 'w'\. Pass a dict "
-          r"var_list to name them"):
+      with helpers.assert_raises_naming(
+          self, ValueError, r"a/w:0 and w:0 both map to key 'w'", r"dict var_list"):
         snapstore.SnapshotStore(var_list=[inside, outside], scope="a")
       store = snapstore.SnapshotStore(var_list={"inner": inside, "outer": outside})
       self.assertEqual(store.keys, ("inner", "outer"))
@@ -320,17 +312,18 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
   def test_optimizer_without_state_and_missing_global_step(self):
     with tf.Graph().as_default():
       helpers.Model(dtypes=(tf.float32,))
-      with self.assertRaisesRegex(ValueError, r"Optimizer Adam has no variables yet\. "
-                                  r"Build its train op \(minimize\(\) or apply_gradients\(\)\)"):
+      with helpers.assert_raises_naming(
+          self, ValueError, r"Optimizer Adam has no variables yet", r"train op"):
         snapstore.SnapshotStore(optimizer=tf.train.AdamOptimizer())
-      with self.assertRaisesRegex(ValueError, r"include_global_step=True, but the graph has "
-                                  r"no global step\. Create it with tf\.train\.get_or_create"):
+      with helpers.assert_raises_naming(
+          self, ValueError, r"include_global_step=True, but the graph has no global step",
+          r"get_or_create_global_step"):
         snapstore.SnapshotStore(include_global_step=True)
 
   @parameterized.parameters(
-      ("device", 0, r">= 1 \(mode 'device' keeps at least 1 snapshot\), got 0"),
-      ("device", -1, r">= 1 \(mode 'device' keeps at least 1 snapshot\), got -1"),
-      ("host", -2, r">= 0 \(0 keeps every snapshot\), got -2"))
+      ("device", 0, r">= 1\b.*got 0"),
+      ("device", -1, r">= 1\b.*got -1"),
+      ("host", -2, r">= 0\b.*got -2"))
   def test_bad_max_to_keep(self, mode, value, fragment):
     with tf.Graph().as_default():
       helpers.Model()
@@ -344,16 +337,15 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
       helpers.Model()
       store = snapstore.SnapshotStore(mode="host")
       for call in (store.snapshot_op, store.restore_op, store.shadows):
-        with self.assertRaisesRegex(snapstore.ModeError, r"is for device mode; this store "
-                                    r"uses mode 'host'"):
+        with self.assertRaisesRegex(snapstore.ModeError,
+                                    r"%s\(\) is for device mode" % call.__name__):
           call()
 
   def test_slot_out_of_range(self):
     with tf.Graph().as_default():
       helpers.Model()
       store = snapstore.SnapshotStore(max_to_keep=2)
-      with self.assertRaisesRegex(ValueError, r"slot must be <= 1 \(this store has 2 "
-                                  r"slot\(s\); set max_to_keep for more\)"):
+      with self.assertRaisesRegex(ValueError, r"slot must be <= 1\b.*got 2"):
         store.snapshot_op(2)
       with self.assertRaisesRegex(TypeError, r"slot must be an int"):
         store.snapshot_op(True)

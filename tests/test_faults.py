@@ -73,18 +73,15 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
     else:  # host loads the past and puts back with one op: fail the second run
       put_back = nth(fetching(self._op("restore")), 2)
     self.flaky.should_fail = put_back
-    with self.assertRaisesRegex(
-        snapstore.RestoreError,
-        r"^evaluate_with could not write the current parameters back: injected "
-        r"fault\. The store keeps them and writes them back at the start of its "
-        r"next call, or call recover\(\)\.$"):
+    with helpers.assert_raises_naming(
+        self, snapstore.RestoreError,
+        r"could not write the current parameters back: injected fault", r"recover\(\)"):
       self.store.evaluate_with(self.w, session=self.flaky)
     helpers.assert_bit_equal(self.sess.run(self.w), past)  # the past is loaded
     self.flaky.should_fail = lambda fetches: True
-    with self.assertRaisesRegex(
-        snapstore.RestoreError,
-        r"set aside are still not written back: injected fault\. The store keeps "
-        r"them; call recover\(\) with a working session\."):
+    with helpers.assert_raises_naming(
+        self, snapstore.RestoreError, r"still not written back: injected fault",
+        r"recover\(\)"):
       self.store.recover(session=self.flaky)
     self.flaky.should_fail = lambda fetches: False
     # The next call writes the current values back first, then does its job.
@@ -117,10 +114,9 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
     # Full: the next snapshot reuses the slot of "a", the oldest.
     self.flaky.should_fail = fetching(
         self.store.snapshot_op(self.store.slot_of("a")).name)
-    with self.assertRaisesRegex(
-        snapstore.SnapshotError,
-        r"^Taking snapshot 0 failed: injected fault\. The variables are unchanged\. "
-        r"Snapshot\(s\) 'a' were being overwritten and are dropped\.$"):
+    with helpers.assert_raises_naming(
+        self, snapstore.SnapshotError, r"Taking snapshot 0 failed: injected fault",
+        r"'a' were being overwritten and are dropped"):
       self.store.snapshot(session=self.flaky)
     self.assertEqual(self.store.tags(), ["b"])
     helpers.assert_bit_equal(self.sess.run(self.w), live)
@@ -135,10 +131,11 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
     self.store.snapshot("a", session=self.sess)
     self.model.randomize(self.sess, seed=4)
     self.flaky.should_fail = lambda fetches: isinstance(fetches, list)  # the reads
-    with self.assertRaisesRegex(snapstore.SnapshotError,
-                                r"^Taking snapshot 0 failed: injected fault\. The "
-                                r"variables are unchanged\.$"):
+    with helpers.assert_raises_naming(
+        self, snapstore.SnapshotError, r"Taking snapshot 0 failed: injected fault",
+        r"variables are unchanged") as caught:
       self.store.snapshot(session=self.flaky)
+    self.assertNotIn("overwritten", str(caught.exception))  # no snapshot was dropped
     self.assertEqual(self.store.tags(), ["a"])  # not evicted for nothing
     self.store.restore("a", session=self.sess)
     helpers.assert_bit_equal(self.sess.run(self.w), kept)
@@ -153,11 +150,9 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
     restore = (self.store.restore_op(self.store.slot_of("s")).name
                if mode == "device" else self._op("restore"))
     self.flaky.should_fail = fetching(restore)
-    with self.assertRaisesRegex(
-        snapstore.RestoreError,
-        r"^Restoring snapshot 's' failed: injected fault\. The variables may hold a "
-        r"mix of old and restored values; the snapshot is intact, call "
-        r"restore\('s'\) again\.$"):
+    with helpers.assert_raises_naming(
+        self, snapstore.RestoreError, r"Restoring snapshot 's' failed: injected fault",
+        r"snapshot is intact", r"restore\('s'\) again"):
       self.store.restore("s", session=self.flaky)
     self.flaky.should_fail = lambda fetches: False
     self.store.restore("s", session=self.flaky)

@@ -117,20 +117,16 @@ def _journal(size, records=()):
 # File-level cases: (name, mutate(h5 file opened r+) or bytes -> bytes, message).
 # Reading, the CLI and a store over the file all refuse with the message.
 _FILE_CASES = [
-    ("not_hdf5", _OnBytes(lambda data: b"hello " * 500), r"is not an HDF5 file, so not a "
-     r"snapstore spill file\."),
+    ("not_hdf5", _OnBytes(lambda data: b"hello " * 500), r"is not an HDF5 file"),
     ("truncated", _OnBytes(lambda data: data[:len(data) * 3 // 5]),
      r"(is truncated|damaged|corrupt)"),
-    ("format", _set("format", b"netcdf"), r"is an HDF5 file, but not a snapstore "
-     r"spill file \(it has no format='snapstore\.spill' marker\)"),
-    ("version", _set("version", 7), r"is a snapstore spill file of format version "
-     r"7; this snapstore reads version 1\."),
-    ("version_text", _set("version", b"one"), r"of format version -1; this "
-     r"snapstore reads version 1\."),
-    ("checksum", _set("checksum", b"md5"), r"unknown checksum algorithm 'md5'; "
-     r"this snapstore uses 'xxh3_64'\."),
-    ("variables_json", _set("variables", b"[["), r"the spill file's variable "
-     r"list is corrupt"),
+    ("format", _set("format", b"netcdf"),
+     r"is an HDF5 file, but not a snapstore spill file"),
+    ("version", _set("version", 7), r"format version 7; this snapstore reads version 1"),
+    ("version_text", _set("version", b"one"),
+     r"format version -1; this snapstore reads version 1"),
+    ("checksum", _set("checksum", b"md5"), r"unknown checksum algorithm 'md5'"),
+    ("variables_json", _set("variables", b"[["), r"variable list is corrupt"),
     ("variables_object", _set("variables", b'[["a", [4, 3], "|O"]]'),
      r"variable list is corrupt \(a has the dtype object, not a number\)"),
     ("variables_negative", _set("variables", b'[["a", [-4, 3], "<f4"]]'),
@@ -139,12 +135,10 @@ _FILE_CASES = [
      r"the snapshot list is a Dataset where a Group belongs"),
     ("snapshots_soft_link",
      lambda h5: (h5.__delitem__("snapshots"), h5.__setitem__("snapshots", h5py.SoftLink("/"))),
-     r"the snapshot list is a link \(SoftLink\), not data stored in the file; "
-     r"snapstore never follows links\."),
+     r"the snapshot list is a link \(SoftLink\)"),
     ("foreign_group", lambda h5: h5["snapshots"].create_group("xyz"),
-     r"/snapshots/xyz is not a snapstore snapshot \(its name encodes no tag\)"),
-    ("external_link", "external_link", r"snapshot 5 is a link \(ExternalLink\), "
-     r"not data stored in the file; snapstore never follows links\."),
+     r"/snapshots/xyz is not a snapstore snapshot"),
+    ("external_link", "external_link", r"snapshot 5 is a link \(ExternalLink\)"),
     ("soft_link_snapshot",
      lambda h5: h5["snapshots"].__setitem__("i6", h5py.SoftLink("/snapshots/i0")),
      r"snapshot 6 is a link \(SoftLink\)"),
@@ -153,21 +147,20 @@ _FILE_CASES = [
     ("text_time", _set("snapshots/i0/time", b"noon"),
      r"snapshot 0 has damaged attributes"),
     ("foreign_dataset", lambda h5: h5["snapshots/i0"].create_dataset(
-        "weird", data=np.zeros(1)), r"snapshot 0 holds weird, which is not a "
-     r"snapstore variable \(its name encodes no key\)"),
-    ("journal_past_file", "journal_size", r"Cannot open .*: the journal .*-journal "
-     r"does not belong to it \(it records a file of 1000000000000 bytes\)\. "
-     r"Nothing was changed"),
-    ("journal_record_past_end", "journal_record", r"the journal .* does not "
-     r"belong to it \(it saves bytes past the file's committed end\)"),
+        "weird", data=np.zeros(1)),
+     r"snapshot 0 holds weird, which is not a snapstore variable"),
+    ("journal_past_file", "journal_size",
+     r"-journal does not belong to it \(it records a file of 1000000000000 bytes\)"),
+    ("journal_record_past_end", "journal_record",
+     r"does not belong to it \(it saves bytes past the file's committed end\)"),
 ]
 
 # Snapshot-level cases: (name, mutate, message, store error, store message).
 # The file opens; reading snapshot 0 is refused. A store over the file
 # refuses to restore 0 (store error and message) and restores "x" exactly.
 _SNAPSHOT_CASES = [
-    ("flipped_data", "flip", r"checksum mismatch in variable 'a' of snapshot 0: "
-     r"the stored data is corrupt and was not used\.", _FILE_ERROR, "same"),
+    ("flipped_data", "flip", r"checksum mismatch in variable 'a' of snapshot 0\b",
+     _FILE_ERROR, "same"),
     ("group_for_dataset",
      lambda h5: (h5["snapshots/i0"].__delitem__("va"),
                  h5["snapshots/i0"].create_group("va")),
@@ -179,34 +172,34 @@ _SNAPSHOT_CASES = [
     ("float64_data", lambda h5: _replace(h5, "snapshots/i0/va",
                                          data=np.zeros([4, 3])),
      r"snapshot 0 does not hold the variables the file declares",
-     snapstore.IncompatibleSnapshotError, r"a has dtype float64, the variable "
-     r"has dtype float32"),
+     snapstore.IncompatibleSnapshotError,
+     r"a has dtype float64, the variable has dtype float32"),
     ("text_data", lambda h5: _replace(h5, "snapshots/i0/va", shape=(4, 3),
                                       dtype=h5py.string_dtype()),
      r"dataset /snapshots/i0/va holds object, not numbers", _FILE_ERROR, "same"),
-    ("external_data", "external_data", r"variable 'a' of snapshot 0 keeps its data "
-     r"in 1 external file\(s\), which snapstore never reads", _FILE_ERROR, "same"),
+    ("external_data", "external_data",
+     r"variable 'a' of snapshot 0 keeps its data in 1 external file", _FILE_ERROR,
+     "same"),
     ("unknown_filter", lambda h5: _replace(h5, "snapshots/i0/vb%2Fc", shape=(5,),
                                            dtype=np.int32, scaleoffset=0),
-     r"variable 'b/c' of snapshot 0 needs HDF5 filter\(s\) \[6\], which spill "
-     r"files never use", _FILE_ERROR, "same"),
+     r"variable 'b/c' of snapshot 0 needs HDF5 filter\(s\) \[6\]", _FILE_ERROR,
+     "same"),
     ("huge_contiguous", lambda h5: (_replace(h5, "snapshots/i0/va", shape=(1 << 32,),
                                              dtype=np.float32),
                                     _declare(h5, "a", [1 << 32])),
-     r"variable 'a' of snapshot 0 declares 17179869184 bytes \(shape "
-     r"\(4294967296,\), float32\) but the file holds 0 for it",
+     r"variable 'a' of snapshot 0 declares 17179869184 bytes .*the file holds 0",
      snapstore.IncompatibleSnapshotError, None),
     ("huge_chunked", lambda h5: (_replace(h5, "snapshots/i0/va", shape=(1 << 32,),
                                           dtype=np.float32, chunks=(1 << 20,),
                                           compression="gzip"),
                                  _declare(h5, "a", [1 << 32])),
-     r"variable 'a' of snapshot 0 declares 17179869184 bytes but the file holds 0 "
-     r"for it", snapstore.IncompatibleSnapshotError, None),
+     r"variable 'a' of snapshot 0 declares 17179869184 bytes .*the file holds 0",
+     snapstore.IncompatibleSnapshotError, None),
     ("huge_undeclared", lambda h5: _replace(h5, "snapshots/i0/va",
                                             shape=(1 << 32,), dtype=np.float32),
      r"snapshot 0 does not hold the variables the file declares",
-     snapstore.IncompatibleSnapshotError, r"a has shape \(4294967296,\), the "
-     r"variable has shape \(4, 3\)"),
+     snapstore.IncompatibleSnapshotError,
+     r"a has shape \(4294967296,\), the variable has shape \(4, 3\)"),
 ]
 
 

@@ -113,80 +113,66 @@ def _corpus():
   mismatch = snapstore.IncompatibleSnapshotError
   return [
       ("truncated_half", good[:len(good) // 2], file_error,
-       r"is not an \.npz archive \(File is not a zip file\)", "same"),
+       r"is not an \.npz archive", "same"),
       ("truncated_end", good[:-30], file_error, r"is not an \.npz archive", "same"),
       ("member_past_end", patch(good, "a.npy", csize=len(good) * 2,
                                 usize=len(good) * 2), file_error,
-       r"array 'a' ends past the end of the file \(\d+ bytes\); the archive is "
-       r"truncated or corrupt\.", "same"),
+       r"array 'a' ends past the end of the file", "same"),
       ("flipped_header", good.replace(b"(4, 3)", b"(4, 9)"), file_error,
-       r"array 'a' is truncated or corrupt \(Bad CRC-32 for file 'a\.npy'\)",
-       "same"),
+       r"array 'a' is truncated or corrupt \(Bad CRC-32", "same"),
       ("shape_and_data_differ", archive([("a.npy", raw_npy(header("<f4", "(4, 9)"),
                                                            b"\0" * 48))]),
-       file_error, r"array 'a' declares shape \(4, 9\) of float32 \(144 bytes of "
-       r"data\), but its member holds 48; the archive is corrupt\.", "same"),
-      ("flipped_data", _flip(good, data_at), file_error,
-       r"array 'a' is truncated or corrupt \(Bad CRC-32 for file 'a\.npy'\)",
+       file_error, r"array 'a' declares shape \(4, 9\) of float32 .*member holds 48",
        "same"),
+      ("flipped_data", _flip(good, data_at), file_error,
+       r"array 'a' is truncated or corrupt \(Bad CRC-32", "same"),
       ("flipped_deflate", _flip(deflated, 60), file_error,
        r"array 'a' (is truncated or corrupt|has no valid \.npy header)", "same"),
       ("pickled", archive([("a.npy", npy(np.array([{"x": 1}] * 12).reshape(4, 3))),
                            ("b/c.npy", npy(np.zeros(5, np.int32)))]), file_error,
-       r"holds pickled Python objects in a; snapstore loads \.npz files with "
-       r"allow_pickle=False", "same"),
+       r"holds pickled Python objects in a\b", "same"),
       ("wrong_dtype", archive([("a.npy", npy(np.zeros([4, 3]))),
                                ("b/c.npy", npy(np.zeros(5, np.int32)))]), mismatch,
-       r"does not match the store's variables: a has dtype float64, the variable "
-       r"has dtype float32\. Names were mapped", None),
+       r"a has dtype float64, the variable has dtype float32", None),
       ("text_dtype", archive([("a.npy", npy(np.full([4, 3], b"abc"))),
                               ("b/c.npy", npy(np.zeros(5, np.int32)))]), file_error,
-       r"holds arrays that are not numeric \('a': \|S3\); a snapshot holds "
-       r"numbers\.", "same"),
+       r"arrays that are not numeric \('a': \|S3\)", "same"),
       ("record_dtype", archive([("a.npy", npy(np.zeros([4, 3], "f4,i4"))),
                                 ("b/c.npy", npy(np.zeros(5, np.int32)))]),
-       file_error, r"holds arrays that are not numeric \('a': ", "same"),
+       file_error, r"arrays that are not numeric \('a': ", "same"),
       ("huge_shape", archive([("a.npy", raw_npy(header("<f4", "(1048576, 1048576, 16)"),
                                                 b"\0" * 48))]), file_error,
-       r"array 'a' declares shape \(1048576, 1048576, 16\) of float32 "
-       r"\(70368744177664 bytes of data\), but its member holds 48", "same"),
+       r"array 'a' declares shape \(1048576, 1048576, 16\) .*member holds 48", "same"),
       ("negative_shape", archive([("a.npy", raw_npy(header("<f4", "(-4, 3)")))]),
-       file_error, r"array 'a' declares the negative shape \(-4, 3\)\.", "same"),
+       file_error, r"array 'a' declares the negative shape \(-4, 3\)", "same"),
       ("overlong_header", archive([("a.npy", b"\x93NUMPY\x02\x00"
                                     + struct.pack("<I", 1 << 31) + b"{")]),
-       file_error, r"array 'a' has no valid \.npy header \(a header of 2147483648 "
-       r"bytes; numpy writes at most 10000\)", "same"),
+       file_error, r"array 'a' has no valid \.npy header \(a header of 2147483648 bytes",
+       "same"),
       ("nested_header", archive([("a.npy", raw_npy(nested))]), file_error,
        r"array 'a' has no valid \.npy header", "same"),
       ("trailing_data", archive([("a.npy", a_npy + b"\0" * 12)]), file_error,
-       r"array 'a' declares shape \(4, 3\) of float32 \(48 bytes of data\), but "
-       r"its member holds 60", "same"),
+       r"array 'a' declares shape \(4, 3\) of float32 .*member holds 60", "same"),
       ("escaping_names", archive(good_members() + [
           ("../../escape.npy", a_npy), ("/abs.npy", a_npy),
           ("a/../b/c.npy", a_npy)]), mismatch,
-       r"variables the store does not have: \.\./\.\./escape, /abs, a/\.\./b/c\. Names were "
-       r"mapped",
-       None),
+       r"variables the store does not have: \.\./\.\./escape, /abs, a/\.\./b/c\b", None),
       ("control_names", archive(good_members() + [("evil\x1b[2J\n.npy", a_npy)]),
-       mismatch, r"variables the store does not have: 'evil\\x1b\[2J\\n'\. Names "
-       r"were mapped", None),
+       mismatch, r"variables the store does not have: 'evil\\x1b\[2J\\n'", None),
       ("duplicate", archive(good_members() + [("a.npy", a_npy)]), file_error,
-       r"holds array 'a' twice\.", "same"),
+       r"holds array 'a' twice", "same"),
       ("declared_bomb", patch(deflated, "a.npy", usize=(1 << 32) - 1), file_error,
-       r"array 'a' declares 4294967295 bytes from \d+ deflated bytes, more than "
-       r"they can hold; the archive is corrupt \(or a zip bomb\)\.", "same"),
+       r"array 'a' declares 4294967295 bytes from \d+ deflated bytes", "same"),
       ("real_bomb", bomb.getvalue(), mismatch,
-       r"a has shape \(8192, 8192\), the variable has shape \(4, 3\); a has dtype "
-       r"uint8", None),
+       r"a has shape \(8192, 8192\), .*a has dtype uint8", None),
       ("bzip2", archive(good_members(), zipfile.ZIP_BZIP2), file_error,
-       r"array 'a' is compressed with zip method 12; snapstore reads stored or "
-       r"deflated members", "same"),
+       r"array 'a' is compressed with zip method 12", "same"),
       ("encrypted", patch(good, "a.npy", flag=1), file_error,
-       r"array 'a' is encrypted; snapstore reads unencrypted archives\.", "same"),
+       r"array 'a' is encrypted", "same"),
       ("many_members", archive(good_members() + [
           ("x%04d.npy" % i, npy(np.zeros(1))) for i in range(2000)]), mismatch,
-       r"variables the store does not have: x0000, x0001, .*, x0009, and 1990 "
-       r"more\. Names were mapped", None),
+       r"variables the store does not have: x0000, x0001, .*, x0009, and 1990 more",
+       None),
   ]
 
 

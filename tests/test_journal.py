@@ -131,7 +131,8 @@ class CrashAtEveryWriteTest(tf.test.TestCase):
       incomplete = reader.incomplete()
       self.assertLessEqual(set(incomplete), set(in_progress))
       for tag in incomplete:
-        with self.assertRaisesRegex(snapstore.UnknownTagError, "incomplete"):
+        with self.assertRaisesRegex(snapstore.UnknownTagError,
+                                    "no complete snapshot %r" % (tag,)):
           reader.read(tag)
     return incomplete
 

@@ -105,10 +105,9 @@ class LoadSpillErrorsTest(_SpillCase):
     self.assertUnchanged()
 
   def test_incompatible_variables_are_named(self):
-    with self.assertRaisesRegex(
-        snapstore.IncompatibleSnapshotError,
-        r"Snapshot 'w0' in .*run1\.h5 does not match the store's variables: "
-        r"missing variables: w; variables the store does not have: x"):
+    with helpers.assert_raises_naming(
+        self, snapstore.IncompatibleSnapshotError, r"Snapshot 'w0' in \S*run1\.h5",
+        r"missing variables: w\b", r"variables the store does not have: x\b"):
       self.store.load_spill(self.path, "w0", mapping=lambda name: "x",
                             session=self.sess)
     self.assertUnchanged()
@@ -131,7 +130,8 @@ class LoadSpillErrorsTest(_SpillCase):
   def test_not_a_spill_file(self):
     npz_path = os.path.join(self.get_temp_dir(), "x.npz")
     np.savez(npz_path, w=np.float32(1))
-    with self.assertRaisesRegex(snapstore.SnapshotFileError, r"x\.npz"):
+    with self.assertRaisesRegex(snapstore.SnapshotFileError,
+                                r"x\.npz is not an HDF5 file"):
       self.store.load_spill(npz_path, "w0", session=self.sess)
     self.assertUnchanged()
 

@@ -6,15 +6,6 @@ from snapstore._tf import tf
 from tests import helpers
 
 
-class CountingHook(tf.train.SessionRunHook):
-
-  def __init__(self):
-    self.runs = 0
-
-  def before_run(self, run_context):
-    self.runs += 1
-
-
 class SnapshotInHook(tf.train.SessionRunHook):
   """Snapshots through run_context.session, the raw session hooks get."""
 
@@ -33,7 +24,7 @@ class MonitoredSessionTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       model = helpers.Model(use_resource=use_resource)
       store = snapstore.SnapshotStore(scope="net", mode=mode)
-      hook = CountingHook()
+      hook = helpers.CountingHook()
       with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
         model.randomize(sess._tf_sess(), seed=1)  # pylint: disable=protected-access
         saved = model.values(sess)

@@ -26,22 +26,6 @@ _MAX_GROWTH_MIB = 8.0
 _MAX_NEW_OBJECTS = 200
 
 
-class CountingSession(object):
-  """A session that counts the callables made through it."""
-
-  def __init__(self, sess):
-    self._sess = sess
-    self.graph = sess.graph
-    self.made = 0
-
-  def run(self, *args, **kwargs):
-    return self._sess.run(*args, **kwargs)
-
-  def make_callable(self, *args, **kwargs):
-    self.made += 1
-    return self._sess.make_callable(*args, **kwargs)
-
-
 class SoakTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(("device_ref", "device", False, 10000, 64),
@@ -72,7 +56,7 @@ class SoakTest(tf.test.TestCase, parameterized.TestCase):
     w = model.variables["v0_float32"]
     with tf.Session(graph=graph) as raw:
       raw.run(init)
-      sess = CountingSession(raw)
+      sess = helpers.CountingSession(raw)
       made = []
       for round_ in range(3):
         value = np.full([3, 5], round_, np.float32)

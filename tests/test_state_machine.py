@@ -183,6 +183,12 @@ class StoreMachine(stateful.RuleBasedStateMachine):
       choices.append("missing")
     return data.draw(st.sampled_from(choices), label="tag")
 
+  def _target(self, tag):
+    """The held tag a call given `tag` acts on (None: the newest), or None."""
+    if tag is None:
+      return self.order[-1] if self.order else None
+    return tag if tag in self.snaps else None
+
   # -- rules -------------------------------------------------------------------------
 
   @stateful.rule(seed=st.integers(0, 2 ** 16))
@@ -203,24 +209,26 @@ class StoreMachine(stateful.RuleBasedStateMachine):
   @stateful.rule(data=st.data())
   def restore(self, data):
     tag = self._pick(data)
-    if tag not in self.snaps and not (tag is None and self.order):
+    target = self._target(tag)
+    if target is None:
       with _raises(snapstore.UnknownTagError):
         self.store.restore(tag, session=self.world.sess)
       return
     got = self.store.restore(tag, session=self.world.sess)
-    assert got == (tag if tag is not None else self.order[-1])
+    assert got == target
     self.values = dict((k, v.copy()) for k, v in self.snaps[got].items())
 
   @stateful.rule(data=st.data())
   def evaluate_with(self, data):
     tag = self._pick(data)
-    if tag not in self.snaps and not (tag is None and self.order):
+    target = self._target(tag)
+    if target is None:
       with _raises(snapstore.UnknownTagError):
         self.store.evaluate_with(self.world.fetch, tag=tag, session=self.world.sess)
       return
     got = self.store.evaluate_with(self.world.fetch, tag=tag,
                                    session=self.world.sess)
-    expected = self.snaps[tag if tag is not None else self.order[-1]]
+    expected = self.snaps[target]
     for key, value in zip(self.world.keys, got):
       helpers.assert_bit_equal(value, expected[key], "evaluate_with %s" % key)
 
@@ -241,12 +249,13 @@ class StoreMachine(stateful.RuleBasedStateMachine):
       with _raises(snapstore.ModeError):
         self.store.spill(tag, session=self.world.sess)
       return
-    if tag not in self.snaps and not (tag is None and self.order):
+    target = self._target(tag)
+    if target is None:
       with _raises(snapstore.UnknownTagError):
         self.store.spill(tag, session=self.world.sess)
       return
     got = self.store.spill(tag, session=self.world.sess)
-    assert got == (tag if tag is not None else self.order[-1])
+    assert got == target
     self.spilled.add(got)
     self.flushed = False
 

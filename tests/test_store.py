@@ -26,8 +26,7 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*CASES)
   def test_restore_is_bit_exact(self, mode, use_resource):
     model, store, sess = self._setup(mode, use_resource)
-    model.randomize(sess, seed=1)
-    saved = model.values(sess)
+    saved = model.randomize(sess, seed=1)
     tag = store.snapshot(session=sess)
     sess.run(model.train_op)
     helpers.assert_state_differs(model.values(sess), saved)
@@ -39,8 +38,7 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
     model, store, sess = self._setup(mode, use_resource, max_to_keep=3)
     model.randomize(sess, seed=1)
     store.snapshot(session=sess)
-    model.randomize(sess, seed=2)
-    newest = model.values(sess)
+    newest = model.randomize(sess, seed=2)
     store.snapshot(session=sess)
     for _ in range(2):  # restoring twice: the snapshot stays
       sess.run(model.train_op)
@@ -52,8 +50,7 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
     model, store, sess = self._setup(mode, use_resource, max_to_keep=3)
     states = {}
     for seed, tag in enumerate(["a", "b", 7]):
-      model.randomize(sess, seed=seed)
-      states[tag] = model.values(sess)
+      states[tag] = model.randomize(sess, seed=seed)
       self.assertEqual(store.snapshot(tag, session=sess), tag)
     for tag in [7, "a", "b", "a"]:
       sess.run(model.train_op)
@@ -65,8 +62,7 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
     model, store, sess = self._setup(mode, use_resource, max_to_keep=2)
     states = []
     for seed in range(4):
-      model.randomize(sess, seed=seed)
-      states.append(model.values(sess))
+      states.append(model.randomize(sess, seed=seed))
       store.snapshot(session=sess)
     self.assertEqual(store.tags(), [2, 3])
     store.restore(2, session=sess)
@@ -79,8 +75,7 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
     model, store, sess = self._setup(mode, use_resource, max_to_keep=2)
     store.snapshot("x", session=sess)
     store.snapshot("y", session=sess)
-    model.randomize(sess, seed=5)
-    replaced = model.values(sess)
+    replaced = model.randomize(sess, seed=5)
     store.snapshot("x", session=sess)
     self.assertEqual(store.tags(), ["y", "x"])
     sess.run(model.train_op)
@@ -107,8 +102,7 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
   def test_delete(self, mode, use_resource):
     model, store, sess = self._setup(mode, use_resource, max_to_keep=2)
     store.snapshot("a", session=sess)
-    model.randomize(sess, seed=3)
-    b_state = model.values(sess)
+    b_state = model.randomize(sess, seed=3)
     store.snapshot("b", session=sess)
     store.delete("a")
     self.assertEqual(store.tags(), ["b"])
@@ -132,8 +126,7 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*CASES)
   def test_default_session(self, mode, use_resource):
     model, store, sess = self._setup(mode, use_resource)
-    model.randomize(sess, seed=1)
-    saved = model.values(sess)
+    saved = model.randomize(sess, seed=1)
     with sess.as_default():
       store.snapshot()
       sess.run(model.train_op)
@@ -193,8 +186,7 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*CASES)
   def test_npz_round_trip_into_another_graph(self, mode, use_resource):
     model, store, sess = self._setup(mode, use_resource)
-    model.randomize(sess, seed=9)
-    saved = model.values(sess)
+    saved = model.randomize(sess, seed=9)
     store.snapshot(session=sess)
     path = self.get_temp_dir() + "/snap.npz"
     store.save_npz(path, session=sess)
@@ -212,8 +204,7 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*CASES)
   def test_arrays_are_read_only_copies(self, mode, use_resource):
     model, store, sess = self._setup(mode, use_resource)
-    model.randomize(sess, seed=2)
-    saved = model.values(sess)
+    saved = model.randomize(sess, seed=2)
     store.snapshot(session=sess)
     arrays = store.arrays(session=sess)
     sess.run(model.train_op)

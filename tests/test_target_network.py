@@ -13,25 +13,14 @@ from snapstore._tf import tf
 from tests import helpers
 
 
-def _numpy_forward(x, params):
-  hidden = np.maximum(0.0, x.dot(params["dense/kernel"]) + params["dense/bias"])
-  return hidden.dot(params["dense_1/kernel"]) + params["dense_1/bias"]
-
-
 class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
   def test_past_and_current_in_one_training_loop(self, mode, use_resource):
-    rng = np.random.RandomState(0)
-    x_value = rng.randn(16, 4).astype(np.float32)
-    y_value = rng.randn(16, 2).astype(np.float32)
     graph = tf.Graph()
     with graph.as_default():
-      x = tf.placeholder(tf.float32, [None, 4])
-      target = tf.placeholder(tf.float32, [None, 2])
-      with tf.variable_scope("network_B", use_resource=use_resource):
-        hidden = tf.layers.dense(x, 8, activation=tf.nn.relu)
-        out = tf.layers.dense(hidden, 2)
+      x, target = helpers.dense_net_placeholders()
+      out = helpers.dense_net(x, scope="network_B", use_resource=use_resource)
       b_vars = tf.trainable_variables("network_B")
       loss = tf.reduce_mean(tf.square(out - target))
       store = snapstore.SnapshotStore(scope="network_B", mode=mode)
@@ -45,6 +34,7 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
     # Only B's own variables are trained; the shadows are not trainable.
     self.assertCountEqual(graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES), b_vars)
 
+    x_value, y_value = helpers.dense_net_data()
     feed = {x: x_value, target: y_value}
     with tf.Session(graph=graph) as sess:
       helpers.init(sess)
@@ -55,9 +45,9 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
         current = dict(zip(store.keys, sess.run(list(store.variables.values()))))
         past_out = store.evaluate_with(out, {x: x_value}, tag="past", session=sess)
         current_out = sess.run(out, {x: x_value})
-        np.testing.assert_allclose(current_out, _numpy_forward(x_value, current),
+        np.testing.assert_allclose(current_out, helpers.dense_net_numpy(x_value, current),
                                    rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(past_out, _numpy_forward(x_value, previous or current),
+        np.testing.assert_allclose(past_out, helpers.dense_net_numpy(x_value, previous or current),
                                    rtol=1e-5, atol=1e-5)
         # evaluate_with left the current parameters exactly as they were.
         for key, value in zip(store.keys, sess.run(list(store.variables.values()))):

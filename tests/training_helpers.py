@@ -20,10 +20,9 @@ class Regression(object):
     self.x = tf.placeholder(tf.float32, [None, features], name="x")
     self.y = tf.placeholder(tf.float32, [None], name="y")
     self.lr = tf.placeholder_with_default(learning_rate, [], name="lr")
-    with tf.variable_scope("net", use_resource=use_resource):
-      init = tf.glorot_uniform_initializer(seed=1)
-      hidden = tf.layers.dense(self.x, 8, tf.nn.tanh, kernel_initializer=init)
-      self.out = tf.squeeze(tf.layers.dense(hidden, 1, kernel_initializer=init), 1)
+    self.out = tf.squeeze(helpers.dense_net(
+        self.x, use_resource=use_resource, outputs=1, activation=tf.nn.tanh,
+        seed=1), 1)
     self.loss = tf.reduce_mean(tf.square(self.out - self.y), name="loss")
     self.step = tf.train.get_or_create_global_step()
     self.optimizer = (optimizer_fn(self.lr) if optimizer_fn

@@ -152,8 +152,8 @@ def clone(outputs, inputs=None, replacements=None, scope="clone",
   _refuse(to_copy, within, originals, initial_value, leaves)
   if not to_copy and not originals and not inputs:
     raise ValueError(
-        "Nothing to copy: the outputs depend on no input, replacement%s."
-        % ("" if share_variables else " or variable"))
+        "Nothing to copy: the outputs depend on no input%s."
+        % (" or replacement" if share_variables else ", replacement or variable"))
   if graph.finalized:
     raise errors.CloneError(
         "clone() must build ops, but the graph is finalized. Clone while "

@@ -126,8 +126,12 @@ class _Keeper(object):
 class _Protocol(object):
   """What SnapshotHook and SnapshotCallback share: options, and the keeper."""
 
-  def _configure(self, every_n_steps, every_n_secs, steps_name,
-                 max_consecutive_rollbacks, on_rollback):
+  def _configure(self, store, allow_none, every_n_steps, every_n_secs,
+                 steps_name, max_consecutive_rollbacks, on_rollback):
+    if not (isinstance(store, SnapshotStore) or callable(store)
+            or (allow_none and store is None)):
+      raise TypeError("store must be a SnapshotStore, a function returning "
+                      "one%s, got %r." % (" or None" if allow_none else "", store))
     self._timer_args = _timer_args(every_n_steps, every_n_secs, steps_name)
     if max_consecutive_rollbacks is not None:
       checks.integer(max_consecutive_rollbacks, "max_consecutive_rollbacks", 0)
@@ -207,14 +211,12 @@ class SnapshotHook(_Protocol, tf.train.SessionRunHook):
 
   def __init__(self, store, every_n_steps=None, every_n_secs=None, loss=None,
                max_consecutive_rollbacks=3, on_rollback=None):
-    if not (isinstance(store, SnapshotStore) or callable(store)):
-      raise TypeError("store must be a SnapshotStore or a function returning "
-                      "one, got %r." % (store,))
     if not (loss is None or isinstance(loss, (tf.Tensor, str)) or callable(loss)):
       raise TypeError("loss must be a tensor, a tensor name or a function "
                       "returning a tensor, got %r." % (loss,))
-    self._configure(every_n_steps, every_n_secs, "every_n_steps",
-                    max_consecutive_rollbacks, on_rollback)
+    self._configure(store, False, every_n_steps,
+                    every_n_secs, "every_n_steps", max_consecutive_rollbacks,
+                    on_rollback)
     self._store_arg = store
     self._loss_arg = loss
     self._loss = None
@@ -267,10 +269,8 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
   def __init__(self, store=None, every_n_batches=None, every_n_secs=None,
                monitor="loss", max_consecutive_rollbacks=3, on_rollback=None):
     super(SnapshotCallback, self).__init__()
-    if not (store is None or isinstance(store, SnapshotStore) or callable(store)):
-      raise TypeError("store must be a SnapshotStore, a function model -> "
-                      "SnapshotStore, or None, got %r." % (store,))
-    self._configure(every_n_batches, every_n_secs, "every_n_batches",
+    self._configure(store, True,
+                    every_n_batches, every_n_secs, "every_n_batches",
                     max_consecutive_rollbacks, on_rollback)
     self._store_arg = store
     self._monitor = monitor
