@@ -776,15 +776,21 @@ class SnapshotStore(object):
     """Releases what the mode holds outside the graph. Safe to call twice.
 
     With a spill file, queued writes are finished first and the file closed.
+    A disk-mode store first writes the snapshots it holds in memory, so a
+    store built over the same file later lists every snapshot.
 
     Raises:
-      SpillError: Snapshots could not be written to the spill file; they are
-        named, and lost with the store.
+      SpillError: Snapshots could not be written to the spill file (a full
+        disk): they are named, the store stays open with them, and calling
+        `close()` again writes them. Or a delete from the file failed: the
+        store is closed and the file still holds that snapshot.
     """
     with self._lock:
       if not self._closed:
-        self._closed = True
-        self._mode.close()
+        try:
+          self._mode.close()
+        finally:
+          self._closed = self._mode.closed
 
   def __enter__(self):
     return self

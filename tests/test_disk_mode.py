@@ -1,6 +1,7 @@
 """Disk mode and spill tiers: budget, tiers, background writes, faults, reopening."""
 import errno
 import os
+import tempfile
 import threading
 
 from absl.testing import parameterized
@@ -107,10 +108,10 @@ class TiersTest(_Case):
     with self.assertRaisesRegex(snapstore.SnapshotFileError,
                                 r"is open for writing by another process"):
       snapstore.open_spill(self._path())  # not while the store writes it
-    self.store.close()
+    self.store.close()  # writes the two held in memory too (see CloseTest)
     with snapstore.open_spill(self._path()) as f:
       entries = f.entries()
-      self.assertEqual([e.tag for e in entries], [0, 1, 2])
+      self.assertEqual([e.tag for e in entries], [0, 1, 2, 3, 4])
       self.assertEqual([e.time for e in entries], sorted(e.time for e in entries))
       for e in entries:
         helpers.assert_state(f.read(e.tag), states[e.tag])
@@ -339,7 +340,8 @@ class WriterFaultTest(_Case):
     self.store._mode._writer.flush()  # pylint: disable=protected-access
     with helpers.assert_raises_naming(
         self, snapstore.SpillError,
-        r"writing snapshot 'precious' failed \(OSError: \[Errno 28\]",
+        r"writing snapshot 'precious' failed \(no space left on the device: "
+        r"OSError: \[Errno 28\]",
         r"kept in host memory"):
       self.store.snapshot(session=self.sess)
     self.assertEqual(self.store.tags(), ["precious"])
@@ -375,15 +377,24 @@ class WriterFaultTest(_Case):
     self.store.restore(tag, session=self.sess)
     helpers.assert_state(self.model.values(self.sess), state)
 
-  def test_close_reports_snapshots_it_could_not_write(self):
+  def test_close_keeps_snapshots_it_could_not_write(self):
     self._setup(dtypes=(tf.float32,))
-    self._fail_writes(100)
-    self._take(0, tag="lost")
+    self._fail_writes(2)  # the write after the snapshot, and close()'s retry
+    _, state = self._take(0, tag="kept")
     with helpers.assert_raises_naming(
-        self, snapstore.SpillError, r"snapshot 'lost' failed \(OSError",
-        r"'lost' could not be written and are lost"):
+        self, snapstore.SpillError, r"snapshot 'kept' failed \(no space left",
+        r"The store stays open and nothing is dropped: call close\(\) again"):
       self.store.close()
+    self.assertEqual(self.store.tags(), ["kept"])
+    self.sess.run(self.model.train_op)
+    self.store.restore("kept", session=self.sess)
+    helpers.assert_state(self.model.values(self.sess), state)
+    self.store.close()  # the disk has room again: written, then closed
     self.store.close()  # safe twice
+    with self.assertRaises(snapstore.StoreClosedError):
+      self.store.flush()
+    with snapstore.open_spill(self._path()) as f:
+      helpers.assert_state(f.read("kept"), state)
 
   def test_back_pressure_blocks_until_writer_has_room(self):
     self._setup(dtypes=(tf.float32,), max_pending=1)
@@ -409,6 +420,32 @@ class WriterFaultTest(_Case):
     thread.join()
     self.store.flush()
     self.assertEqual([self.store.tier(t) for t in (0, 1)], ["file", "file"])
+
+
+class CloseAndReopenTest(_Case):
+
+  def test_close_writes_the_snapshots_held_in_memory(self):
+    self._setup(dtypes=(tf.float32, tf.int64), memory_budget=1 << 20)
+    states = dict(self._take(seed) for seed in range(3))
+    self.assertEqual([self.store.tier(t) for t in range(3)], ["host"] * 3)
+    self.store.close()
+    reopened = self._store(name="reopened")
+    self.assertEqual(reopened.tags(), [0, 1, 2])
+    for tag, state in states.items():
+      self.sess.run(self.model.train_op)
+      reopened.restore(tag, session=self.sess)
+      helpers.assert_state(self.model.values(self.sess), state)
+
+  def test_empty_file_is_a_new_spill_file(self):
+    fd, path = tempfile.mkstemp(suffix=".h5", dir=self.get_temp_dir())
+    os.close(fd)
+    self._setup(path=path, dtypes=(tf.float32,))
+    _, state = self._take(0)
+    self.store.close()
+    reopened = self._store(path=path, name="reopened")
+    self.assertEqual(reopened.tags(), [0])
+    reopened.restore(0, session=self.sess)
+    helpers.assert_state(self.model.values(self.sess), state)
 
 
 class OptionErrorsTest(_Case):

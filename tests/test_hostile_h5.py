@@ -8,7 +8,10 @@ journal left next to the file that cannot be its own. Reading (`open_spill`,
 the CLI's `verify`) and a store over the file must refuse each with a
 `snapstore.Error` naming the problem, without allocating more than a few MiB;
 a store that cannot use the file is not built and leaks no file or thread; a
-store over a file with one bad snapshot still restores the others exactly.
+store over a file with one bad snapshot still restores the others exactly. A
+damaged snapshot (a link, damaged attributes, a foreign group or dataset) is
+listed as such, on its own: the file's other snapshots are listed, verified
+and restored as usual.
 """
 import json
 import os
@@ -33,7 +36,10 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _read_all(path):
+  """Every snapshot of the file, or the error of the first damaged one."""
   with snapstore.open_spill(path) as f:
+    for damaged in f.damaged():
+      raise snapstore.SnapshotFileError(damaged.problem)
     return dict((e.tag, f.read(e.tag)) for e in f.entries())
 
 
@@ -136,23 +142,29 @@ _FILE_CASES = [
     ("snapshots_soft_link",
      lambda h5: (h5.__delitem__("snapshots"), h5.__setitem__("snapshots", h5py.SoftLink("/"))),
      r"the snapshot list is a link \(SoftLink\)"),
-    ("foreign_group", lambda h5: h5["snapshots"].create_group("xyz"),
-     r"/snapshots/xyz is not a snapstore snapshot"),
-    ("external_link", "external_link", r"snapshot 5 is a link \(ExternalLink\)"),
-    ("soft_link_snapshot",
-     lambda h5: h5["snapshots"].__setitem__("i6", h5py.SoftLink("/snapshots/i0")),
-     r"snapshot 6 is a link \(SoftLink\)"),
-    ("missing_time", lambda h5: h5["snapshots/i0"].attrs.__delitem__("time"),
-     r"snapshot 0 has damaged attributes"),
-    ("text_time", _set("snapshots/i0/time", b"noon"),
-     r"snapshot 0 has damaged attributes"),
-    ("foreign_dataset", lambda h5: h5["snapshots/i0"].create_dataset(
-        "weird", data=np.zeros(1)),
-     r"snapshot 0 holds weird, which is not a snapstore variable"),
     ("journal_past_file", "journal_size",
      r"-journal does not belong to it \(it records a file of 1000000000000 bytes\)"),
     ("journal_record_past_end", "journal_record",
      r"does not belong to it \(it saves bytes past the file's committed end\)"),
+]
+
+# One damaged snapshot: (name, mutate, message, its tag or None, whether its
+# data still restores). The file lists it as damaged and the others as usual.
+_DAMAGED_CASES = [
+    ("foreign_group", lambda h5: h5["snapshots"].create_group("xyz"),
+     r"/snapshots/xyz is not a snapstore snapshot", None, False),
+    ("external_link", "external_link", r"snapshot 5 is a link \(ExternalLink\)",
+     5, False),
+    ("soft_link_snapshot",
+     lambda h5: h5["snapshots"].__setitem__("i6", h5py.SoftLink("/snapshots/i0")),
+     r"snapshot 6 is a link \(SoftLink\)", 6, False),
+    ("missing_time", lambda h5: h5["snapshots/i0"].attrs.__delitem__("time"),
+     r"snapshot 0 has damaged attributes", 0, True),
+    ("text_time", _set("snapshots/i0/time", b"noon"),
+     r"snapshot 0 has damaged attributes", 0, True),
+    ("foreign_dataset", lambda h5: h5["snapshots/i0"].create_dataset(
+        "weird", data=np.zeros(1)),
+     r"snapshot 0 holds weird, which is not a snapstore variable", 0, False),
 ]
 
 # Snapshot-level cases: (name, mutate, message, store error, store message).
@@ -278,6 +290,47 @@ class HostileSpillFileTest(hostile.HostileFileCase, parameterized.TestCase):
       self.assertEqual(f.read(), before)  # refused, never "repaired"
     for store in self.stores.values():
       self.assert_usable(store)
+
+  @parameterized.named_parameters(*_DAMAGED_CASES)
+  def test_one_damaged_snapshot(self, mutate, message, tag, restorable):
+    path = self._make(self._testMethodName, mutate)
+    with snapstore.open_spill(path) as f:
+      intact = [e.tag for e in f.entries()]
+      damaged = f.damaged()
+      self.assertEqual([d.tag for d in damaged], [tag])
+      self.assertRegex(damaged[0].problem, message)
+      for t in intact:
+        helpers.assert_state(f.read(t), self.originals[t], t)
+    self.assertEqual(sorted(intact, key=str), sorted(
+        set(self.originals) - {tag}, key=str))
+    status, out, _ = hostile.run_cli("list", path)
+    self.assertEqual(status, 0)
+    self.assertRegex(out, r"(?m)^'x' ")
+    self.assertRegex(out, r"(?m)^damaged .*" + message)
+    self.assertRegex(out, r"%d snapshot\(s\) in .*, 1 damaged" % len(intact))
+    status, out, _ = hostile.run_cli("verify", path)
+    self.assertEqual(status, 1)
+    self.assertIn("ok      'x'\n", out)
+    self.assertRegex(out, r"FAILED  .*" + message)
+    self.assertRegex(out, r"intact, can be saved .*'x'")
+    store = self._store_over(path)
+    self.addCleanup(store.close)
+    self.assertEqual(set(store.tags()),
+                     set(intact) | ({tag} if tag is not None else set()))
+    live = hostile.values(9)
+    self.load(live)
+    if tag is not None and restorable:  # its data is intact
+      store.restore(tag, session=self.sess)
+      helpers.assert_state(self.current(), self.originals[tag])
+    elif tag is not None:
+      self.assert_refused(lambda: store.restore(tag, session=self.sess),
+                          _FILE_ERROR, message)
+      helpers.assert_state(self.current(), live, "after the refused restore")
+    store.restore("x", session=self.sess)
+    helpers.assert_state(self.current(), self.originals["x"])
+    store.snapshot("new", session=self.sess)
+    store.restore("new", session=self.sess)
+    helpers.assert_state(self.current(), self.originals["x"])
 
   @parameterized.named_parameters(*_SNAPSHOT_CASES)
   def test_snapshot_refused(self, mutate, message, store_error, store_message):

@@ -83,6 +83,72 @@ def path(value, what):
   return value
 
 
+def file_path(value, what):
+  """`value` as the path of a file: a non-empty path that is not a directory.
+
+  Args:
+    value: The argument.
+    what: How messages name it, e.g. "spill_path".
+
+  Raises:
+    TypeError: Neither a string nor `os.PathLike`.
+    ValueError: An empty path, or an existing directory.
+  """
+  value = path(value, what)
+  if os.path.isdir(value):
+    raise ValueError("%s %r is a directory; name a file (in it, e.g. %r)."
+                     % (what, value, os.path.join(value, "snapshot")))
+  return value
+
+
+def readable_file(value, what):
+  """`value` as the path of an existing file to read.
+
+  Args:
+    value: The argument.
+    what: How messages name it, e.g. "A spill file".
+
+  Raises:
+    TypeError, ValueError: As for `file_path`.
+    SnapshotFileError: Nothing exists at the path, or it is not a regular file.
+  """
+  value = file_path(value, what)
+  if not os.path.exists(value):
+    raise errors.SnapshotFileError("Cannot read %s: no such file." % value)
+  if not os.path.isfile(value):
+    raise errors.SnapshotFileError(
+        "Cannot read %s: it is not a regular file (a device, pipe or socket); "
+        "name a file." % value)
+  return value
+
+
+def replaceable_file(value, what):
+  """`value` as the path of a file that a new file may be renamed over.
+
+  Only a regular file is replaced: a symbolic link or a device node would be
+  replaced by a regular file, not written through.
+
+  Args:
+    value: The argument.
+    what: How messages name it, e.g. "The .npz path".
+
+  Raises:
+    TypeError, ValueError: As for `file_path`.
+    SnapshotFileError: The path is a symbolic link or not a regular file.
+  """
+  value = file_path(value, what)
+  if os.path.islink(value):
+    raise errors.SnapshotFileError(
+        "Refusing to write %s: it is a symbolic link, which writing would "
+        "replace with a file. Write to the file it names (%s) or another path."
+        % (value, os.path.realpath(value)))
+  if os.path.lexists(value) and not os.path.isfile(value):
+    raise errors.SnapshotFileError(
+        "Refusing to write %s: it is not a regular file (a device, pipe or "
+        "socket), which writing would replace. Choose another path." % value)
+  return value
+
+
 def function(value, name):
   """Checks `value` is None or callable.
 

@@ -96,8 +96,15 @@ class CopyMode(abc.ABC):
   def unstash(self, token, session):
     """Writes values set aside by `stash` back into the variables. Idempotent."""
 
+  closed = False
+
   def close(self):
-    """Releases what the mode holds outside the graph. Safe to call twice."""
+    """Releases what the mode holds outside the graph. Safe to call twice.
+
+    Sets `closed`; a mode that must not drop what it holds (a spill file that
+    cannot be written) raises instead and stays open.
+    """
+    self.closed = True
 
   # -- tiers (see modes/tiers.py); a mode without a spill file has one -------
 

@@ -10,6 +10,12 @@ their way to the file: at most `max_pending` queued (a snapshot that needs
 another one queued waits for the writer: back-pressure) and those whose write
 failed (kept, reported by the next call, written again with the next spill).
 
+A failed write (a full disk) keeps its snapshot in host memory, over the
+budget: the `SpillError` of the next call says by how much. `close()` writes
+every snapshot still in memory to the file first, so a store reopened on the
+file lists them all; if it cannot, it raises and stays open (see
+`TieredMode.close`).
+
 `max_to_keep` bounds the snapshots of all tiers together (default: no bound);
 when it is reached the oldest snapshot is deleted, from the file if it is
 there. `spill(tag)` writes a snapshot before the budget asks for it.
@@ -70,6 +76,7 @@ class DiskMode(tiers.TieredMode):
     self.name = DiskMode.name
     self.data_needs_session = False
     self._max_to_keep = max_to_keep  # all tiers together, not the host tier's
+    self._order = []  # the store's SnapshotInfos at the last settle
 
   @property
   def capacity(self):
@@ -80,14 +87,29 @@ class DiskMode(tiers.TieredMode):
 
   def settle(self, order):
     """Spills the oldest host snapshots (by the store's `order`) over budget."""
+    self._order = list(order)
     self._collect()
     self._retry_failed()
-    over = self._inner.nbytes - self._budget
-    if over <= 0:
-      return
+    self._spill_over(self._budget)
+
+  def _spill_over(self, budget):
+    """Hands the oldest host snapshots to the writer until `budget` is met."""
+    over = self._inner.nbytes - budget
     in_memory = set(self._inner.tags())
-    for info in order:
+    for info in self._order:
       if over <= 0:
         break
       if info.tag in in_memory:
         over -= self._move_to_file(info.tag, info, None)
+
+  def _before_close(self):
+    # A disk store's snapshots outlive it: what is in memory goes to the file.
+    self._collect()
+    self._spill_over(0)
+
+  def _memory_note(self):
+    held = self.nbytes
+    if held <= self._budget:
+      return " (%d bytes, within memory_budget=%d)" % (held, self._budget)
+    return (" (host memory now holds %d bytes of snapshots, %d over "
+            "memory_budget=%d)" % (held, held - self._budget, self._budget))

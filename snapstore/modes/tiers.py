@@ -23,8 +23,17 @@ mode (`snapstore/modes/disk.py`) spills automatically and bounds all tiers toget
 
 A store built over an existing spill file lists the file's complete snapshots
 as its own, oldest first; an incomplete one (a write interrupted by a crash) is
-logged and removed.
+logged and removed. A damaged one (a broken link, damaged attributes) is
+logged and listed as the oldest: restoring it raises `SnapshotFileError`
+naming the problem, `delete(tag)` removes it, and the others work as usual.
+
+A failed write (a full disk) keeps its snapshot in host memory, over the
+budget if need be, and the store's next call raises `SpillError` naming the
+cause, the file and the bytes held. While writes fail, each call retries only
+the oldest failed snapshot; once one is written, the others follow. `close()`
+writes what is in memory first and stays open, raising, if it cannot.
 """
+import errno
 import logging
 import weakref
 
@@ -98,6 +107,7 @@ class TieredMode(base.CopyMode):
     self._held = {}     # tag -> _Held
     self._in_file = {}  # tag -> SpillEntry
     self._errors = []   # (tag, what, exception) not yet reported
+    self._writing = True  # False after a failed write, until one succeeds
     self._file = spill_file.SpillFile.open_for_writing(spill_path, varset, durable)
     try:
       dropped = self._file.delete_incomplete()
@@ -109,6 +119,7 @@ class TieredMode(base.CopyMode):
                      "stopped while writing to it; %s.", self._file.path,
                      " and ".join(done))
       self._in_file = dict((e.tag, e) for e in self._file.entries())
+      self._adopt_damaged(self._file.damaged())
       self._writer = writer.BackgroundWriter("snapstore-spill", max_pending)
     except BaseException:
       self._file.close()
@@ -117,6 +128,9 @@ class TieredMode(base.CopyMode):
     # A store dropped without close() must not leave its writer thread
     # waiting forever and its file uncommitted.
     self._release = weakref.finalize(self, _release, self._writer, self._file)
+    # At exit, close_at_exit closes a live mode fully (memory tier included);
+    # this finalizer must not release its writer and file before that.
+    self._release.atexit = False
 
   # -- tiers -----------------------------------------------------------------------
 
@@ -144,7 +158,7 @@ class TieredMode(base.CopyMode):
 
   def flush(self):
     """Writes everything queued or failed, and waits for it."""
-    self._retry_failed()
+    self._retry_failed(everything=True)
     self._writer.flush()
     self._collect()
     self.check()
@@ -155,18 +169,40 @@ class TieredMode(base.CopyMode):
     if not self._errors:
       return
     failures, self._errors = self._errors, []
-    parts = []
-    for tag, what, error in failures:
-      if what == "write":
-        parts.append("writing snapshot %r failed (%s); it is kept in host memory "
-                     "and written again with the next spill or flush()"
-                     % (tag, _describe(error)))
-      else:
-        parts.append("deleting snapshot %r from the file failed (%s); the file "
-                     "still holds it" % (tag, _describe(error)))
     raise errors.SpillError(
         "Spill file %s: %s. This call did nothing else; call it again."
-        % (self._file.path, "; ".join(parts)))
+        % (self._file.path, self._report(failures)))
+
+  def _report(self, failures):
+    """What went wrong in `failures` and where the snapshots are, for a message."""
+    parts = []
+    for what, kept in (("write", "kept in host memory%s and written again with "
+                        "the next spill or flush()" % self._memory_note()),
+                       ("delete", "the file still holds them")):
+      causes = []  # [(cause, [tags])], in order
+      for tag, kind, error in failures:
+        if kind != what:
+          continue
+        cause = _describe(error)
+        for known, tags in causes:
+          if known == cause:
+            if tag not in tags:
+              tags.append(tag)
+            break
+        else:
+          causes.append((cause, [tag]))
+      for cause, tags in causes:
+        parts.append("%s snapshot %s failed (%s); %s" % (
+            "writing" if what == "write" else "deleting from the file",
+            ", ".join(map(repr, tags)), cause,
+            kept))
+    if any(_is_full(error) for _, _, error in failures):
+      parts.append("free space on that disk: writing resumes by itself")
+    return "; ".join(parts)
+
+  def _memory_note(self):
+    """A phrase on the host memory the held snapshots take (see DiskMode)."""
+    return " (%d bytes)" % sum(h.nbytes for h in self._held.values())
 
   # -- CopyMode ------------------------------------------------------------------
 
@@ -224,30 +260,52 @@ class TieredMode(base.CopyMode):
     self._inner.unstash(token, session)
 
   def close(self):
-    """Finishes queued writes and closes the file; reports failures. Safe twice."""
+    """Finishes the writes and closes the file. Safe to call twice.
+
+    Raises:
+      SpillError: A snapshot could not be written (a full disk): nothing is
+        closed or dropped, the snapshots stay in host memory, and calling
+        `close()` again (after freeing space) writes them. Or a delete
+        failed: the file is closed and still holds that snapshot.
+    """
     if self._file is None:
       return
+    if not self._release.alive:  # released already: writer and file are closed
+      self._file = None
+      self.closed = True
+      return
     path = self._file.path
+    self._before_close()
+    self._writer.flush()  # then every failed write, old or new, is tried again
+    self._collect()
+    self._retry_failed(everything=True)
+    self._writer.flush()
+    self._collect()
+    if self._held:
+      failures, self._errors = self._errors, []
+      raise errors.SpillError(
+          "Closing the store's spill file %s: %s. The store stays open and "
+          "nothing is dropped: call close() again once the file can be written, "
+          "or save the snapshots elsewhere first (save_npz)."
+          % (path, self._report(failures) or "snapshot(s) %s are not written"
+             % ", ".join(map(repr, self._held))))
     try:
-      self._retry_failed()
       self._writer.close()
       self._collect()
-      lost = [h.tag for h in self._held.values()]
     finally:
       self._writer.close()
       self._file.close()
       self._file = None
       self._release.detach()
       self._inner.close()
+      self.closed = True
     failures, self._errors = self._errors, []
-    if failures or lost:
-      problems = ["%s of snapshot %r failed (%s)" % (what, tag, _describe(error))
-                  for tag, what, error in failures]
-      if lost:
-        problems.append("snapshot(s) %s could not be written and are lost with "
-                        "the store" % ", ".join(map(repr, lost)))
+    if failures:
       raise errors.SpillError("Closing the store's spill file %s: %s."
-                              % (path, "; ".join(problems)))
+                              % (path, self._report(failures)))
+
+  def _before_close(self):
+    """Called first by `close()`; the disk mode writes its memory tier."""
 
   # -- device-mode ops are the fast tier's ---------------------------------------------
 
@@ -300,10 +358,14 @@ class TieredMode(base.CopyMode):
     held.state = _QUEUED
     self._writer.submit(_Write(self, held))
 
-  def _retry_failed(self):
+  def _retry_failed(self, everything=False):
+    """Queues failed writes again: all of them, or while writes keep failing
+    (a full disk) only the oldest, so that each call tries one write, not all."""
     for held in list(self._held.values()):
       if held.state == _FAILED:
         self._queue(held)
+        if not (everything or self._writing):
+          return
 
   def _collect(self):
     """Applies finished background jobs to the bookkeeping (caller's thread)."""
@@ -315,11 +377,26 @@ class TieredMode(base.CopyMode):
         if error is None:
           del self._held[job.tag]
           self._in_file[job.tag] = job.entry
+          self._writing = True
         else:
           job.held.state = _FAILED
           self._errors.append((job.tag, "write", error))
+          self._writing = False
       elif error is not None:
         self._errors.append((job.tag, "delete", error))
+
+  def _adopt_damaged(self, damaged):
+    """Lists the file's damaged snapshots as the oldest, and logs them."""
+    if not damaged:
+      return
+    for d in damaged:
+      if d.tag is not None and d.tag not in self._in_file:
+        self._in_file[d.tag] = spill_file.SpillEntry(d.tag, 0.0, None, 0, ())
+    _LOG.warning(
+        "snapstore: spill file %s holds %d damaged snapshot(s); the others are "
+        "usable. Restoring a damaged one raises SnapshotFileError, delete(tag) "
+        "removes it. %s", self._file.path, len(damaged),
+        " ".join(d.problem for d in damaged))
 
   def _step(self, arrays):
     if self._step_index is None:
@@ -388,5 +465,11 @@ def _global_step_index(varset):
   return None
 
 
+def _is_full(error):
+  return getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+
+
 def _describe(error):
+  if _is_full(error):
+    return "no space left on the device: %s: %s" % (type(error).__name__, error)
   return "%s: %s" % (type(error).__name__, error)

@@ -27,6 +27,7 @@ import h5py
 import numpy as np
 
 from snapstore.core import buffers
+from snapstore.core import checks
 from snapstore import errors
 from snapstore.spill import journal
 from snapstore.spill import layout
@@ -41,11 +42,21 @@ Fields: tag (int or str), time (`time.time()` of taking it), step (the global
 step, or None when the store did not cover it), nbytes, keys (variable keys).
 """
 
+DamagedSnapshot = collections.namedtuple(
+    "DamagedSnapshot", ["tag", "name", "problem"])
+DamagedSnapshot.__doc__ = """A snapshot of a spill file that cannot be listed.
+
+Fields: tag (None when its group's name encodes no tag), name (the group's
+name under /snapshots), problem (the error message). The file's other
+snapshots are unaffected.
+"""
+
 
 def _locked(method):
   @functools.wraps(method)
   def wrapper(self, *args, **kwargs):
     with self._lock:  # pylint: disable=protected-access
+      self._usable()  # pylint: disable=protected-access
       return method(self, *args, **kwargs)
   return wrapper
 
@@ -69,14 +80,14 @@ class SpillFile(object):
 
   _h5 = None
   _file = None
+  _broken = None  # why the file could not be reopened after a failed change
 
   def __init__(self, path, writable=False, durable=False):
     # One operation at a time: a read from the training thread waits for a
     # write on the writer thread to finish (and its possible reopen).
     self._lock = getattr(self, "_lock", None) or threading.RLock()
-    self.path = os.fspath(path)
-    if not os.path.isfile(self.path):
-      raise errors.SnapshotFileError("Cannot read %s: no such file." % self.path)
+    self.path = checks.readable_file(path, "A spill file path")
+    self._durable = durable
     try:
       self._file = journal.JournaledFile(self.path, writable, durable)
     except journal.LockedError:
@@ -116,18 +127,21 @@ class SpillFile(object):
       A writable `SpillFile`.
 
     Raises:
+      TypeError: `path` is not a path.
+      ValueError: `path` is empty or a directory.
       SnapshotFileError: A missing or unwritable directory, an unwritable file,
         or a file the constructor rejects.
       IncompatibleSnapshotError: An existing file recorded other variables
         (names, shapes and dtypes all listed).
     """
-    path = os.fspath(path)
+    path = checks.file_path(path, "spill_path")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
       raise errors.SnapshotFileError(
           "Cannot create spill file %s: directory %s does not exist. Create it "
           "first or choose another path." % (path, directory))
-    if not os.path.exists(path):
+    # An empty file (what tempfile.mkstemp gives) is a new spill file.
+    if not os.path.exists(path) or layout.is_empty(path):
       if not os.access(directory, os.W_OK | os.X_OK):
         raise errors.SnapshotFileError(
             "Cannot create spill file %s: no write permission in %s."
@@ -153,18 +167,23 @@ class SpillFile(object):
 
   @_locked
   def entries(self):
-    """`SpillEntry` of every complete snapshot, oldest first."""
-    out = []
-    for name, group in self._groups():
-      if layout.is_complete(group):
-        out.append(self._entry(name, group))
-    return sorted(out, key=lambda e: e.time)
+    """`SpillEntry` of every complete, intact snapshot, oldest first."""
+    return self._scan()[0]
 
   @_locked
   def incomplete(self):
     """Tags of snapshots whose writing was interrupted (never readable)."""
-    return [layout.decode_tag(name) for name, group in self._groups()
-            if not layout.is_complete(group)]
+    return self._scan()[1]
+
+  @_locked
+  def damaged(self):
+    """`DamagedSnapshot` of every snapshot that cannot be listed.
+
+    One damaged snapshot (a broken link, damaged attributes, a dataset
+    snapstore never writes) leaves the others listed and readable; reading a
+    damaged one raises `SnapshotFileError` naming the problem.
+    """
+    return self._scan()[2]
 
   @_locked
   def __contains__(self, tag):
@@ -287,9 +306,14 @@ class SpillFile(object):
       raise
 
   def _delete(self, name):
-    group = self._snapshots[name]
     extents = []
-    for ds in group.values():
+    try:
+      group = layout.child(self._snapshots, name, h5py.Group, name, self.path)
+    except errors.SnapshotFileError:
+      group = None  # a link or damaged: only its name is removed, nothing freed
+    for ds in (group.values() if group is not None else ()):
+      if not isinstance(ds, h5py.Dataset):
+        continue
       offset = ds.id.get_offset()
       if offset is not None:
         extents.append((offset, ds.id.get_storage_size()))
@@ -317,9 +341,13 @@ class SpillFile(object):
 
   # -- lifetime ----------------------------------------------------------------------
 
-  @_locked
   def close(self):
     """Closes the file; an uncommitted change is rolled back. Safe to call twice."""
+    with self._lock:
+      self._close()
+
+  def _close(self):
+    self._broken = None
     if self._h5 is not None:
       h5, self._h5 = self._h5, None
       if self._file.in_transaction:
@@ -347,21 +375,32 @@ class SpillFile(object):
 
   # -- internals -----------------------------------------------------------------------
 
-  def _groups(self):
-    """[(name, group)] of every snapshot, its name and links checked."""
-    out = []
+  def _scan(self):
+    """(entries oldest first, incomplete tags, damaged) of every snapshot.
+
+    Each snapshot's name, link, attributes and dataset names are checked on
+    their own: a damaged one is reported, the others are listed.
+    """
+    entries, incomplete, damaged = [], [], []
     for name in layout.names(self._snapshots, "the snapshot list", self.path):
       try:
-        layout.decode_tag(name)
+        tag = layout.decode_tag(name)
       except ValueError:
-        raise errors.SnapshotFileError(
+        damaged.append(DamagedSnapshot(None, name, (
             "%s: /snapshots/%s is not a snapstore snapshot (its name encodes no "
             "tag); the file is damaged or was changed by another program."
-            % (self.path, errors.names([name])))
-      out.append((name, layout.child(
-          self._snapshots, name, h5py.Group,
-          "snapshot %r" % layout.decode_tag(name), self.path)))
-    return out
+            % (self.path, errors.names([name])))))
+        continue
+      try:
+        group = layout.child(self._snapshots, name, h5py.Group,
+                             "snapshot %r" % (tag,), self.path)
+        if layout.is_complete(group):
+          entries.append(self._entry(name, group))
+        else:
+          incomplete.append(tag)
+      except errors.SnapshotFileError as e:
+        damaged.append(DamagedSnapshot(tag, name, str(e)))
+    return sorted(entries, key=lambda e: e.time), incomplete, damaged
 
   def _entry(self, name, group):
     tag = layout.decode_tag(name)
@@ -476,20 +515,43 @@ class SpillFile(object):
     self._h5.flush()
     self._file.commit()
 
-  def _reopen(self):
+  def _reopen(self, cleanup=True):
     """After a failed change: back to the last commit, with HDF5 reopened.
 
     HDF5's state after an I/O error is unknown, so it is dropped unwritten and
     the file reopened, which rolls back the failed transaction. A snapshot left
-    incomplete by a committed first step is removed.
+    incomplete by a committed first step is removed if the disk allows it;
+    if that fails too (a disk that stays full), the file is reopened once more
+    without it: the snapshot stays listed as incomplete, is never read, and is
+    removed by the next write of its tag or the next store over the file.
+    Never raises and never recurses: a file that cannot be reopened now is
+    reopened by the next operation (`_usable`).
     """
-    path, durable = self.path, self._file.durable
-    self.close()
-    self.__init__(path, writable=True, durable=durable)
+    self._close()
     try:
-      self.delete_incomplete()
-    except (OSError, RuntimeError):
-      pass  # still failing: it stays listed as incomplete and is never read
+      self.__init__(self.path, writable=True, durable=self._durable)
+    except (errors.Error, OSError) as e:
+      self._broken = e
+      return
+    if not cleanup:
+      return
+    for tag in self._scan()[1]:
+      try:
+        self._delete(layout.encode_tag(tag))
+      except BaseException:  # pylint: disable=broad-except
+        self._reopen(cleanup=False)
+        return
+
+  def _usable(self):
+    """Reopens a file a failed change left closed, or says why it cannot."""
+    if self._broken is None:
+      return
+    self._reopen(cleanup=False)
+    if self._broken is not None:
+      raise errors.SnapshotFileError(
+          "%s could not be reopened after a failed write (%s); its committed "
+          "snapshots are intact on disk. Free space or fix the disk; the next "
+          "operation tries again." % (self.path, self._broken))
 
 
 class SnapshotSource(object):

@@ -29,6 +29,7 @@ moves the data, in transactions.
 """
 import functools
 import json
+import os
 
 import h5py
 import numpy as np
@@ -55,6 +56,27 @@ MAX_RATIO = 1032
 # cannot be opened, OSError when it cannot be read, RuntimeError when links
 # cannot be listed, ValueError and TypeError for types it cannot map.
 H5_ERRORS = (KeyError, OSError, RuntimeError, ValueError, TypeError)
+
+
+# The first bytes of every HDF5 file snapstore writes (no user block).
+SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def is_hdf5(path):
+  """Whether the file `path` starts with the HDF5 signature (False if unreadable)."""
+  try:
+    with open(path, "rb") as f:
+      return f.read(len(SIGNATURE)) == SIGNATURE
+  except OSError:
+    return False
+
+
+def is_empty(path):
+  """Whether `path` is an empty regular file: a new spill file, not a foreign one.
+
+  `tempfile.mkstemp(suffix=".h5")` gives one; it holds nothing to keep.
+  """
+  return os.path.isfile(path) and os.path.getsize(path) == 0
 
 
 def encode_tag(tag):
