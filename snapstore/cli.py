@@ -2,9 +2,11 @@
 
 A snapshot is named by a file, and in a spill file by a tag after a colon:
 `run.h5:3`, `run.h5:best`, `best.npz`. A digit-only tag means the int tag if
-the file has one, else the string.
+the file has one, else the string. The file is the shortest part before a
+colon that exists, so `run.h5:a:b` names tag `a:b`; `--tag` names any tag
+(`show run.h5 --tag a:b`).
 
-    snapstore list run.h5                  # tag, time, step, size, variables
+    snapstore list run.h5                  # tag, time, step, size, variables; damaged ones
     snapstore show run.h5:3                # one snapshot, per variable
     snapstore diff run.h5:3 run.h5:7       # per-variable max-abs and L2 difference
     snapstore verify run.h5                # every checksum
@@ -12,8 +14,10 @@ the file has one, else the string.
     snapstore export run.h5:3 three.npz    # one snapshot as .npz
 
 Exit status: 0 on success, 1 for a missing, corrupt or foreign file, an unknown
-tag or a failed check, 2 for bad usage. Names read from a file are printed
-quoted when they hold control characters.
+tag or a failed check, 2 for bad usage. A spill file with damaged snapshots
+still lists and verifies the others: `verify` exits 1 and names the intact
+ones, which `export` can save. Names read from a file are printed quoted when
+they hold control characters.
 """
 import argparse
 import datetime
@@ -22,34 +26,63 @@ import sys
 
 import numpy as np
 
+from snapstore.core import checks
 from snapstore import errors
 from snapstore.files import npz
 from snapstore.spill import file as spill_file
+
+# `list` pads the tag column to the longest tag up to this width; a longer tag
+# is printed whole and pushes its own row only.
+_TAG_WIDTH = 24
+# `show` summarizes a variable this many elements at a time, so that it needs
+# about the variable's own size in memory, not several float64 copies of it.
+_CHUNK = 1 << 20
 
 
 class _Source(object):
   """A spill file or an `.npz` archive, opened for reading."""
 
+  _spill = None
+  _archive = None
+
   def __init__(self, path):
     self.path = path
     self.is_npz = _is_zip(path)
-    self._spill = None if self.is_npz else spill_file.open_spill(path)
+    if self.is_npz:
+      self._archive = npz.Archive(path)
+    else:
+      self._spill = spill_file.open_spill(path)
 
   def close(self):
-    if self._spill is not None:
-      self._spill.close()
+    for f in (self._spill, self._archive):
+      if f is not None:
+        f.close()
 
   def entries(self):
     if self._spill is not None:
       return self._spill.entries()
-    arrays = npz.read(self.path)
-    return [spill_file.SpillEntry(os.path.basename(self.path),
-                             os.path.getmtime(self.path), None,
-                             sum(a.nbytes for a in arrays.values()),
-                             tuple(arrays))]
+    declared = self._archive.declared()
+    return [spill_file.SpillEntry(
+        os.path.basename(self.path), os.path.getmtime(self.path), None,
+        sum(int(np.prod(shape)) * dtype.itemsize
+            for shape, dtype in declared.values()), tuple(sorted(declared)))]
 
   def incomplete(self):
     return self._spill.incomplete() if self._spill is not None else []
+
+  def damaged(self):
+    return self._spill.damaged() if self._spill is not None else []
+
+  def declared(self, tag):
+    """`{key: (shape, dtype)}` of snapshot `tag`, sorted by key."""
+    declared = (self._archive.declared() if self._spill is None
+                else self._spill.declared(tag))
+    return dict(sorted(declared.items()))
+
+  def read_variable(self, tag, key):
+    if self._spill is None:
+      return self._archive.read(key)
+    return self._spill.read_variable(tag, key)
 
   def resolve(self, text):
     """The tag `text` names (None: the archive, or a spill file's newest)."""
@@ -74,16 +107,25 @@ class _Source(object):
     return self._spill.read(tag)
 
 
-def _parse_ref(ref):
-  """'file:tag' -> (file, tag or None); a path that exists is taken whole."""
-  if os.path.exists(ref) or ":" not in ref:
-    return ref, None
-  path, tag = ref.rsplit(":", 1)
+def _parse_ref(ref, tag=None):
+  """'file:tag' -> (file, tag text or None); see the module doc.
+
+  A path that exists is taken whole; otherwise the file is the shortest part
+  before a colon that exists, and the rest (colons included) the tag. With
+  `tag` (the `--tag` option), `ref` is the file.
+  """
+  if tag is not None or os.path.exists(ref) or ":" not in ref:
+    return ref, tag
+  parts = ref.split(":")
+  for i in range(1, len(parts)):
+    if os.path.exists(":".join(parts[:i])):
+      return ":".join(parts[:i]), ":".join(parts[i:])
+  path, tag = ref.rsplit(":", 1)  # no such file: reading it says so
   return path, tag
 
 
-def _open(ref):
-  path, tag_text = _parse_ref(ref)
+def _open(ref, tag=None):
+  path, tag_text = _parse_ref(ref, tag)
   source = _Source(path)
   try:
     return source, source.resolve(tag_text)
@@ -93,8 +135,7 @@ def _open(ref):
 
 
 def _is_zip(path):
-  if not os.path.isfile(path):
-    raise errors.SnapshotFileError("Cannot read %s: no such file." % path)
+  path = checks.readable_file(path, "The file")
   with open(path, "rb") as f:
     return f.read(4) == b"PK\x03\x04"
 
@@ -118,37 +159,59 @@ def cmd_list(args, out):
     for e in entries:
       rows.append((repr(e.tag), _time(e.time), "-" if e.step is None else str(e.step),
                    _size(e.nbytes), str(len(e.keys))))
-    _table(rows, out)
+    _table(rows, out, caps={0: _TAG_WIDTH})
     for tag in source.incomplete():
       out.write("incomplete (write interrupted, never read): %r\n" % (tag,))
-    out.write("%d snapshot(s) in %s\n" % (len(entries), args.file))
+    damaged = source.damaged()
+    for d in damaged:
+      out.write("damaged %s: %s\n" % (_damaged_name(d), d.problem))
+    out.write("%d snapshot(s) in %s%s\n" % (
+        len(entries), args.file,
+        ", %d damaged" % len(damaged) if damaged else ""))
   finally:
     source.close()
   return 0
 
 
 def cmd_show(args, out):
-  source, tag = _open(args.snapshot)
+  source, tag = _open(args.snapshot, args.tag)
+  rows = [("variable", "shape", "dtype", "min", "max", "mean", "non-finite")]
   try:
-    arrays = source.read(tag)
-    entry = [e for e in source.entries() if source.is_npz or e.tag == tag][0]
+    entry = [e for e in source.entries() if source.is_npz or e.tag == tag]
+    if not entry:  # a damaged snapshot whose data may still read
+      entry = [spill_file.SpillEntry(tag, None, None, None, ())]
+    for key, (shape, dtype) in source.declared(tag).items():
+      # One variable in memory at a time, summarized in chunks.
+      rows.append((key, str(tuple(shape)), dtype.name)
+                  + _summary(source.read_variable(tag, key)))
   finally:
     source.close()
+  entry = entry[0]
   out.write("snapshot %r of %s: time %s, step %s, %s\n" % (
-      entry.tag, source.path, _time(entry.time),
-      "-" if entry.step is None else entry.step, _size(entry.nbytes)))
-  rows = [("variable", "shape", "dtype", "min", "max", "mean", "non-finite")]
-  for key, a in arrays.items():
-    values = _as_float(a)
-    if values.dtype.kind == "c":
-      values = np.abs(values)
-    finite = values[np.isfinite(values)]
-    stats = (("%.6g" % finite.min(), "%.6g" % finite.max(), "%.6g" % finite.mean())
-             if finite.size else ("-", "-", "-"))
-    rows.append((key, str(a.shape), a.dtype.name) + stats
-                + (str(values.size - finite.size),))
+      entry.tag, source.path, "-" if entry.time is None else _time(entry.time),
+      "-" if entry.step is None else entry.step,
+      "-" if entry.nbytes is None else _size(entry.nbytes)))
   _table(rows, out)
   return 0
+
+
+def _summary(a):
+  """(min, max, mean, non-finite count) of `a` as strings, `_CHUNK` at a time."""
+  flat = a.reshape(-1)
+  low, high, total, finite = np.inf, -np.inf, 0.0, 0
+  for start in range(0, flat.size, _CHUNK):
+    values = _as_float(flat[start:start + _CHUNK])
+    if values.dtype.kind == "c":
+      values = np.abs(values)
+    values = values[np.isfinite(values)]
+    if values.size:
+      low, high = min(low, values.min()), max(high, values.max())
+      total += values.sum()
+      finite += values.size
+  if not finite:
+    return ("-", "-", "-", str(flat.size))
+  return ("%.6g" % low, "%.6g" % high, "%.6g" % (total / finite),
+          str(flat.size - finite))
 
 
 def cmd_diff(args, out):
@@ -169,12 +232,13 @@ def cmd_diff(args, out):
 
 
 def cmd_verify(args, out):
-  path, tag_text = _parse_ref(args.file)
+  path, tag_text = _parse_ref(args.file, args.tag)
   source = _Source(path)
-  failed = 0
+  failed, intact = 0, []
   try:
     tags = ([source.resolve(tag_text)] if tag_text is not None
             else [e.tag for e in source.entries()])
+    damaged = source.damaged() if tag_text is None else []
     for tag in tags:
       name = repr(tag) if tag is not None else path
       try:
@@ -189,13 +253,25 @@ def cmd_verify(args, out):
         out.write("FAILED  %s: non-finite values in %s\n"
                   % (name, errors.names(bad)))
       else:
+        intact.append(name)
         out.write("ok      %s\n" % name)
+    for d in damaged:
+      out.write("FAILED  %s\n" % d.problem)
     for tag in source.incomplete():
       out.write("skipped %r: incomplete (write interrupted)\n" % (tag,))
   finally:
     source.close()
-  out.write("%d checked, %d failed\n" % (len(tags), failed))
+  checked, failed = len(tags) + len(damaged), failed + len(damaged)
+  out.write("%d checked, %d failed\n" % (checked, failed))
+  if failed and intact:
+    out.write("intact, can be saved (snapstore export %s:TAG out.npz): %s\n"
+              % (path, ", ".join(intact)))
   return 1 if failed else 0
+
+
+def _damaged_name(damaged):
+  return repr(damaged.tag) if damaged.tag is not None else \
+      "/snapshots/%s" % errors.names([damaged.name])
 
 
 def _non_finite(arrays):
@@ -210,8 +286,13 @@ def _non_finite(arrays):
 
 
 def cmd_export(args, out):
-  source, tag = _open(args.snapshot)
+  source, tag = _open(args.snapshot, args.tag)
   try:
+    if os.path.exists(args.output) and os.path.samefile(source.path, args.output):
+      raise errors.SnapshotFileError(
+          "Refusing to export %s onto itself: writing %s would replace the "
+          "file being read. Name another output file."
+          % (args.snapshot, args.output))
     arrays = source.read(tag)
   finally:
     source.close()
@@ -258,10 +339,12 @@ def _as_float(a):
   return a.astype(np.float64)
 
 
-def _table(rows, out):
+def _table(rows, out, caps=None):
+  """Writes `rows` in columns; `caps` maps a column to its widest padding."""
   # A name from a hostile file must not move the cursor or clear the screen.
   rows = [[c if c.isprintable() else repr(c) for c in row] for row in rows]
-  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  widths = [min(max(len(r[i]) for r in rows), (caps or {}).get(i, float("inf")))
+            for i in range(len(rows[0]))]
   for row in rows:
     out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
 
@@ -277,6 +360,7 @@ def _parser():
   p.set_defaults(run=cmd_list)
   p = sub.add_parser("show", help="show one snapshot, per variable")
   p.add_argument("snapshot", help="file.h5:tag (default: newest) or file.npz")
+  p.add_argument("--tag", help="the tag, when it holds a colon")
   p.set_defaults(run=cmd_show)
   p = sub.add_parser("diff", help="per-variable max-abs and L2 difference")
   p.add_argument("a", help="file.h5:tag or file.npz")
@@ -284,12 +368,14 @@ def _parser():
   p.set_defaults(run=cmd_diff)
   p = sub.add_parser("verify", help="check the checksums of every snapshot")
   p.add_argument("file", help="file.h5, file.h5:tag or file.npz")
+  p.add_argument("--tag", help="check only this tag")
   p.add_argument("--finite", action="store_true",
                  help="also fail snapshots holding NaN or infinite values")
   p.set_defaults(run=cmd_verify)
   p = sub.add_parser("export", help="write one snapshot as .npz")
   p.add_argument("snapshot", help="file.h5:tag (default: newest) or file.npz")
   p.add_argument("output", help="the .npz file to write")
+  p.add_argument("--tag", help="the tag, when it holds a colon")
   p.add_argument("--compress", action="store_true", help="deflate the members")
   p.set_defaults(run=cmd_export)
   return parser
@@ -302,7 +388,8 @@ def main(argv=None, out=None, err=None):
   args = _parser().parse_args(argv)
   try:
     return args.run(args, out)
-  except (errors.Error, OSError) as e:  # OSError: e.g. no permission to read
+  # OSError: e.g. no permission to read; ValueError: a directory as a file.
+  except (errors.Error, OSError, ValueError) as e:
     err.write("snapstore %s: error: %s\n" % (args.command, e))
     return 1
 

@@ -3,6 +3,7 @@ import io
 import os
 import subprocess
 import sys
+import tracemalloc
 
 import h5py
 import numpy as np
@@ -102,7 +103,9 @@ class CliTest(tf.test.TestCase):
     self.assertIn("ok      0\n", out)
     self.assertIn("FAILED  %s: checksum mismatch in variable 'bias' of snapshot "
                   "'later'" % self.path, out)
-    self.assertTrue(out.endswith("2 checked, 1 failed\n"))
+    self.assertIn("2 checked, 1 failed\n", out)
+    self.assertTrue(out.endswith(
+        "intact, can be saved (snapstore export %s:TAG out.npz): 0\n" % self.path))
     status, _, err = self.run_cli("show", self.path + ":later")
     self.assertEqual(status, 1)
     self.assertIn("checksum mismatch in variable 'bias'", err)
@@ -130,6 +133,84 @@ class CliTest(tf.test.TestCase):
       self.assertEqual(out, "")
       # The format of the line is fixed; the message is matched by its key part.
       self.assertRegex(err, r"^snapstore %s: error: .*%s" % (argv[0], message))
+
+  def _spill_with_tags(self, tags):
+    """A spill file holding one float snapshot per tag; returns its path."""
+    path = os.path.join(self.get_temp_dir(), "tags.h5")
+    graph = tf.Graph()
+    with graph.as_default():
+      v = tf.get_variable("v", [2])
+      store = snapstore.SnapshotStore(var_list=[v], mode="disk", memory_budget=0,
+                                      spill_path=path)
+    with tf.Session(graph=graph) as sess:
+      sess.run(v.initializer)
+      for i, tag in enumerate(tags):
+        v.load([i, -i], sess)
+        store.snapshot(tag, session=sess)
+    store.close()
+    return path
+
+  def test_tag_with_colons(self):
+    path = self._spill_with_tags(["a:b", "c"])
+    status, out, _ = self.run_cli("show", path + ":a:b")
+    self.assertEqual(status, 0)
+    self.assertIn("snapshot 'a:b' of %s" % path, out)
+    self.assertRegex(out, r"\nv\s+\(2,\)\s+float32\s+0\s+0\s+0\s+0\n")
+    status, out, _ = self.run_cli("show", path, "--tag", "a:b")
+    self.assertIn("snapshot 'a:b'", out)
+    npz = os.path.join(self.get_temp_dir(), "ab.npz")
+    self.assertEqual(self.run_cli("export", path, npz, "--tag", "a:b")[0], 0)
+    self.assertEqual(self.run_cli("verify", path + ":a:b")[1],
+                     "ok      'a:b'\n1 checked, 0 failed\n")
+
+  def test_list_pads_tags_to_a_capped_width(self):
+    path = self._spill_with_tags(["t" * 200, "short"])
+    status, out, _ = self.run_cli("list", path)
+    self.assertEqual(status, 0)
+    lines = out.splitlines()
+    self.assertTrue(lines[1].startswith("'%s'  " % ("t" * 200)))  # whole
+    self.assertRegex(lines[2], r"^'short' {%d}\d{4}-" % (cli._TAG_WIDTH - 7 + 2))  # pylint: disable=protected-access
+
+  def test_export_never_onto_its_own_input(self):
+    with open(self.path, "rb") as f:
+      before = f.read()
+    for output in (self.path, os.path.join(os.path.dirname(self.path), ".",
+                                           "run.h5")):
+      status, out, err = self.run_cli("export", self.path + ":0", output)
+      self.assertEqual((status, out), (1, ""))
+      self.assertRegex(err, r"Refusing to export .* onto itself")
+    npz = os.path.join(self.get_temp_dir(), "self.npz")
+    self.assertEqual(self.run_cli("export", self.path + ":0", npz)[0], 0)
+    status, _, err = self.run_cli("export", npz, npz)
+    self.assertEqual(status, 1)
+    self.assertRegex(err, r"Refusing to export .* onto itself")
+    with open(self.path, "rb") as f:
+      self.assertEqual(f.read(), before)
+
+  def test_directory_as_a_file(self):
+    for argv in (("list", self.get_temp_dir()), ("show", self.get_temp_dir()),
+                 ("verify", self.get_temp_dir()),
+                 ("export", self.path + ":0", self.get_temp_dir())):
+      status, out, err = self.run_cli(*argv)
+      self.assertEqual((status, out), (1, ""), argv)
+      self.assertRegex(err, r"^snapstore %s: error: .* is a directory; name a "
+                       r"file" % argv[0])
+
+  def test_show_large_npz_uses_about_its_size(self):
+    npz = os.path.join(self.get_temp_dir(), "large.npz")
+    member = np.arange(8 << 20, dtype=np.float32)  # 32 MiB
+    np.savez(npz, w=member)
+    del member
+    tracemalloc.start()
+    try:
+      status, out, _ = self.run_cli("show", npz)
+      peak = tracemalloc.get_traced_memory()[1]
+    finally:
+      tracemalloc.stop()
+    self.assertEqual(status, 0)
+    self.assertRegex(out, r"\nw\s+\(8388608,\)\s+float32\s+0\s+8\.38861e\+06\s+"
+                     r"4\.1943e\+06\s+0\n")
+    self.assertLess(peak, 2 * (32 << 20), "show used %d bytes" % peak)
 
   def test_python_dash_m_entry_point(self):
     env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")

@@ -7,7 +7,9 @@ built under another scope or in another process.
 
 Writing goes to a temporary file next to the target, which is flushed and then
 renamed over it: a crash leaves the old archive or the new one, never half of
-one.
+one. Only a regular file is replaced, and never an HDF5 file (a spill file,
+perhaps in use by a live store): a symbolic link, a device node or an HDF5
+file at the path is refused.
 
 Reading never unpickles (`allow_pickle=False`) and checks every member's header
 (name, shape, dtype) against the store before it reads any data, so a wrong or
@@ -38,7 +40,9 @@ import zlib
 
 import numpy as np
 
+from snapstore.core import checks
 from snapstore import errors
+from snapstore.spill import layout
 
 _SUFFIX = ".npy"
 # numpy writes .npy headers of about a hundred bytes; newer numpy refuses to
@@ -67,9 +71,17 @@ def save(path, keys, arrays, compress=False):
     compress: Deflate the members (smaller, slower).
 
   Raises:
-    SnapshotFileError: The directory does not exist or cannot be written.
+    TypeError: `path` is not a path (None, bytes, ...).
+    ValueError: `path` is empty or a directory.
+    SnapshotFileError: The directory does not exist or cannot be written;
+      `path` is a symbolic link, not a regular file, or an HDF5 file.
   """
-  path = os.fspath(path)
+  path = checks.replaceable_file(path, "The .npz path")
+  if layout.is_hdf5(path):
+    raise errors.SnapshotFileError(
+        "Refusing to write an .npz archive over %s: it is an HDF5 file (a "
+        "snapstore spill file, perhaps in use by a live store, or another "
+        "program's data). Choose another path." % path)
   directory = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(directory):
     raise errors.SnapshotFileError(
@@ -124,9 +136,7 @@ class Archive(object):
   _archive = None  # close() is safe if __init__ raised
 
   def __init__(self, path):
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-      raise errors.SnapshotFileError("Cannot read %s: no such file." % path)
+    path = checks.readable_file(path, "The .npz path")
     try:
       archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError,
