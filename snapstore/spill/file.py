@@ -538,8 +538,10 @@ class SpillFile(object):
     for tag in self._scan()[1]:
       try:
         self._delete(layout.encode_tag(tag))
-      except BaseException:  # pylint: disable=broad-except
+      except BaseException as e:  # pylint: disable=broad-except
         self._reopen(cleanup=False)
+        if not isinstance(e, Exception):
+          raise  # an interrupt is the user's, after the file is usable again
         return
 
   def _usable(self):
