@@ -25,12 +25,14 @@ threads are serialized. Do not run training ops that write the covered
 variables concurrently with `restore` or `evaluate_with`.
 """
 import collections
+import collections.abc
 import threading
 import time
 
 import numpy as np
 
 from snapstore._tf import tf
+from snapstore._tf import tf_variables
 from snapstore.core import catalog
 from snapstore.core import checks
 from snapstore.core import sessions
@@ -97,6 +99,7 @@ class SnapshotStore(object):
     self._varset = VariableSet(var_list=var_list, scope=scope,
                                collection=collection, optimizer=optimizer,
                                include_global_step=include_global_step)
+    mode_table.check_fits(mode_cls, max_to_keep, self._varset)
     # The store's ops run on their own: they must not inherit the control
     # dependencies (a train op) of the block the store is built in.
     with self._varset.graph.as_default(), tf.control_dependencies(None), \
@@ -332,6 +335,7 @@ class SnapshotStore(object):
 
     Raises:
       UnknownTagError: A tag the store does not hold, or no snapshots at all.
+      TypeError: `tags` is not a list (or other iterable) of tags.
       As `evaluate_with` otherwise.
     """
     sess = self._session(session, "evaluate_each")
@@ -341,6 +345,12 @@ class SnapshotStore(object):
         tags = self._catalog.tags()
         if not tags:
           self._catalog.existing(None)  # the "no snapshots yet" error
+      elif isinstance(tags, (str, bytes)) or not isinstance(
+          tags, collections.abc.Iterable):
+        raise TypeError(
+            "evaluate_each() takes a list of tags, got tags=%r. For one "
+            "snapshot pass tags=[%r], or call evaluate_with(..., tag=%r)."
+            % (tags, tags, tags))
       for tag in tags:
         self._catalog.existing(tag, allow_default=False)
       in_one_run, fetch_list, feeds = [], [], dict(feed_dict or {})
@@ -443,10 +453,25 @@ class SnapshotStore(object):
     Raises:
       IncompatibleSnapshotError: Missing or extra keys, or wrong shapes or
         dtypes, all named in the message.
+      TypeError: `arrays` is not a mapping, or holds tensors, variables or
+        other objects that are not numeric arrays.
     """
+    if not isinstance(arrays, collections.abc.Mapping):
+      raise TypeError(
+          "load_arrays() takes a dict {key: numpy array}, got %s. For values in "
+          "the order of store.keys, pass dict(zip(store.keys, values))."
+          % type(arrays).__name__)
     declared = {}
     for key, value in arrays.items():
+      if isinstance(value, (tf.Tensor, tf_variables.Variable, tf.Operation)):
+        raise TypeError(
+            "load_arrays() takes numpy arrays; %r is %s %s. Evaluate it first "
+            "(session.run), or take a snapshot of the variables with snapshot()."
+            % (key, type(value).__name__, value.name))
       value = np.asarray(value)
+      if value.dtype.hasobject:
+        raise TypeError("load_arrays() takes numeric arrays; %r holds Python "
+                        "objects (%s)." % (key, type(arrays[key]).__name__))
       declared[key] = (value.shape, value.dtype)
     self._varset.check_declared(declared, "The dict of arrays")
     return self._put([np.asarray(arrays[k]) for k in self._varset.keys], tag,
