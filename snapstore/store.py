@@ -35,6 +35,7 @@ from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import catalog
 from snapstore.core import checks
+from snapstore.core import places
 from snapstore.core import sessions
 from snapstore.core.variables import VariableSet
 from snapstore import errors
@@ -112,6 +113,7 @@ class SnapshotStore(object):
     for tag, when in self._mode.adopted():  # snapshots in an existing spill file
       self._catalog.adopt(tag, when)
     self._pending = _NOTHING  # token of current values a failed put-back left
+    self._places = places.Places(self._varset)  # where device snapshots live
     self._closed = False
     self._rewirer = None  # made by the first past() call
 
@@ -163,21 +165,28 @@ class SnapshotStore(object):
   # -- snapshots -----------------------------------------------------------------
 
   def tags(self):
-    """Tags of the held snapshots, oldest first."""
+    """Tags of the held snapshots, oldest first.
+
+    Device snapshots of a local session that has been closed are not held
+    any more (see "Sessions" in `restore`).
+    """
     with self._lock:
+      self._drop_gone()
       return self._catalog.tags()
 
   def info(self, tag=None):
     """The `SnapshotInfo` of snapshot `tag` (default: the newest)."""
     with self._lock:
-      return self._catalog.info(self._catalog.existing(tag))
+      return self._catalog.info(self._existing(tag, None, "info"))
 
   def __len__(self):
     with self._lock:
+      self._drop_gone()
       return len(self._catalog)
 
   def __contains__(self, tag):
     with self._lock:
+      self._drop_gone()
       return tag in self._catalog
 
   def snapshot(self, tag=None, session=None):
@@ -203,6 +212,7 @@ class SnapshotStore(object):
       self._prepare(sess)
       tag = self._catalog.new_tag(tag)
       victim = self._victim(tag)
+      place = self._place(sess)
       try:
         self._mode.take(tag, sess, victim)
       except tf.errors.OpError as e:
@@ -210,7 +220,7 @@ class SnapshotStore(object):
         raise errors.SnapshotError(
             "Taking snapshot %r failed: %s. The variables are unchanged.%s"
             % (tag, errors.first_line(e), catalog.lost_note(lost))) from e
-      return self._record(tag, victim)
+      return self._record(tag, victim, place)
 
   def restore(self, tag=None, session=None):
     """Writes snapshot `tag` (default: the newest) into the variables.
@@ -221,17 +231,28 @@ class SnapshotStore(object):
     Returns:
       The restored tag.
 
+    Sessions: a device snapshot lives in the session that took it (a local
+    `tf.Session`), or on the cluster's tasks (a `grpc://` target), and is used
+    only there; see `snapstore.core.places`. From another local session, or a
+    cluster whose tasks restarted, it is refused, never restored with what
+    that session's shadows happen to hold. Once its local session is closed,
+    it is dropped from the store. Host and disk snapshots, spilled ones and
+    pinned slots are not tied to a session.
+
     Raises:
       UnknownTagError: The store holds no snapshot `tag` (the message lists
         the tags it holds).
-      NoSessionError, GraphMismatchError: As for `snapshot`.
+      SessionMismatchError: A device snapshot held by another session, or
+        dropped because its session was closed or its cluster restarted.
+      NoSessionError, GraphMismatchError: As for `snapshot`; also a closed
+        session.
       RestoreError: TensorFlow failed part-way; the snapshot is intact and
         calling `restore` again finishes the job.
     """
     sess = self._session(session, "restore")
     with self._lock:
       self._prepare(sess)
-      tag = self._catalog.existing(tag)
+      tag = self._existing(tag, sess, "restore")
       try:
         self._mode.restore(tag, sess)
       except tf.errors.OpError as e:
@@ -255,6 +276,7 @@ class SnapshotStore(object):
           lambda t: self._mode.slot_of(t))
       self._mode.delete(tag)
       self._catalog.drop(tag)
+      self._places.unbind(tag)
 
   def evaluate_with(self, fetches, feed_dict=None, past=True, tag=None,
                     session=None):
@@ -294,7 +316,7 @@ class SnapshotStore(object):
       self._prepare(sess)
       if not past:
         return sess.run(fetches, feed_dict=feed_dict)
-      tag = self._catalog.existing(tag)
+      tag = self._existing(tag, sess, "evaluate_with")
       rewired = self._rewired(fetches, feed_dict, tag)
       if rewired is not None:
         return sess.run(rewired[0], feed_dict=rewired[1])
@@ -352,7 +374,7 @@ class SnapshotStore(object):
             "snapshot pass tags=[%r], or call evaluate_with(..., tag=%r)."
             % (tags, tags, tags))
       for tag in tags:
-        self._catalog.existing(tag, allow_default=False)
+        self._existing(tag, sess, "evaluate_each", allow_default=False)
       in_one_run, fetch_list, feeds = [], [], dict(feed_dict or {})
       for tag in tags if together else ():
         rewired = self._rewired(fetches, feed_dict, tag)
@@ -435,7 +457,7 @@ class SnapshotStore(object):
     sess = self._session(session, "arrays", required=self._mode.data_needs_session)
     with self._lock:
       self._check_open()
-      tag = self._catalog.existing(tag)
+      tag = self._existing(tag, sess, "arrays")
       values = self._mode.arrays(tag, sess)
     for a in values:
       a.setflags(write=False)
@@ -463,11 +485,14 @@ class SnapshotStore(object):
           % type(arrays).__name__)
     declared = {}
     for key, value in arrays.items():
-      if isinstance(value, (tf.Tensor, tf_variables.Variable, tf.Operation)):
+      kind = ("a variable" if isinstance(value, tf_variables.Variable) else
+              "a tensor" if isinstance(value, tf.Tensor) else
+              "an op" if isinstance(value, tf.Operation) else None)
+      if kind:
         raise TypeError(
-            "load_arrays() takes numpy arrays; %r is %s %s. Evaluate it first "
+            "load_arrays() takes numpy arrays; %r is %s (%s). Evaluate it first "
             "(session.run), or take a snapshot of the variables with snapshot()."
-            % (key, type(value).__name__, value.name))
+            % (key, kind, value.name))
       value = np.asarray(value)
       if value.dtype.hasobject:
         raise TypeError("load_arrays() takes numeric arrays; %r holds Python "
@@ -493,7 +518,7 @@ class SnapshotStore(object):
     sess = self._session(session, "save_npz", required=self._mode.data_needs_session)
     with self._lock:
       self._check_open()
-      tag = self._catalog.existing(tag)
+      tag = self._existing(tag, sess, "save_npz")
       values = self._mode.arrays(tag, sess)
     npz.save(path, self._varset.keys, values, compress=compress)
     return tag
@@ -636,7 +661,7 @@ class SnapshotStore(object):
         self._prepare(sess)
       self._check_open()
       tiered = self._tiered("spill")
-      tag = self._catalog.existing(tag)
+      tag = self._existing(tag, sess, "spill")
       self._catalog.check_unpinned(
           tag, "it cannot leave the slot. Snapshot it under another tag and "
           "spill that", lambda t: self._mode.slot_of(t))
@@ -786,8 +811,9 @@ class SnapshotStore(object):
                          % (tag, device.slot_of(tag), slot))
       device.pin(tag, slot)
       self._catalog.pin(tag)
+      self._places.unbind(tag)  # in-graph ops write the slot in any session
       if holder is None:
-        self._record(tag, None)
+        self._record(tag, None, None)
       return tag
 
   def pinned(self):
@@ -833,6 +859,7 @@ class SnapshotStore(object):
     if self._closed:
       raise errors.StoreClosedError("The store %r is closed." % self._name)
     self._mode.check()  # a failed background write (spill file), once
+    self._drop_gone()
 
   def _prepare(self, sess):
     """Checks the store is open and writes back pending current values."""
@@ -884,22 +911,74 @@ class SnapshotStore(object):
       self._check_open()
       tag = self._catalog.new_tag(tag)
       victim = self._victim(tag)
+      place = self._place(sess)
       try:
         self._mode.put(tag, values, sess, victim)
       except tf.errors.OpError as e:
         lost = self._catalog.keep_only(set(self._mode.tags()))
         raise errors.SnapshotError("Storing snapshot %r failed: %s.%s" % (
             tag, errors.first_line(e), catalog.lost_note(lost))) from e
-      return self._record(tag, victim)
+      return self._record(tag, victim, place)
 
   def _victim(self, tag):
     # With a spill file, spilled snapshots may not count (see modes/tiers.py).
     return self._catalog.victim(tag, self._mode.counts_toward_capacity)
 
-  def _record(self, tag, victim):
+  def _record(self, tag, victim, place):
+    """Records snapshot `tag`, just written at `place` (None: no session)."""
     self._catalog.record(tag, victim, time.time())
     self._mode.settle(self._catalog.infos())
+    self._places.keep_only(set(self._catalog.tags()))
+    if (place is not None and self._mode.tier(tag) == "device"
+        and tag not in self._catalog.pinned()):
+      self._places.bind(tag, place)
+    else:
+      self._places.unbind(tag)
     return tag
+
+  # -- where device snapshots live (snapstore/core/places.py) -------------------------
+
+  def _place(self, sess):
+    """Where `sess` keeps variables, if this store can hold device snapshots."""
+    if sess is None or self._mode.name != "device":
+      return None
+    return self._places.of(sess)
+
+  def _existing(self, tag, sess, what, allow_default=True):
+    """`tag` (None: the newest) if held, and usable from `sess` (None: no data use).
+
+    Raises:
+      UnknownTagError: As `Catalog.existing`.
+      SessionMismatchError: A device snapshot held elsewhere, or dropped
+        because its session or cluster lost it.
+    """
+    self._drop_gone()
+    if tag not in self._catalog and (tag is not None or not len(self._catalog)):
+      note = self._places.dropped_note(tag)
+      if note:
+        raise errors.SessionMismatchError(
+            note if tag is not None else "The store holds no snapshots. " + note)
+    tag = self._catalog.existing(tag, allow_default)
+    place = self._place(sess)
+    if place is not None and self._mode.tier(tag) == "device":
+      lost = self._places.check(tag, place, what)
+      if lost:
+        self._forget(tag, lost)
+        raise errors.SessionMismatchError(lost)
+    return tag
+
+  def _drop_gone(self):
+    """Drops the device snapshots of local sessions that are closed or gone."""
+    for tag, why in self._places.gone():
+      self._forget(tag, why)
+
+  def _forget(self, tag, why):
+    if tag in self._catalog and self._mode.tier(tag) == "device":
+      self._mode.delete(tag)
+      self._catalog.drop(tag)
+      self._places.drop(tag, why)
+    else:
+      self._places.unbind(tag)
 
   def _device(self, what):
     if self._mode.name != "device":

@@ -135,9 +135,9 @@ class LoadArraysTest(_StoreCase):
     self._setup(mode, use_resource)
     with self.graph.as_default():
       tensor = tf.zeros([3, 5], tf.int32, name="zeros")
-    for value, fragment in ((tensor, r"'v1_int32' is Tensor zeros:0"),
+    for value, fragment in ((tensor, r"'v1_int32' is a tensor \(zeros:0\)"),
                             (self.model.variables["v1_int32"],
-                             r"'v1_int32' is \w*Variable\w* net/v1_int32")):
+                             r"'v1_int32' is a variable \(net/v1_int32:0\)")):
       with helpers.assert_raises_naming(
           self, TypeError, r"load_arrays\(\) takes numpy arrays", fragment,
           r"Evaluate it first \(session.run\)"):
