@@ -179,6 +179,21 @@ class SnapshotStore(object):
     with self._lock:
       return self._catalog.info(self._existing(tag, None, "info"))
 
+  def evicts(self, tag=None):
+    """The held tag that `snapshot(tag)` would evict now, or None.
+
+    None when the store has room, or when `tag` is held (a snapshot under it
+    replaces it). `store.guard` uses this to refuse a nested guard that would
+    evict an enclosing one's snapshot.
+
+    Raises:
+      TypeError: A tag that is not an int or a non-empty string.
+      PinnedTagError: The store is full and every snapshot is pinned.
+    """
+    with self._lock:
+      self._drop_gone()
+      return self._victim(self._catalog.new_tag(tag))
+
   def __len__(self):
     with self._lock:
       self._drop_gone()
