@@ -83,9 +83,11 @@ class SnapshotStore(object):
 
   Raises:
     ValueError: An unknown mode (the message lists the valid ones), a bad
-      `max_to_keep`, or a variable set `VariableSet` rejects (empty, unknown
-      shapes, unsupported dtypes, duplicate keys).
-    TypeError: An option the mode does not take, or non-variables.
+      `max_to_keep` or device slots that cannot fit in memory (with the bytes
+      they need), or a variable set `VariableSet` rejects (empty, unknown
+      shapes, unsupported dtypes, duplicate keys, a variable listed twice).
+    TypeError: An option the mode does not take, non-variables, or a single
+      variable as `var_list`.
     SnapshotFileError: A spill file that cannot be created or written, is not
       a snapstore spill file, or is in use by another store.
     IncompatibleSnapshotError: A spill file of other variables.
