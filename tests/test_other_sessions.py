@@ -31,6 +31,13 @@ class _Case(tf.test.TestCase, parameterized.TestCase):
       self.w = self.model.variables["v0_float32"]
     self.addCleanup(self.store.close)
 
+  def _snapshot_a(self, target=""):
+    """A new session, and the values snapshot 'a' takes there."""
+    first = self._session(target)
+    taken = self.model.randomize(first, seed=1)
+    self.store.snapshot("a", session=first)
+    return first, taken
+
   def _session(self, target=""):
     sess = tf.Session(target, graph=self.graph, config=_CONFIG)
     self.addCleanup(sess.close)
@@ -43,9 +50,7 @@ class AnotherLocalSessionTest(_Case):
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
   def test_while_the_first_session_is_open(self, mode, use_resource):
     self._build(mode, use_resource)
-    first = self._session()
-    taken = self.model.randomize(first, seed=1)
-    self.store.snapshot("a", session=first)
+    first, taken = self._snapshot_a()
     second = self._session()  # its shadows hold its own initial values
     live = self.model.randomize(second, seed=2)
     helpers.assert_state_differs(live, taken)
@@ -85,9 +90,7 @@ class AnotherLocalSessionTest(_Case):
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
   def test_after_the_first_session_is_closed(self, mode, use_resource):
     self._build(mode, use_resource)
-    first = self._session()
-    taken = self.model.randomize(first, seed=1)
-    self.store.snapshot("a", session=first)
+    first, taken = self._snapshot_a()
     first.close()
     # A new session whose initializers ran: its shadows are initialized, and
     # hold its variables' initial values, not the snapshot.
@@ -202,9 +205,7 @@ class ClusterTargetTest(_Case):
   def test_a_later_session_on_the_same_target_restores_exactly(self, use_resource):
     server = tf.train.Server.create_local_server()
     self._build("device", use_resource)
-    first = self._session(server.target)
-    taken = self.model.randomize(first, seed=1)
-    self.store.snapshot("a", session=first)
+    first, taken = self._snapshot_a(server.target)
     first.close()
     # The initializers run again (as a recovering chief's do): they leave the
     # shadows, which hold the snapshot on the server, as they are.

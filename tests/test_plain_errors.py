@@ -12,6 +12,7 @@ import numpy as np
 import snapstore
 from snapstore._tf import tf
 from tests import helpers
+from tests import test_errors
 
 CASES = helpers.mode_and_kind_cases()
 
@@ -97,25 +98,12 @@ class DeviceSlotsMustFitTest(tf.test.TestCase):
       self.assertEqual(store.max_to_keep, 10 ** 9)
 
 
-class _StoreCase(tf.test.TestCase, parameterized.TestCase):
+class _StoreCase(test_errors._StoreCase):  # pylint: disable=protected-access
+  """A store holding 'good', and live state != snapshot (see test_errors)."""
 
-  def _setup(self, mode, use_resource):
-    self.graph = tf.Graph()
-    with self.graph.as_default():
-      self.model = helpers.Model(use_resource=use_resource,
-                                 dtypes=(tf.float32, tf.int32))
-      self.store = snapstore.SnapshotStore(scope="net", mode=mode, max_to_keep=3)
-    self.sess = tf.Session(graph=self.graph)
-    self.addCleanup(self.sess.close)
-    helpers.init(self.sess)
-    self.good = self.model.randomize(self.sess, seed=1)
-    self.store.snapshot("good", session=self.sess)
-    self.live = self.model.randomize(self.sess, seed=2)
-
-  def assertUnchanged(self, sess=None):
-    sess = sess or self.sess
+  def assertUnchanged(self):
     self.assertEqual(self.store.tags(), ["good"])
-    helpers.assert_state(self.model.values(sess), self.live, "live state")
+    helpers.assert_state(self.model.values(self.sess), self.live, "live state")
 
 
 class LoadArraysTest(_StoreCase):
