@@ -29,6 +29,7 @@ from snapstore.errors import NoSessionError
 from snapstore.errors import PinnedTagError
 from snapstore.errors import RestoreError
 from snapstore.errors import RewireError
+from snapstore.errors import SessionMismatchError
 from snapstore.errors import SnapshotError
 from snapstore.errors import SnapshotFileError
 from snapstore.errors import SpillError
@@ -72,6 +73,7 @@ __all__ = [
     "RewireError",
     "RollbackOptimizer",
     "RunningMean",
+    "SessionMismatchError",
     "SHADOW_VARIABLES",
     "SnapshotCallback",
     "SnapshotError",

@@ -144,6 +144,8 @@ from tensorflow.python.ops import variables as tf_variables
 from tensorflow.python.util import deprecation
 # _MonitoredSession and _WrappedSession, unwrapped to the raw tf.Session.
 from tensorflow.python.training import monitored_session
+# BaseSession: tf.Session and tf.InteractiveSession, told from wrappers.
+from tensorflow.python.client import session as tf_session
 # VariableDef, which shadows are made from (as import_meta_graph makes them).
 from tensorflow.core.framework import variable_pb2
 # CallableOptions, for Session._make_callable_from_options.
@@ -245,6 +247,27 @@ def raw_session(session):
   while isinstance(session, monitored_session._WrappedSession):
     session = session._sess
   return session
+
+
+def session_under(session):
+  """The tf.Session under wrappers that keep the session they wrap in `_sess`
+  (MonitoredSession's, tfdbg's, and most hand-written ones); `session` itself
+  when there is none. Only for telling sessions apart, never to run in: the
+  wrapper's `run` may do more (count, trace)."""
+  seen = 0
+  while not isinstance(session, tf_session.BaseSession) and seen < 16:
+    inner = getattr(session, "_sess", None)
+    if inner is None:
+      break
+    session, seen = inner, seen + 1
+  return session
+
+
+def session_closed(session):
+  """Whether tf.Session `session` was closed (`BaseSession._closed`; TF has no
+  public flag). False for objects that are not sessions."""
+  return isinstance(session, tf_session.BaseSession) and bool(
+      getattr(session, "_closed", False))
 
 
 def create_slots(optimizer, variables):

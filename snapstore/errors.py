@@ -54,6 +54,17 @@ class GraphMismatchError(Error):
   """
 
 
+class SessionMismatchError(Error):
+  """Raised when a device snapshot is used from a session that does not hold it.
+
+  Device snapshots are variables, whose values live in the session that took
+  them (a local `tf.Session`) or on the cluster's tasks (a `grpc://` target);
+  see `snapstore.core.places`. The message names where the snapshot is held
+  and how to use or carry it over; also raised for a snapshot dropped because
+  its session was closed or its cluster's tasks restarted, saying so.
+  """
+
+
 class StoreClosedError(Error):
   """Raised when a store is used after `close()` (or its `with` block).
 

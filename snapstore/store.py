@@ -25,14 +25,17 @@ threads are serialized. Do not run training ops that write the covered
 variables concurrently with `restore` or `evaluate_with`.
 """
 import collections
+import collections.abc
 import threading
 import time
 
 import numpy as np
 
 from snapstore._tf import tf
+from snapstore._tf import tf_variables
 from snapstore.core import catalog
 from snapstore.core import checks
+from snapstore.core import places
 from snapstore.core import sessions
 from snapstore.core.variables import VariableSet
 from snapstore import errors
@@ -80,9 +83,11 @@ class SnapshotStore(object):
 
   Raises:
     ValueError: An unknown mode (the message lists the valid ones), a bad
-      `max_to_keep`, or a variable set `VariableSet` rejects (empty, unknown
-      shapes, unsupported dtypes, duplicate keys).
-    TypeError: An option the mode does not take, or non-variables.
+      `max_to_keep` or device slots that cannot fit in memory (with the bytes
+      they need), or a variable set `VariableSet` rejects (empty, unknown
+      shapes, unsupported dtypes, duplicate keys, a variable listed twice).
+    TypeError: An option the mode does not take, non-variables, or a single
+      variable as `var_list`.
     SnapshotFileError: A spill file that cannot be created or written, is not
       a snapstore spill file, or is in use by another store.
     IncompatibleSnapshotError: A spill file of other variables.
@@ -97,6 +102,7 @@ class SnapshotStore(object):
     self._varset = VariableSet(var_list=var_list, scope=scope,
                                collection=collection, optimizer=optimizer,
                                include_global_step=include_global_step)
+    mode_table.check_fits(mode_cls, max_to_keep, self._varset)
     # The store's ops run on their own: they must not inherit the control
     # dependencies (a train op) of the block the store is built in.
     with self._varset.graph.as_default(), tf.control_dependencies(None), \
@@ -109,6 +115,7 @@ class SnapshotStore(object):
     for tag, when in self._mode.adopted():  # snapshots in an existing spill file
       self._catalog.adopt(tag, when)
     self._pending = _NOTHING  # token of current values a failed put-back left
+    self._places = places.Places(self._varset)  # where device snapshots live
     self._closed = False
     self._rewirer = None  # made by the first past() call
 
@@ -160,21 +167,43 @@ class SnapshotStore(object):
   # -- snapshots -----------------------------------------------------------------
 
   def tags(self):
-    """Tags of the held snapshots, oldest first."""
+    """Tags of the held snapshots, oldest first.
+
+    Device snapshots of a local session that has been closed are not held
+    any more (see "Sessions" in `restore`).
+    """
     with self._lock:
+      self._drop_gone()
       return self._catalog.tags()
 
   def info(self, tag=None):
     """The `SnapshotInfo` of snapshot `tag` (default: the newest)."""
     with self._lock:
-      return self._catalog.info(self._catalog.existing(tag))
+      return self._catalog.info(self._existing(tag, None, "info"))
+
+  def evicts(self, tag=None):
+    """The held tag that `snapshot(tag)` would evict now, or None.
+
+    None when the store has room, or when `tag` is held (a snapshot under it
+    replaces it). `store.guard` uses this to refuse a nested guard that would
+    evict an enclosing one's snapshot.
+
+    Raises:
+      TypeError: A tag that is not an int or a non-empty string.
+      PinnedTagError: The store is full and every snapshot is pinned.
+    """
+    with self._lock:
+      self._drop_gone()
+      return self._victim(self._catalog.new_tag(tag))
 
   def __len__(self):
     with self._lock:
+      self._drop_gone()
       return len(self._catalog)
 
   def __contains__(self, tag):
     with self._lock:
+      self._drop_gone()
       return tag in self._catalog
 
   def snapshot(self, tag=None, session=None):
@@ -200,6 +229,7 @@ class SnapshotStore(object):
       self._prepare(sess)
       tag = self._catalog.new_tag(tag)
       victim = self._victim(tag)
+      place = self._place(sess)
       try:
         self._mode.take(tag, sess, victim)
       except tf.errors.OpError as e:
@@ -207,7 +237,7 @@ class SnapshotStore(object):
         raise errors.SnapshotError(
             "Taking snapshot %r failed: %s. The variables are unchanged.%s"
             % (tag, errors.first_line(e), catalog.lost_note(lost))) from e
-      return self._record(tag, victim)
+      return self._record(tag, victim, place)
 
   def restore(self, tag=None, session=None):
     """Writes snapshot `tag` (default: the newest) into the variables.
@@ -218,17 +248,28 @@ class SnapshotStore(object):
     Returns:
       The restored tag.
 
+    Sessions: a device snapshot lives in the session that took it (a local
+    `tf.Session`), or on the cluster's tasks (a `grpc://` target), and is used
+    only there; see `snapstore.core.places`. From another local session, or a
+    cluster whose tasks restarted, it is refused, never restored with what
+    that session's shadows happen to hold. Once its local session is closed,
+    it is dropped from the store. Host and disk snapshots, spilled ones and
+    pinned slots are not tied to a session.
+
     Raises:
       UnknownTagError: The store holds no snapshot `tag` (the message lists
         the tags it holds).
-      NoSessionError, GraphMismatchError: As for `snapshot`.
+      SessionMismatchError: A device snapshot held by another session, or
+        dropped because its session was closed or its cluster restarted.
+      NoSessionError, GraphMismatchError: As for `snapshot`; also a closed
+        session.
       RestoreError: TensorFlow failed part-way; the snapshot is intact and
         calling `restore` again finishes the job.
     """
     sess = self._session(session, "restore")
     with self._lock:
       self._prepare(sess)
-      tag = self._catalog.existing(tag)
+      tag = self._existing(tag, sess, "restore")
       try:
         self._mode.restore(tag, sess)
       except tf.errors.OpError as e:
@@ -252,6 +293,7 @@ class SnapshotStore(object):
           lambda t: self._mode.slot_of(t))
       self._mode.delete(tag)
       self._catalog.drop(tag)
+      self._places.unbind(tag)
 
   def evaluate_with(self, fetches, feed_dict=None, past=True, tag=None,
                     session=None):
@@ -291,7 +333,7 @@ class SnapshotStore(object):
       self._prepare(sess)
       if not past:
         return sess.run(fetches, feed_dict=feed_dict)
-      tag = self._catalog.existing(tag)
+      tag = self._existing(tag, sess, "evaluate_with")
       rewired = self._rewired(fetches, feed_dict, tag)
       if rewired is not None:
         return sess.run(rewired[0], feed_dict=rewired[1])
@@ -332,6 +374,7 @@ class SnapshotStore(object):
 
     Raises:
       UnknownTagError: A tag the store does not hold, or no snapshots at all.
+      TypeError: `tags` is not a list (or other iterable) of tags.
       As `evaluate_with` otherwise.
     """
     sess = self._session(session, "evaluate_each")
@@ -341,8 +384,14 @@ class SnapshotStore(object):
         tags = self._catalog.tags()
         if not tags:
           self._catalog.existing(None)  # the "no snapshots yet" error
+      elif isinstance(tags, (str, bytes)) or not isinstance(
+          tags, collections.abc.Iterable):
+        raise TypeError(
+            "evaluate_each() takes a list of tags, got tags=%r. For one "
+            "snapshot pass tags=[%r], or call evaluate_with(..., tag=%r)."
+            % (tags, tags, tags))
       for tag in tags:
-        self._catalog.existing(tag, allow_default=False)
+        self._existing(tag, sess, "evaluate_each", allow_default=False)
       in_one_run, fetch_list, feeds = [], [], dict(feed_dict or {})
       for tag in tags if together else ():
         rewired = self._rewired(fetches, feed_dict, tag)
@@ -425,7 +474,7 @@ class SnapshotStore(object):
     sess = self._session(session, "arrays", required=self._mode.data_needs_session)
     with self._lock:
       self._check_open()
-      tag = self._catalog.existing(tag)
+      tag = self._existing(tag, sess, "arrays")
       values = self._mode.arrays(tag, sess)
     for a in values:
       a.setflags(write=False)
@@ -443,10 +492,28 @@ class SnapshotStore(object):
     Raises:
       IncompatibleSnapshotError: Missing or extra keys, or wrong shapes or
         dtypes, all named in the message.
+      TypeError: `arrays` is not a mapping, or holds tensors, variables or
+        other objects that are not numeric arrays.
     """
+    if not isinstance(arrays, collections.abc.Mapping):
+      raise TypeError(
+          "load_arrays() takes a dict {key: numpy array}, got %s. For values in "
+          "the order of store.keys, pass dict(zip(store.keys, values))."
+          % type(arrays).__name__)
     declared = {}
     for key, value in arrays.items():
+      kind = ("a variable" if isinstance(value, tf_variables.Variable) else
+              "a tensor" if isinstance(value, tf.Tensor) else
+              "an op" if isinstance(value, tf.Operation) else None)
+      if kind:
+        raise TypeError(
+            "load_arrays() takes numpy arrays; %r is %s (%s). Evaluate it first "
+            "(session.run), or take a snapshot of the variables with snapshot()."
+            % (key, kind, value.name))
       value = np.asarray(value)
+      if value.dtype.hasobject:
+        raise TypeError("load_arrays() takes numeric arrays; %r holds Python "
+                        "objects (%s)." % (key, type(arrays[key]).__name__))
       declared[key] = (value.shape, value.dtype)
     self._varset.check_declared(declared, "The dict of arrays")
     return self._put([np.asarray(arrays[k]) for k in self._varset.keys], tag,
@@ -468,7 +535,7 @@ class SnapshotStore(object):
     sess = self._session(session, "save_npz", required=self._mode.data_needs_session)
     with self._lock:
       self._check_open()
-      tag = self._catalog.existing(tag)
+      tag = self._existing(tag, sess, "save_npz")
       values = self._mode.arrays(tag, sess)
     npz.save(path, self._varset.keys, values, compress=compress)
     return tag
@@ -611,7 +678,7 @@ class SnapshotStore(object):
         self._prepare(sess)
       self._check_open()
       tiered = self._tiered("spill")
-      tag = self._catalog.existing(tag)
+      tag = self._existing(tag, sess, "spill")
       self._catalog.check_unpinned(
           tag, "it cannot leave the slot. Snapshot it under another tag and "
           "spill that", lambda t: self._mode.slot_of(t))
@@ -761,8 +828,9 @@ class SnapshotStore(object):
                          % (tag, device.slot_of(tag), slot))
       device.pin(tag, slot)
       self._catalog.pin(tag)
+      self._places.unbind(tag)  # in-graph ops write the slot in any session
       if holder is None:
-        self._record(tag, None)
+        self._record(tag, None, None)
       return tag
 
   def pinned(self):
@@ -814,6 +882,7 @@ class SnapshotStore(object):
     if self._closed:
       raise errors.StoreClosedError("The store %r is closed." % self._name)
     self._mode.check()  # a failed background write (spill file), once
+    self._drop_gone()
 
   def _prepare(self, sess):
     """Checks the store is open and writes back pending current values."""
@@ -865,22 +934,74 @@ class SnapshotStore(object):
       self._check_open()
       tag = self._catalog.new_tag(tag)
       victim = self._victim(tag)
+      place = self._place(sess)
       try:
         self._mode.put(tag, values, sess, victim)
       except tf.errors.OpError as e:
         lost = self._catalog.keep_only(set(self._mode.tags()))
         raise errors.SnapshotError("Storing snapshot %r failed: %s.%s" % (
             tag, errors.first_line(e), catalog.lost_note(lost))) from e
-      return self._record(tag, victim)
+      return self._record(tag, victim, place)
 
   def _victim(self, tag):
     # With a spill file, spilled snapshots may not count (see modes/tiers.py).
     return self._catalog.victim(tag, self._mode.counts_toward_capacity)
 
-  def _record(self, tag, victim):
+  def _record(self, tag, victim, place):
+    """Records snapshot `tag`, just written at `place` (None: no session)."""
     self._catalog.record(tag, victim, time.time())
     self._mode.settle(self._catalog.infos())
+    self._places.keep_only(set(self._catalog.tags()))
+    if (place is not None and self._mode.tier(tag) == "device"
+        and tag not in self._catalog.pinned()):
+      self._places.bind(tag, place)
+    else:
+      self._places.unbind(tag)
     return tag
+
+  # -- where device snapshots live (snapstore/core/places.py) -------------------------
+
+  def _place(self, sess):
+    """Where `sess` keeps variables, if this store can hold device snapshots."""
+    if sess is None or self._mode.name != "device":
+      return None
+    return self._places.of(sess)
+
+  def _existing(self, tag, sess, what, allow_default=True):
+    """`tag` (None: the newest) if held, and usable from `sess` (None: no data use).
+
+    Raises:
+      UnknownTagError: As `Catalog.existing`.
+      SessionMismatchError: A device snapshot held elsewhere, or dropped
+        because its session or cluster lost it.
+    """
+    self._drop_gone()
+    if tag not in self._catalog and (tag is not None or not len(self._catalog)):
+      note = self._places.dropped_note(tag)
+      if note:
+        raise errors.SessionMismatchError(
+            note if tag is not None else "The store holds no snapshots. " + note)
+    tag = self._catalog.existing(tag, allow_default)
+    place = self._place(sess)
+    if place is not None and self._mode.tier(tag) == "device":
+      lost = self._places.check(tag, place, what)
+      if lost:
+        self._forget(tag, lost)
+        raise errors.SessionMismatchError(lost)
+    return tag
+
+  def _drop_gone(self):
+    """Drops the device snapshots of local sessions that are closed or gone."""
+    for tag, why in self._places.gone():
+      self._forget(tag, why)
+
+  def _forget(self, tag, why):
+    if tag in self._catalog and self._mode.tier(tag) == "device":
+      self._mode.delete(tag)
+      self._catalog.drop(tag)
+      self._places.drop(tag, why)
+    else:
+      self._places.unbind(tag)
 
   def _device(self, what):
     if self._mode.name != "device":

@@ -79,26 +79,45 @@ class LoopbackCluster(object):
   def __exit__(self, *exc_info):
     self.close()
 
+  def restart(self, job, task, timeout=60):
+    """Stops task `task` of `job` and starts a new server on its port.
+
+    As a restarted parameter server does, it comes back with none of the
+    variables it held, and new device incarnations.
+    """
+    index = self._tasks.index((job, task))
+    proc, log = self._procs[index]
+    proc.stdin.close()
+    proc.wait(10)
+    proc.stdout.close()
+    log.close()
+    self._procs[index] = self._spawn(job, task)
+    self._wait_ready(timeout, [self._procs[index]])
+
   def _start(self, tasks, timeout):
     ports = _free_ports(sum(tasks.values()))
     self.spec = {}
     for job in sorted(tasks):
       self.spec[job] = ["127.0.0.1:%d" % ports.pop() for _ in range(tasks[job])]
-    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    for job in sorted(tasks):
-      for task in range(tasks[job]):
-        log = tempfile.TemporaryFile()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.cluster", json.dumps(self.spec), job,
-             str(task)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=_ROOT,
-            env=env)
-        self._procs.append((proc, log))
-    self._wait_ready(timeout)
+    self._tasks = [(job, task) for job in sorted(tasks)
+                   for task in range(tasks[job])]
+    for job, task in self._tasks:
+      self._procs.append(self._spawn(job, task))
+    self._wait_ready(timeout, self._procs)
 
-  def _wait_ready(self, timeout):
+  def _spawn(self, job, task):
+    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.cluster", json.dumps(self.spec), job,
+         str(task)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=_ROOT,
+        env=env)
+    return proc, log
+
+  def _wait_ready(self, timeout, procs):
     waiting = selectors.DefaultSelector()
-    for proc, log in self._procs:
+    for proc, log in procs:
       waiting.register(proc.stdout, selectors.EVENT_READ, (proc, log))
     deadline = time.time() + timeout
     try:

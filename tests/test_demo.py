@@ -41,7 +41,8 @@ class ReadmeTest(unittest.TestCase):
     with open(os.path.join(root, "README.md")) as f:
       readme = f.read()
     code = readme.split("```python\n", 1)[1].split("```", 1)[0]
-    code += "\nassert np.isfinite(past_loss) and len(store.tags()) == 3\n"
+    # The device snapshots went with the session that the block closed.
+    code += "\nassert np.isfinite(past_loss) and store.tags() == []\n"
     with tempfile.TemporaryDirectory() as tmp:
       result = subprocess.run([sys.executable, "-c", code], cwd=tmp,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -105,7 +105,10 @@ class SeparateProcessesTest(tf.test.TestCase, parameterized.TestCase):
       for m in MEMBERS:
         helpers.assert_bit_equal(store.arrays(m["tag"], session=sess)["w"],
                                  np.float32(m["w"]), m["tag"])
-    self.assertEqual(ensemble.device_nbytes, 3 * 4 if mode == "device" else 0)
+      self.assertEqual(ensemble.device_nbytes, 3 * 4 if mode == "device" else 0)
+      self.assertEqual(ensemble.host_nbytes, 3 * 4 if mode == "host" else 0)
+    # Device members went with their session; host members are arrays.
+    self.assertEqual(ensemble.device_nbytes, 0)
     self.assertEqual(ensemble.host_nbytes, 3 * 4 if mode == "host" else 0)
 
 

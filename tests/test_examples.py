@@ -49,7 +49,8 @@ class ExamplesTest(unittest.TestCase):
       section = f.read().split("## Training-loop integration", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     code += ("\nassert np.isfinite(slow_loss) and np.isfinite(ema_loss)\n"
-             "assert store.tags() == ['guard']\n")
+             # The guard's device snapshot went with the closed session.
+             "assert store.tags() == []\n")
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

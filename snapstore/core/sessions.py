@@ -14,6 +14,8 @@ import threading
 
 from snapstore._tf import callable_with_exact_feeds
 from snapstore._tf import raw_session
+from snapstore._tf import session_closed
+from snapstore._tf import session_under
 from snapstore._tf import tf
 from snapstore.core import attached
 from snapstore.core import checks
@@ -30,7 +32,9 @@ def resolve(session, graph, what):
     what: The calling method's name, for messages.
 
   Raises:
-    NoSessionError: `session` is None and there is no default session.
+    NoSessionError: `session` is None and there is no default session, or
+      it is closed (checked before anything runs, so a call that gets a
+      closed session has changed nothing).
     GraphMismatchError: The session runs another graph.
     TypeError: `session` is not a session.
   """
@@ -46,6 +50,10 @@ def resolve(session, graph, what):
                     % (session,))
   checks.same_graph(raw, graph, "%s()'s session" % what,
                     fix="Pass a session created on the store's graph (store.graph).")
+  if session_closed(session_under(raw)):
+    raise errors.NoSessionError(
+        "%s()'s session is closed; nothing was run. Pass an open session."
+        % what)
   return raw
 
 

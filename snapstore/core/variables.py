@@ -63,11 +63,13 @@ class VariableSet(object):
     include_global_step: Add the graph's global step.
 
   Raises:
-    ValueError: Both `var_list` and `collection`; no variables; a variable with
+    ValueError: Both `var_list` and `collection`; a variable listed twice in
+      `var_list`; no variables; a variable with
       a shape that is not fully defined or an unsupported dtype; two variables
       with one key; variables of several graphs; an optimizer with no state yet;
       `include_global_step` on a graph without a global step.
-    TypeError: A non-variable in `var_list` or in the collection.
+    TypeError: A non-variable in `var_list` or in the collection, or a single
+      variable as `var_list`.
   """
 
   def __init__(self, var_list=None, scope=None, collection=None, optimizer=None,
@@ -173,8 +175,13 @@ class VariableSet(object):
   def _resolve(self, var_list, collection):
     """Returns ([(explicit key or None, variable)], graph, description)."""
     if var_list is not None:
+      if isinstance(var_list, tf_variables.Variable):
+        raise TypeError(
+            "var_list must be a list or dict of variables, got the single "
+            "variable %s. Pass a list: var_list=[%s]." % (var_list.name,
+                                                          var_list.op.name))
       if isinstance(var_list, dict):
-        pairs = []
+        pairs, where = [], []
         for key, var in sorted(var_list.items(), key=lambda kv: str(kv[0])):
           if not isinstance(key, str) or not key:
             raise TypeError("var_list keys must be non-empty strings, got %r."
@@ -184,11 +191,17 @@ class VariableSet(object):
             pairs.append((key, parts[0]))
           else:
             pairs.extend(("%s/part_%d" % (key, i), p) for i, p in enumerate(parts))
+          where.extend(["key %r" % key] * len(parts))
       else:
         if isinstance(var_list, (str, bytes)) or not hasattr(var_list, "__iter__"):
           raise TypeError("var_list must be a list or dict of variables, got %r."
                           % (var_list,))
-        pairs = [(None, p) for var in var_list for p in _parts(var, "var_list")]
+        pairs, where = [], []
+        for i, var in enumerate(var_list):
+          parts = _parts(var, "var_list")
+          pairs.extend((None, p) for p in parts)
+          where.extend(["position %d" % i] * len(parts))
+      _check_listed_once([v for _, v in pairs], where)
       return pairs, None, "var_list"
     graph = tf.get_default_graph()
     key = collection
@@ -301,6 +314,21 @@ def _scope_name(scope):
     raise TypeError("scope must be a string or tf.VariableScope, got %r." % (scope,))
   scope = scope.rstrip("/")
   return scope or None
+
+
+def _check_listed_once(variables, where):
+  """Refuses a var_list that names a variable twice (`where[i]` names entry i).
+
+  The second entry would be dropped: under another key, a snapshot would
+  silently lack it.
+  """
+  first = {}
+  for var, place in zip(variables, where):
+    if id(var) in first:
+      raise ValueError(
+          "var_list names variable %s twice: at %s and at %s. List each "
+          "variable once." % (var.name, first[id(var)], place))
+    first[id(var)] = place
 
 
 def _parts(var, where):

@@ -2,11 +2,15 @@
 
     mode_cls = get("device")                       # the list of names if unknown
     max_to_keep = check_max_to_keep(None, mode_cls)
+    check_fits(mode_cls, max_to_keep, varset)      # device slots in memory
     check_options(mode_cls, {"saveable": True})
     mode = build(mode_cls, varset, max_to_keep, "snapstore", {"saveable": True})
 """
+import collections
 import inspect
+import os
 
+from snapstore._tf import tf
 from snapstore.core import checks
 from snapstore.modes.device import DeviceMode
 from snapstore.modes.disk import DiskMode
@@ -72,6 +76,64 @@ def check_max_to_keep(max_to_keep, mode_cls):
     return max_to_keep or None
   return checks.integer(max_to_keep, "max_to_keep", 1,
                         hint="mode %r keeps at least 1 snapshot" % mode_cls.name)
+
+
+# What one shadow variable costs this process besides its data: its ~10 graph
+# ops and their Python objects (about 69 KiB measured on TF 1.15; a floor).
+GRAPH_BYTES_PER_SHADOW = 64 << 10
+
+
+def check_fits(mode_cls, max_to_keep, varset):
+  """Checks that device mode's slots can exist at all, before any is built.
+
+  Device mode allocates `max_to_keep` slots plus the scratch copy up front,
+  each a full set of shadow variables: their data on the variables' devices
+  and their graph ops in this process. Each task holding variables must fit
+  its share, and this process the graph, within the physical memory of one
+  machine: this host's RAM (`os.sysconf`) is the bound, for remote tasks too
+  (the store cannot see theirs). Other modes allocate per snapshot and are
+  bounded by their budgets.
+
+  Raises:
+    ValueError: The slots cannot fit; the message gives the bytes they need.
+  """
+  if not issubclass(mode_cls, DeviceMode):
+    return
+  ram = _physical_memory()
+  if ram is None:
+    return
+  copies = max_to_keep + 1  # the slots and evaluate_with's scratch
+  need = collections.Counter()
+  for spec in varset:
+    need[_task_of(spec.variable.device)] += copies * spec.nbytes
+  need[None] += copies * len(varset) * GRAPH_BYTES_PER_SHADOW
+  for task, nbytes in sorted(need.items(), key=lambda kv: -kv[1]):
+    if nbytes > ram:
+      raise ValueError(
+          "max_to_keep=%d device slots cannot fit: %d slots and the scratch copy "
+          "of %d bytes of variables need %d bytes %s, more than the %d bytes of "
+          "physical memory of this machine. Lower max_to_keep, or keep "
+          "snapshots in host memory or on disk (mode='host' or mode='disk')."
+          % (max_to_keep, max_to_keep, varset.nbytes, nbytes,
+             "in this process (with their graph ops, about %d bytes per shadow "
+             "variable)" % GRAPH_BYTES_PER_SHADOW if task is None
+             else "on task %s" % task, ram))
+
+
+def _task_of(device):
+  """The task a device string names ("/job:ps/task:0"), or None for this process."""
+  spec = tf.DeviceSpec.from_string(device or "")
+  if spec.job is None or spec.job == "localhost":
+    return None
+  return "/job:%s/task:%s" % (spec.job, spec.task if spec.task is not None else "*")
+
+
+def _physical_memory():
+  """This machine's RAM in bytes, or None where the OS does not say."""
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (AttributeError, ValueError, OSError):
+    return None
 
 
 def build(mode_cls, varset, max_to_keep, name, mode_options):

@@ -44,10 +44,25 @@ parameters passes, and the next guard snapshots the ruined parameters.
 
 Guards and trials are plain Python objects: creating one per step adds no
 graph ops.
+
+Nesting. A guard or trial entered inside another one of the same store rolls
+back to its own entry state: when the enclosing one uses the same tag (the
+default "guard"), the inner one takes its snapshot under `<tag>/1` (`/2` one
+level deeper, ...; `guard.tag` tells), so the inner snapshot never replaces
+the outer one. Each level needs a snapshot the store can keep: an inner entry
+whose snapshot would evict an enclosing one's is refused before it takes it
+(build the store with one more `max_to_keep` per level).
+
+    with store.guard(session=sess):            # snapshot "guard"
+      sess.run(train_op)
+      with store.guard(session=sess):          # snapshot "guard/1"
+        sess.run(train_op)
+        raise ValueError                       # back to "guard/1", then out
 """
 import numpy as np
 
 from snapstore._tf import tf
+from snapstore.core import attached
 from snapstore.core import checks
 from snapstore.core import sessions
 from snapstore import errors
@@ -107,7 +122,7 @@ class Guard(object):
       raise TypeError("reraise must be a bool, got %r." % (reraise,))
     self._reraise = reraise
     self._catch = _exception_types(catch) + (errors.NonFiniteError,)
-    self._tag = _check_tag(store, tag)
+    self._requested = self._tag = _check_tag(store, tag)
     self._session = session
     self._active = None  # the running attempt
     self.failures = []
@@ -115,6 +130,7 @@ class Guard(object):
 
   @property
   def tag(self):
+    """The tag of the guard's snapshot: `tag`, or `<tag>/<n>` when nested."""
     return self._tag
 
   @property
@@ -136,20 +152,26 @@ class Guard(object):
 
   def __exit__(self, exc_type, exc, tb):
     attempt, self._active = self._active, None
-    return attempt.__exit__(exc_type, exc, tb)
+    try:
+      return attempt.__exit__(exc_type, exc, tb)
+    finally:
+      _leave(self._store, self._tag)
 
   # -- several attempts: `for attempt in guard:` ----------------------------------
 
   def __iter__(self):
     self._begin()
-    for number in range(self._retries + 1):
-      attempt = _Attempt(self, number, last=number == self._retries)
-      yield attempt
-      if attempt.outcome is None:
-        raise RuntimeError("Use each attempt of a guard as a context manager: "
-                           "`for attempt in guard: with attempt: ...`.")
-      if attempt.outcome == "ok" or self.failed:
-        return
+    try:
+      for number in range(self._retries + 1):
+        attempt = _Attempt(self, number, last=number == self._retries)
+        yield attempt
+        if attempt.outcome is None:
+          raise RuntimeError("Use each attempt of a guard as a context manager: "
+                             "`for attempt in guard: with attempt: ...`.")
+        if attempt.outcome == "ok" or self.failed:
+          return
+    finally:
+      _leave(self._store, self._tag)
 
   def call(self, fn, *args, **kwargs):
     """Runs `fn(*args, **kwargs)` under the guard, with its retries.
@@ -204,7 +226,7 @@ class Guard(object):
   def _begin(self):
     self.failures = []
     self.failed = False
-    self._store.snapshot(self._tag, session=self._session)
+    self._tag = _enter(self._store, self._requested, self._session)
 
   def _check_active(self, what):
     if self._active is None:
@@ -326,7 +348,7 @@ class Trial(object):
     self._metric = metric
     self._feed_dict = feed_dict
     self._accept = accept or _not_worse
-    self._tag = _check_tag(store, tag)
+    self._requested = self._tag = _check_tag(store, tag)
     self._session = session
     self._decision = None
     self.before = None
@@ -335,6 +357,7 @@ class Trial(object):
 
   @property
   def tag(self):
+    """The tag of the trial's snapshot: `tag`, or `<tag>/<n>` when nested."""
     return self._tag
 
   def keep(self):
@@ -352,12 +375,22 @@ class Trial(object):
   def __enter__(self):
     self._decision = None
     self.before = self.after = self.kept = None
-    self._store.snapshot(self._tag, session=self._session)
-    if self._metric is not None:
-      self.before = self._evaluate()
+    self._tag = _enter(self._store, self._requested, self._session)
+    try:
+      if self._metric is not None:
+        self.before = self._evaluate()
+    except BaseException:
+      _leave(self._store, self._tag)
+      raise
     return self
 
   def __exit__(self, exc_type, exc, tb):
+    try:
+      return self._decide(exc)
+    finally:
+      _leave(self._store, self._tag)
+
+  def _decide(self, exc):
     if exc is not None:
       self._roll_back(exc)
       return False
@@ -387,6 +420,46 @@ class Trial(object):
       self._store.restore(self._tag, session=self._session)
     except errors.Error as e:
       raise e from exc
+
+
+_ACTIVE = attached.PerObject("active_guards")  # on each store: [tag, ...]
+
+
+def _enter(store, tag, session):
+  """Snapshots for a guard or trial entering; returns the tag it used.
+
+  Inside another guard or trial of `store` with the same tag, the snapshot
+  goes under `<tag>/<n>` instead, so that it does not replace the enclosing
+  one's (see module doc).
+
+  Raises:
+    ValueError: The snapshot would evict an enclosing guard's or trial's.
+  """
+  active = _ACTIVE.get(store)
+  if active is None:
+    active = []
+    _ACTIVE.set(store, active)
+  own, depth = tag, 0
+  while own in active:
+    depth += 1
+    own = "%s/%d" % (tag, depth)
+  victim = store.evicts(own)
+  if victim in active:
+    raise ValueError(
+        "A guard or trial nested in another one needs a snapshot of its own, "
+        "but the store keeps max_to_keep=%s snapshots and taking %r would evict "
+        "%r, which an enclosing guard or trial rolls back to. Build the store "
+        "with a larger max_to_keep (one more per nesting level)."
+        % (store.max_to_keep, own, victim))
+  store.snapshot(own, session=session)
+  active.append(own)
+  return own
+
+
+def _leave(store, tag):
+  active = _ACTIVE.get(store)
+  if active and tag in active:
+    active.remove(tag)
 
 
 def _not_worse(before, after):
