@@ -165,6 +165,18 @@ def new_operation(node_def, graph, inputs, control_inputs, op_def):
               op_def=op_def)
 
 
+def graph_element(variable):
+  """The read a variable was built with (its `_graph_element`), or None.
+
+  A ResourceVariable reads itself once when it is made (the constructor's
+  `Read/ReadVariableOp`, or the `snapshot_name` of its `VariableDef`) and
+  returns that tensor when fetched; `value()` builds a new read each call.
+  Same private member on 1.15 and 2.x.
+  """
+  element = getattr(variable, "_graph_element", None)
+  return element if isinstance(element, tf.Tensor) else None
+
+
 # The VarHandleOp of a ResourceVariable, with its handle data: renamed with a
 # leading underscore in TF 2.x.
 variable_handle_from_shape_and_dtype = getattr(

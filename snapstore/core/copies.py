@@ -12,6 +12,7 @@ variable and its shadow never leaves the device.
 """
 import numpy as np
 
+from snapstore._tf import graph_element
 from snapstore._tf import ops
 from snapstore._tf import resource_variable_ops
 from snapstore._tf import state_ops
@@ -58,6 +59,9 @@ def read(var):
   returns arrays that alias a variable's buffer (checked by the tests).
   """
   with ops.colocate_with(var):
+    if is_resource(var):  # one op: read_value() adds an Identity
+      return resource_variable_ops.read_variable_op(var.handle,
+                                                    var.dtype.base_dtype)
     return var.read_value()
 
 
@@ -93,7 +97,10 @@ class SharedReads(object):
   construction time and every run in executor work. A ref variable's own
   colocated `read` (its `value()`) is reused and costs no op at all. Only for
   reads that feed a copy: a read inside control flow, or ordered against a
-  write in the same run, needs its own op.
+  write in the same run, needs its own op. A resource variable's read is the
+  one it was built with (`graph_element`) when that read is colocated with it
+  (a shadow's own read); a constructor's read is placed by device only, not
+  colocated, so a primary gets a read of its own.
   """
 
   def __init__(self):
@@ -102,9 +109,17 @@ class SharedReads(object):
   def __call__(self, var):
     entry = self._reads.get(id(var))
     if entry is None:
-      value = read(var) if is_resource(var) else var.value()
+      value = var.value() if not is_resource(var) else _colocated_read(var)
       entry = self._reads[id(var)] = (var, value)
     return entry[1]
+
+
+def _colocated_read(var):
+  element = graph_element(var)
+  if (element is not None
+      and element.op.colocation_groups() == var.op.colocation_groups()):
+    return element
+  return read(var)
 
 
 class Feeder(object):
@@ -116,10 +131,16 @@ class Feeder(object):
   Args:
     specs: The `VariableSpec`s whose values will be fed, in order.
     name: Name scope for the placeholders.
+    targets: Tensors to feed instead of new placeholders, one per spec, with
+      its shape and dtype: the reads that a copy consumes, so that the copy
+      writes the fed values (no ops at all).
   """
 
-  def __init__(self, specs, name):
+  def __init__(self, specs, name, targets=None):
     self._dtypes = [spec.dtype for spec in specs]
+    if targets is not None:
+      self._placeholders = tuple(targets)
+      return
     with tf.name_scope(name):
       # One tuple for the store's lifetime: runs are cached by its identity.
       self._placeholders = tuple(

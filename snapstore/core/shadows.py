@@ -6,9 +6,18 @@ communication bandwidth across devices we keep the moving averages on the
 same device as the variables"; a snapshot or restore of a device shadow never
 crosses devices.
 
-    slot_0, slot_1 = make_shadows(var, [("snapstore/slot_0", collections),
-                                        ("snapstore/slot_1", collections)])
+    slots = make_slots(primaries, [("snapstore/slot_0", collections),
+                                   ("snapstore/slot_1", collections)])
+    scratch = make_scratch(primaries, "snapstore/scratch", collections, reads)
+
+A store makes `max_to_keep + 1` shadows of every variable, so each costs as
+few ops as a variable can: its own (a `VarHandleOp` or `VariableV2`), a read,
+and an initializer. Nothing else is built per shadow: the value a slot is
+initialized with is built once per primary (`value_at_init`), and whether a
+store's shadows still need initializing is decided once per device (`_gate`).
 """
+import functools
+
 from snapstore._tf import control_flow_ops
 from snapstore._tf import deprecation
 from snapstore._tf import ops
@@ -20,119 +29,148 @@ from snapstore._tf import variable_pb2
 from snapstore.core import copies
 
 
-def make_shadows(primary, shadows):
-  """Variables shadowing `primary`: same shape, dtype and variable kind.
+def make_slots(primaries, slots):
+  """Shadow variables of `primaries`, one set per slot, initialized once.
 
-  Each is named `<primary>/<name>`, not trainable, colocated with `primary`,
-  and initialized to the primary's value (`value_at_init`): its current value
-  when it is initialized, else its own initial value, so that running the
-  global and local initializers in one `session.run` gives every shadow
-  exactly the value the primary got.
+  Shadow `k` of a primary is named `<primary>/<slots[k][0]>`, not trainable,
+  colocated with the primary, and initialized to the primary's value
+  (`value_at_init`): its current value when it is initialized, else its own
+  initial value, so that running the global and local initializers in one
+  `session.run` gives every shadow exactly the value the primary got.
 
-  That value is built once per primary and shared by its shadows: a `tf.cond`
-  costs milliseconds to build, and a store makes `max_to_keep + 1` shadows of
-  every variable. Ref shadows are made from their `VariableDef` (as
-  `import_meta_graph` makes variables), because the RefVariable constructor
-  would rewrite the shared value with one more `tf.cond` per variable read
-  (`_try_guard_against_uninitialized_dependencies`), which `value_at_init`
-  already guards against; that rewrite dominated the store's construction
-  time.
-
-  Its initializer initializes it once: run again, it leaves the shadow as it
-  is. A shadow holds a snapshot the store lists under a tag, or the state of
-  in-graph ops (an average, Lookahead's slow weights); running the local
-  initializer again to reset `tf.metrics`, or a non-chief worker's
+  The slots are initialized once: run again, their initializers leave them
+  as they are. A shadow holds a snapshot the store lists under a tag, or the
+  state of in-graph ops (an average, Lookahead's slow weights); running the
+  local initializer again to reset `tf.metrics`, or a non-chief worker's
   `local_init_op` against shadows on a parameter server, must not replace it.
+  Whether the slots still need initializing is decided per device (a
+  parameter server restarted alone loses only its own shadows), by the first
+  shadow made on that device: each initializer assigns an Identity of the
+  primary's `value_at_init` whose control input is dead when that shadow is
+  initialized, so it does not run (see `_gate`). Feeding that Identity still
+  writes a shadow, which is what `Variable.load` does.
+
+  Args:
+    primaries: The variables to shadow.
+    slots: `(name, collections)` pairs, one per slot: the name under each
+      primary (e.g. "snapstore/slot_0") and the graph collections to add that
+      slot's shadows to (not GLOBAL_VARIABLES unless a default Saver should
+      save them).
+
+  Returns:
+    One list per slot of `tf.Variable`s (ResourceVariables for resource
+    primaries), in the order of `primaries`.
+  """
+  values = [value_at_init(p) for p in primaries]
+  gates = {}  # primary's device -> the op gating the initializers there
+  gated = {}  # primary's index -> the value every slot's initializer assigns
+
+  def initial(variable, index):
+    if index not in gated:
+      device = primaries[index].device
+      if device not in gates:
+        gates[device] = _gate(variable)
+      with ops.control_dependencies([gates[device]]):
+        gated[index] = tf.identity(values[index], name="value_at_init")
+    return gated[index]
+
+  return [[_shadow(p, name, collections, functools.partial(initial, index=i))
+           for i, p in enumerate(primaries)]
+          for name, collections in slots]
+
+
+def make_scratch(primaries, name, collections, reads):
+  """Shadows whose initializer copies the primary's current value.
+
+  Setting the variables aside is running these initializers (there is
+  nothing to initialize once: a scratch shadow is written whole before it is
+  read), so they cost no ops beyond the shadow's own.
+
+  Args:
+    primaries: The variables to shadow.
+    name: The name under each primary (e.g. "snapstore/scratch").
+    collections: The graph collections to add the shadows to.
+    reads: How a primary is read (`copies.SharedReads`).
+
+  Returns:
+    A list of `tf.Variable`s, in the order of `primaries`.
+  """
+  return [_shadow(p, name, collections, reads(p)) for p in primaries]
+
+
+def _shadow(primary, name, collections, initial):
+  """A variable like `primary` under `<primary>/<name>`, from ops built here.
+
+  The variable constructors would also build an initializer that is replaced
+  here, and rewrite the initial value with
+  `_try_guard_against_uninitialized_dependencies` (one more `tf.cond` per
+  variable read): most of their ops, and most of their time, would be wasted.
+  The variable is made from its `VariableDef`, as `import_meta_graph` makes
+  variables.
 
   Args:
     primary: The variable to shadow.
-    shadows: `(name, collections)` pairs: the name under the primary (e.g.
-      "snapstore/slot_0") and the graph collections to add that shadow to (not
-      GLOBAL_VARIABLES unless a default Saver should save it).
-
-  Returns:
-    A list of `tf.Variable`s (ResourceVariables if the primary is one).
+    name: The name under the primary.
+    collections: The graph collections to add the shadow to.
+    initial: The tensor its initializer assigns, or a function from the new
+      variable's ref tensor or handle to that tensor.
   """
-  value = value_at_init(primary)
-  make = _resource_shadow if copies.is_resource(primary) else _ref_shadow
+  dtype = primary.dtype.base_dtype
+  resource = copies.is_resource(primary)
   # The deprecation warning TF prints when a ResourceVariable is made is about
   # its own constructor's arguments, not the user's code.
   with ops.colocate_with(primary), ops.name_scope(primary.op.name + "/"), \
-      deprecation.silence():
-    return [make(primary, name, value, collections) for name, collections in shadows]
-
-
-def _resource_shadow(primary, name, value, collections):
-  """A ResourceVariable from ops built here: the ops its constructor would build.
-
-  The constructor would also build an initializer that is replaced here, and
-  rewrite `value` with `_try_guard_against_uninitialized_dependencies` (see
-  `make_shadows`): half of its ops, and most of its time, would be wasted.
-  """
-  dtype = primary.dtype.base_dtype
-  with ops.name_scope(name) as scope:
-    # As the constructor: the handle's shared name is its op name, so that
-    # every session on the cluster finds the same variable.
-    handle = variable_handle_from_shape_and_dtype(
-        primary.shape, dtype, shared_name=ops.name_from_scope_name(scope),
-        name=scope, graph_mode=True)
+      deprecation.silence(), ops.name_scope(name) as scope:
+    if resource:
+      # As the constructor: the handle's shared name is its op name, so that
+      # every session on the cluster finds the same variable.
+      variable = variable_handle_from_shape_and_dtype(
+          primary.shape, dtype, shared_name=ops.name_from_scope_name(scope),
+          name=scope, graph_mode=True)
+    else:
+      variable = state_ops.variable_op_v2(primary.shape, dtype, name=scope)
     with ops.name_scope(scope):
-      once = _once(handle, dtype, value)
-      initializer = resource_variable_ops.assign_variable_op(
-          handle, once, name="InitializeOnce")
-      with ops.name_scope("Read"):
-        snapshot = resource_variable_ops.read_variable_op(handle, dtype)
-  shadow = resource_variable_ops.ResourceVariable(
-      variable_def=variable_pb2.VariableDef(
-          variable_name=handle.name, initializer_name=initializer.name,
-          snapshot_name=snapshot.name, initial_value_name=value.name,
-          trainable=False, is_resource=True))
+      if callable(initial):
+        initial = initial(variable)
+      initializer = _assign(variable, initial)
+      if resource:
+        with ops.name_scope("Read"):
+          value = resource_variable_ops.read_variable_op(variable, dtype)
+      else:
+        with ops.colocate_with(variable.op):
+          value = tf.identity(variable, name="read")
+    variable_def = variable_pb2.VariableDef(
+        variable_name=variable.name, initializer_name=initializer.name,
+        snapshot_name=value.name, initial_value_name=initial.name,
+        trainable=False, is_resource=resource)
+    if resource:
+      shadow = resource_variable_ops.ResourceVariable(variable_def=variable_def)
+    else:
+      shadow = tf.Variable(use_resource=False, variable_def=variable_def)
   ops.add_to_collections(collections, shadow)
   return shadow
 
 
-def _ref_shadow(primary, name, value, collections):
-  """A RefVariable from ops built here: the ops its constructor would build."""
-  with ops.name_scope(name) as scope:
-    variable = state_ops.variable_op_v2(primary.shape, primary.dtype.base_dtype,
-                                        name=scope)
-    with ops.name_scope(scope):
-      once = _once(variable, variable.dtype.base_dtype, value)
-      initializer = state_ops.assign(variable, once, validate_shape=True).op
-      with ops.colocate_with(variable.op):
-        snapshot = tf.identity(variable, name="read")
-  shadow = tf.Variable(use_resource=False, variable_def=variable_pb2.VariableDef(
-      variable_name=variable.name, initializer_name=initializer.name,
-      snapshot_name=snapshot.name, initial_value_name=value.name,
-      trainable=False, is_resource=False))
-  ops.add_to_collections(collections, shadow)
-  return shadow
+def _assign(variable, value):
+  """An op writing `value` into a ref tensor or resource handle made here."""
+  if variable.dtype == tf.resource:
+    return resource_variable_ops.assign_variable_op(variable, value)
+  return state_ops.assign(variable, value, validate_shape=True).op
 
 
-def _once(variable, dtype, initial):
-  """The value an initializer that initializes `variable` once assigns.
+def _gate(variable):
+  """An op that is dead when `variable` is initialized, for a control input.
 
-  `variable`'s own value when it is initialized, else `initial`. Built from
-  Switch and Merge directly rather than `tf.cond` (what `tf.cond` builds, at
-  less construction time and fewer ops, which a store pays per shadow): the
-  untaken branch's tensor is dead, so an uninitialized variable is never read.
-  The assign that takes this value is still what `Variable.load` feeds.
-
-  Args:
-    variable: A ref variable's ref tensor, or a resource variable's handle.
-    dtype: The variable's dtype.
-    initial: Its initial value.
+  An op with a dead control input does not run, which is how a `tf.cond`
+  branch with no data inputs is skipped; Switch outputs are dead or alive, so
+  the gate is an Identity of the one taken when `variable` is uninitialized.
   """
   with ops.name_scope("once"):
     if variable.dtype == tf.resource:
       initialized = resource_variable_ops.var_is_initialized_op(variable)
-      current = resource_variable_ops.read_variable_op(
-          control_flow_ops.switch(variable, initialized)[1], dtype)
     else:
       initialized = state_ops.is_variable_initialized(variable)
-      current = control_flow_ops.ref_switch(variable, initialized)[1]
-    fresh = control_flow_ops.switch(initial, initialized)[0]
-    return control_flow_ops.merge([fresh, current])[0]
+    return tf.identity(control_flow_ops.switch(initialized, initialized)[0]).op
 
 
 def value_at_init(primary):
@@ -143,10 +181,26 @@ def value_at_init(primary):
   initializers in one `session.run` gives the result exactly the value the
   primary got (a random initializer is evaluated once per run). The read is
   colocated with the primary (a resource can only be read on its device).
+
+  Built from Switch and Merge directly rather than `tf.cond` (what `tf.cond`
+  builds, at a fraction of its construction time and ops, which a store pays
+  per variable): the untaken branch's tensor is dead, so an uninitialized
+  variable is never read.
   """
   init = getattr(primary, "initial_value", None)
   with ops.colocate_with(primary):
     if init is None:  # e.g. rebuilt from an old VariableDef
       return primary.read_value()
-    return tf.cond(tf.is_variable_initialized(primary), primary.read_value,
-                   lambda: tf.identity(init))
+    with ops.name_scope(primary.op.name + "/value_at_init/"):
+      if copies.is_resource(primary):
+        handle = primary.handle
+        initialized = resource_variable_ops.var_is_initialized_op(handle)
+        current = resource_variable_ops.read_variable_op(
+            control_flow_ops.switch(handle, initialized)[1],
+            primary.dtype.base_dtype)
+      else:
+        ref = primary.op.outputs[0]
+        initialized = state_ops.is_variable_initialized(ref)
+        current = control_flow_ops.ref_switch(ref, initialized)[1]
+      fresh = control_flow_ops.switch(init, initialized)[0]
+      return control_flow_ops.merge([fresh, current])[0]

@@ -1,7 +1,7 @@
 """Device mode: snapshots in shadow variables next to the originals.
 
 The store keeps `max_to_keep` slots, each a full set of shadow variables made
-like optimizer slots (see `shadows.make_shadows`): shadow `k` of variable
+like optimizer slots (see `shadows.make_slots`): shadow `k` of variable
 `dense/kernel` in a store named `snapstore` is `dense/kernel/snapstore/slot_k`,
 on `dense/kernel`'s device. A snapshot or restore is one grouped assign op;
 nothing crosses devices or reaches the host.
@@ -50,26 +50,25 @@ class DeviceMode(base.CopyMode):
             else tf.GraphKeys.LOCAL_VARIABLES)
     collections = [main, variables.SHADOW_VARIABLES]
     primaries = varset.variables
-    per_primary = [
-        shadows.make_shadows(
-            p, [("%s/slot_%d" % (shadow_name, k), collections)
-                for k in range(max_to_keep)]
-            + [(shadow_name + "/scratch", [variables.SHADOW_VARIABLES])])
-        for p in primaries]
-    self._slots = [[shadows[k] for shadows in per_primary]
-                   for k in range(max_to_keep)]
-    self._scratch = [shadows[-1] for shadows in per_primary]
     reads = copies.SharedReads()
+    self._slots = shadows.make_slots(
+        primaries, [("%s/slot_%d" % (shadow_name, k), collections)
+                    for k in range(max_to_keep)])
+    self._scratch = shadows.make_scratch(
+        primaries, shadow_name + "/scratch", [variables.SHADOW_VARIABLES], reads)
     self._snapshot_ops = [copies.copy(primaries, slot, "snapshot_%d" % k, reads)
                           for k, slot in enumerate(self._slots)]
     self._restore_ops = [copies.copy(slot, primaries, "restore_%d" % k, reads)
                          for k, slot in enumerate(self._slots)]
-    self._stash_op = copies.copy(primaries, self._scratch, "stash", reads)
+    # The scratch shadows' initializers copy the primaries into them.
+    self._stash_op = tf.group(*[s.initializer for s in self._scratch],
+                              name="stash")
     self._unstash_op = copies.copy(self._scratch, primaries, "unstash", reads)
     self._slot_reads = [[reads(s) for s in slot] for slot in self._slots]
-    self._feeder = copies.Feeder(varset.specs, "feed")
-    self._put_ops = [self._feeder.assign_to(slot, "put_%d" % k)
-                     for k, slot in enumerate(self._slots)]
+    # Writing arrays into a slot is its snapshot op with the primaries' reads
+    # fed: no op per slot and variable.
+    self._feeder = copies.Feeder(varset.specs, "feed",
+                                 targets=[reads(p) for p in primaries])
     self._initializer = tf.group(
         *[s.initializer for slot in self._slots for s in slot],
         name="initializer")
@@ -133,8 +132,8 @@ class DeviceMode(base.CopyMode):
 
   def put(self, tag, arrays, session, victim=None):
     slot = self._slot_for(tag, victim)
-    self._write_slot(slot, lambda: self._feed(session, self._put_ops[slot],
-                                              self._feeder, arrays))
+    self._write_slot(slot, lambda: self._feed(
+        session, self._snapshot_ops[slot], self._feeder, arrays))
     self._bind(tag, slot, victim)
 
   def restore(self, tag, session):
