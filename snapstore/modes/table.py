@@ -78,9 +78,10 @@ def check_max_to_keep(max_to_keep, mode_cls):
                         hint="mode %r keeps at least 1 snapshot" % mode_cls.name)
 
 
-# What one shadow variable costs this process besides its data: its ~10 graph
-# ops and their Python objects (about 69 KiB measured on TF 1.15; a floor).
-GRAPH_BYTES_PER_SHADOW = 64 << 10
+# What one shadow variable costs this process besides its data: its ~6 graph
+# ops and their Python objects (about 41 KiB for a resource shadow, 27 KiB for
+# a ref one, measured on TF 1.15 by RSS; the smaller is the floor used).
+GRAPH_BYTES_PER_SHADOW = 24 << 10
 
 
 def check_fits(mode_cls, max_to_keep, varset):
