@@ -244,11 +244,14 @@ class EvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
     sess.run(train)
     w1, b1 = sess.run([w, b])
     past = store.evaluate_with(y, feed, session=sess)
-    np.testing.assert_allclose(past, feed[x].dot(w0) + b0, rtol=1e-6)
+    # TF's matmul and numpy's sum in different orders: an output near zero
+    # (a cancellation) differs by an ulp of its terms, not of itself.
+    np.testing.assert_allclose(past, feed[x].dot(w0) + b0, rtol=1e-6, atol=1e-6)
     helpers.assert_bit_equal(sess.run(w), w1)
     helpers.assert_bit_equal(sess.run(b), b1)
     current = store.evaluate_with(y, feed, past=False, session=sess)
-    np.testing.assert_allclose(current, feed[x].dot(w1) + b1, rtol=1e-6)
+    np.testing.assert_allclose(current, feed[x].dot(w1) + b1, rtol=1e-6,
+                               atol=1e-6)
 
   @parameterized.named_parameters(*CASES)
   def test_current_intact_when_evaluation_raises(self, mode, use_resource):
