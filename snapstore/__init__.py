@@ -49,6 +49,7 @@ from snapstore.training.hooks import SnapshotCallback
 from snapstore.training.hooks import SnapshotHook
 from snapstore.training.lookahead import Lookahead
 from snapstore.training.rollback_optimizer import RollbackOptimizer
+from snapstore.training.steps import create_slots
 
 __all__ = [
     "__version__",
@@ -86,5 +87,6 @@ __all__ = [
     "TrialError",
     "UnknownTagError",
     "clone",
+    "create_slots",
     "open_spill",
 ]

@@ -110,6 +110,9 @@ class Guard(object):
     self._tag = _check_tag(store, tag)
     self._session = session
     self._active = None  # the running attempt
+    self._in_step = []  # train ops snapshotting under the tag in their run
+    self._owed = False  # the attempt's snapshot is still to be taken
+    self._refused = None  # a run refused inside the block: no rollback
     self.failures = []
     self.failed = False
 
@@ -182,6 +185,7 @@ class Guard(object):
     """
     self._check_active("run")
     session = self._user_session()
+    self._snapshot_for(fetches)
     result, watched = session.run((fetches, self._watch), feed_dict=feed_dict,
                                   options=options, run_metadata=run_metadata)
     self._check([t.name for t in self._watch], watched)
@@ -204,7 +208,35 @@ class Guard(object):
   def _begin(self):
     self.failures = []
     self.failed = False
-    self._store.snapshot(self._tag, session=self._session)
+    self._in_step = self._store.in_step_ops(self._tag)
+    if not self._in_step:
+      self._store.snapshot(self._tag, session=self._session)
+
+  def _snapshot_for(self, fetches):
+    """Takes the attempt's snapshot before its first run, unless the run does.
+
+    With a train op from `store.snapshot_before(..., tag=<the guard's tag>)`,
+    the attempt's first `run` takes the snapshot: in that train op's run if
+    it fetches it, else with `store.snapshot()` first.
+    """
+    if not self._in_step:
+      return
+    graph = self._store.graph
+    ops = [graph.as_graph_element(f) if isinstance(f, str) else f
+           for f in tf.nest.flatten(fetches)]
+    ops = [f.op if isinstance(f, tf.Tensor) else f for f in ops]
+    in_step = [op for op in ops if op in self._in_step]
+    if in_step and not self._owed:
+      self._refused = ValueError(
+          "guard.run(): this is the second run of %s in the guarded block; it "
+          "snapshots under the guard's tag %r in its run, which would replace "
+          "the snapshot the guard rolls back to. Run it once per guarded block "
+          "(one step per block), or run a train op built without "
+          "snapshot_before() for the other steps." % (in_step[0].name, self._tag))
+      raise self._refused
+    if self._owed and not in_step:
+      self._store.snapshot(self._tag, session=self._session)
+    self._owed = False
 
   def _check_active(self, what):
     if self._active is None:
@@ -232,6 +264,8 @@ class Guard(object):
                                self._retries + 1, self._tag))
 
   def _rollback(self, exc):
+    if self._owed:
+      return  # nothing ran through guard.run: nothing to undo
     try:
       self._store.restore(self._tag, session=self._session)
     except errors.Error as e:
@@ -256,7 +290,10 @@ class _Attempt(object):
     self._guard.check(*values)
 
   def __enter__(self):
-    self._guard._active = self  # pylint: disable=protected-access
+    guard = self._guard
+    guard._active = self  # pylint: disable=protected-access
+    guard._owed = bool(guard._in_step)  # pylint: disable=protected-access
+    guard._refused = None  # pylint: disable=protected-access
     return self
 
   def __exit__(self, exc_type, exc, tb):
@@ -266,7 +303,8 @@ class _Attempt(object):
       self.outcome = "ok"
       return False
     self.outcome = "failed"
-    if not isinstance(exc, guard._catch):  # pylint: disable=protected-access
+    if (not isinstance(exc, guard._catch)  # pylint: disable=protected-access
+        or exc is guard._refused):  # pylint: disable=protected-access
       return False
     guard.failures.append(exc)
     guard._rollback(exc)  # pylint: disable=protected-access
