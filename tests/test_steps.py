@@ -139,6 +139,33 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
         guard.run(model.loss, feeds[2])
       self.assertEqual(snapshot.call_count, 1)
 
+  def test_a_retried_guard_takes_each_attempts_snapshot_in_the_step(self):
+    graph = tf.Graph()
+    with graph.as_default():
+      model = th.Regression(use_resource=True)
+      grads = model.optimizer.compute_gradients(model.loss)
+      store = model.store(mode="device", max_to_keep=1)
+      train_op = store.snapshot_before(
+          lambda: model.optimizer.apply_gradients(grads, global_step=model.step),
+          tag="guard")
+    sess = th.session(self, graph)
+    feed = model.feeds(0, 1)[0]
+    sess.run(train_op, feed)
+    start = th.state(store, sess)
+    with mock.patch.object(store, "snapshot", wraps=store.snapshot) as snapshot:
+      for attempt in store.guard(watch=model.loss, retries=1, session=sess):
+        with attempt:
+          attempt.run(train_op, model.with_lr(feed, 1e30 if attempt.number == 0
+                                              else 0.01))
+          attempt.run(model.loss, feed)
+      self.assertEqual(snapshot.call_count, 0)
+    self.assertEqual(attempt.number, 1)
+    after = th.state(store, sess)
+    store.restore("guard", session=sess)
+    helpers.assert_state(th.state(store, sess), start, "the second attempt's start")
+    sess.run(train_op, feed)
+    helpers.assert_state(th.state(store, sess), after, "one good step")
+
   def test_a_guard_refuses_a_second_in_step_snapshot_in_one_block(self):
     model, store, train_op, sess = self._linear(False, max_to_keep=1)
     with store.guard(tag="before_step", reraise=False, session=sess) as guard:

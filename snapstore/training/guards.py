@@ -69,6 +69,14 @@ class Guard(object):
   in the store afterwards (replaced by the next use) and counts against its
   `max_to_keep`.
 
+  With a train op from `store.snapshot_before(..., tag=T)` and a guard of tag
+  `T`, the snapshot is the step's: each attempt's first `run`, if it fetches
+  that train op, takes it in the step's own run (with no `snapshot()` call);
+  if it fetches something else, `snapshot()` runs first, as usual. Run the
+  block's steps through `run` then. A second run of that train op in one
+  attempt would replace the guard's snapshot: it is refused with a
+  ValueError, which propagates without a rollback.
+
   When an attempt raises an exception of a `catch` type (including the
   `NonFiniteError` of a watched tensor), the store's variables are restored
   from the snapshot. Then the next attempt runs, if any is left; after the
