@@ -271,5 +271,34 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
         store.snapshot_before(model.apply, slot=1)
 
 
+
+class CreateSlotsTest(tf.test.TestCase):
+
+  def test_it_makes_adams_state_that_apply_gradients_then_uses(self):
+    with tf.Graph().as_default():
+      w = tf.Variable([1.0, 2.0], name="w")
+      opt = tf.train.AdamOptimizer(0.1)
+      made = snapstore.create_slots(opt, [w])
+      self.assertCountEqual([v.op.name for v in made],
+                            ["w/Adam", "w/Adam_1", "beta1_power", "beta2_power"])
+      opt.minimize(tf.reduce_sum(w))
+      self.assertCountEqual(opt.variables(), made)
+
+  def test_a_keras_or_other_optimizer_is_refused(self):
+    with tf.Graph().as_default():
+      w = tf.Variable([1.0], name="w")
+      with helpers.assert_raises_naming(self, TypeError, "tf.train.Optimizer"):
+        snapstore.create_slots(object(), [w])
+
+  def test_no_variables_are_refused(self):
+    with helpers.assert_raises_naming(self, ValueError, "got none"):
+      snapstore.create_slots(tf.train.AdamOptimizer(0.1), [])
+
+  def test_a_non_variable_is_refused(self):
+    with tf.Graph().as_default():
+      with helpers.assert_raises_naming(self, TypeError, "takes variables"):
+        snapstore.create_slots(tf.train.AdamOptimizer(0.1), [tf.constant(1.0)])
+
+
 if __name__ == "__main__":
   tf.test.main()
