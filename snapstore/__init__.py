@@ -50,6 +50,7 @@ from snapstore.training.hooks import SnapshotCallback
 from snapstore.training.hooks import SnapshotHook
 from snapstore.training.lookahead import Lookahead
 from snapstore.training.rollback_optimizer import RollbackOptimizer
+from snapstore.training.steps import create_slots
 
 __all__ = [
     "__version__",
@@ -88,5 +89,6 @@ __all__ = [
     "TrialError",
     "UnknownTagError",
     "clone",
+    "create_slots",
     "open_spill",
 ]

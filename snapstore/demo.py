@@ -47,16 +47,22 @@ def make_data(seed=0, n=4000, features=20, classes=4):
 
 
 class Classifier(object):
-  """A two-layer MLP with Adam, built in the current default graph."""
+  """A two-layer MLP with Adam, built in the current default graph.
 
-  def __init__(self, features, classes):
+  Args:
+    features: The input width.
+    classes: The number of classes.
+    hidden: The width of both hidden layers.
+  """
+
+  def __init__(self, features, classes, hidden=64):
     self.x = tf.placeholder(tf.float32, [None, features], name="x")
     self.y = tf.placeholder(tf.int64, [None], name="y")
     self.learning_rate = tf.placeholder_with_default(LEARNING_RATE, [], name="lr")
     with tf.variable_scope("classifier"):
-      hidden = tf.layers.dense(self.x, 64, activation=tf.nn.relu)
-      hidden = tf.layers.dense(hidden, 64, activation=tf.nn.relu)
-      logits = tf.layers.dense(hidden, classes)
+      out = tf.layers.dense(self.x, hidden, activation=tf.nn.relu)
+      out = tf.layers.dense(out, hidden, activation=tf.nn.relu)
+      logits = tf.layers.dense(out, classes)
     self.loss = tf.reduce_mean(
         tf.nn.sparse_softmax_cross_entropy_with_logits(labels=self.y, logits=logits))
     self.accuracy = tf.reduce_mean(

@@ -46,6 +46,7 @@ from snapstore.graph import rewire
 from snapstore.modes import table as mode_table
 from snapstore.spill import file as spill_file
 from snapstore.training import guards
+from snapstore.training import steps
 
 _NOTHING = object()
 
@@ -118,6 +119,7 @@ class SnapshotStore(object):
     self._places = places.Places(self._varset)  # where device snapshots live
     self._closed = False
     self._rewirer = None  # made by the first past() call
+    self._in_step = {}  # train op from snapshot_before() -> the slot it writes
 
   # -- what the store covers -----------------------------------------------------
 
@@ -811,27 +813,65 @@ class SnapshotStore(object):
         held in another slot.
       TypeError: A tag that is not an int or a non-empty string.
     """
-    device = self._device("pin_slot")
-    slot = self._check_slot(slot)
-    if tag is None:
-      raise TypeError("pin_slot() needs a tag (an int or a non-empty string).")
-    tag = self._catalog.new_tag(tag)
     with self._lock:
-      self._check_open()
-      holder = device.tag_in(slot)
-      if holder is not None and holder != tag:
-        raise ValueError(
-            "Slot %d holds snapshot %r; delete it first or pin another slot."
-            % (slot, holder))
-      if holder is None and tag in self._catalog:
-        raise ValueError("Tag %r is held in slot %d, not slot %d."
-                         % (tag, device.slot_of(tag), slot))
-      device.pin(tag, slot)
-      self._catalog.pin(tag)
-      self._places.unbind(tag)  # in-graph ops write the slot in any session
-      if holder is None:
-        self._record(tag, None, None)
-      return tag
+      return self._pin(*self._check_pin("pin_slot", slot, tag))
+
+  def snapshot_before(self, update, slot=0, tag="before_step",
+                      name="snapshot_before"):
+    """A train op that snapshots into device slot `slot`, then runs the update.
+
+    One `session.run` of the returned op copies the variables into the slot
+    and then applies the update `update()` builds: every op it creates waits
+    for the copy, and the train op is checked to write no variable of the
+    store before the copy (see `snapstore.training.steps`). The slot is pinned
+    under `tag` (see `pin_slot`), so after a step `restore(tag)`,
+    `evaluate_with(..., tag=tag)` or a `guard(tag=tag)` use the values the step
+    started from. Before the first step the slot holds what its initializer
+    gave it (the variables' initial values).
+
+        grads = opt.compute_gradients(loss)   # outside: runs next to the copy
+        train_op = store.snapshot_before(
+            lambda: opt.apply_gradients(grads, global_step=step))
+        sess.run(train_op, feed)
+        store.restore("before_step")          # undoes the step, bit for bit
+
+    Args:
+      update: A function of no arguments that builds the update and returns
+        the op(s) to run (what `apply_gradients` or `minimize` returns).
+        Built ops are refused: they cannot be made to wait for the copy.
+      slot: The device slot to write, 0 to `num_slots - 1`.
+      tag: The tag naming the slot (an int or a non-empty string).
+      name: The name of the returned op.
+
+    Returns:
+      The train op. It replaces the update's op in the TRAIN_OP collection.
+
+    Raises:
+      ModeError: The store is not in device mode (host and disk snapshots are
+        not graph variables: use `snapshot()` before the step).
+      ValueError: No such slot; the slot or tag is taken (as for `pin_slot`);
+        `update()` returned nothing; or the train op writes a variable of the
+        store without waiting for the copy (the message names the op).
+      TypeError: `update` is not a function (an already built op), or a bad tag.
+    """
+    with self._lock:
+      pin = self._check_pin("snapshot_before", slot, tag)
+      train_op = steps.build(update, self._mode.snapshot_op(pin[1]),
+                             self._varset.variables, name)
+      self._in_step[train_op] = pin[1]
+      self._pin(*pin)
+      return train_op
+
+  def in_step_ops(self, tag):
+    """The train ops (from `snapshot_before`) that snapshot under `tag` in their run.
+
+    An empty list if `tag` is not the tag of such a slot.
+    """
+    with self._lock:
+      if tag not in self._catalog.pinned():
+        return []
+      slot = self._mode.slot_of(tag)
+      return [op for op, s in self._in_step.items() if s == slot]
 
   def pinned(self):
     """The pinned tags (see `pin_slot`), oldest first."""
@@ -1018,6 +1058,33 @@ class SnapshotStore(object):
           "spill_path='file.h5' when building it, or use mode='disk'."
           % (what, self._mode.name))
     return self._mode
+
+  def _check_pin(self, what, slot, tag):
+    """(device, slot, tag, tag held in the slot) for pinning `tag` to `slot`."""
+    device = self._device(what)
+    slot = self._check_slot(slot)
+    if tag is None:
+      raise TypeError("%s() needs a tag (an int or a non-empty string)." % what)
+    tag = self._catalog.new_tag(tag)
+    with self._lock:
+      self._check_open()
+      holder = device.tag_in(slot)
+      if holder is not None and holder != tag:
+        raise ValueError(
+            "Slot %d holds snapshot %r; delete it first or pin another slot."
+            % (slot, holder))
+      if holder is None and tag in self._catalog:
+        raise ValueError("Tag %r is held in slot %d, not slot %d."
+                         % (tag, device.slot_of(tag), slot))
+      return device, slot, tag, holder
+
+  def _pin(self, device, slot, tag, holder):
+    device.pin(tag, slot)
+    self._catalog.pin(tag)
+    self._places.unbind(tag)  # in-graph ops write the slot in any session
+    if holder is None:
+      self._record(tag, None, None)
+    return tag
 
   def _check_slot(self, slot):
     n = self._mode.num_slots

@@ -84,6 +84,14 @@ class Guard(object):
   in the store afterwards (replaced by the next use) and counts against its
   `max_to_keep`.
 
+  With a train op from `store.snapshot_before(..., tag=T)` and a guard of tag
+  `T`, the snapshot is the step's: each attempt's first `run`, if it fetches
+  that train op, takes it in the step's own run (with no `snapshot()` call);
+  if it fetches something else, `snapshot()` runs first, as usual. Run the
+  block's steps through `run` then. A second run of that train op in one
+  attempt would replace the guard's snapshot: it is refused with a
+  ValueError, which propagates without a rollback.
+
   When an attempt raises an exception of a `catch` type (including the
   `NonFiniteError` of a watched tensor), the store's variables are restored
   from the snapshot. Then the next attempt runs, if any is left; after the
@@ -125,6 +133,9 @@ class Guard(object):
     self._requested = self._tag = _check_tag(store, tag)
     self._session = session
     self._active = None  # the running attempt
+    self._in_step = []  # train ops snapshotting under the tag in their run
+    self._owed = False  # the attempt's snapshot is still to be taken
+    self._refused = None  # a run refused inside the block: no rollback
     self.failures = []
     self.failed = False
 
@@ -204,6 +215,7 @@ class Guard(object):
     """
     self._check_active("run")
     session = self._user_session()
+    self._snapshot_for(fetches)
     result, watched = session.run((fetches, self._watch), feed_dict=feed_dict,
                                   options=options, run_metadata=run_metadata)
     self._check([t.name for t in self._watch], watched)
@@ -226,7 +238,38 @@ class Guard(object):
   def _begin(self):
     self.failures = []
     self.failed = False
-    self._tag = _enter(self._store, self._requested, self._session)
+    own = _own_tag(self._store, self._requested)
+    self._in_step = self._store.in_step_ops(own)
+    # With a train op that snapshots under the tag in its run, the attempt's
+    # first run takes the snapshot (see _snapshot_for).
+    self._tag = _enter(self._store, own, self._session,
+                       snapshot=not self._in_step)
+
+  def _snapshot_for(self, fetches):
+    """Takes the attempt's snapshot before its first run, unless the run does.
+
+    With a train op from `store.snapshot_before(..., tag=<the guard's tag>)`,
+    the attempt's first `run` takes the snapshot: in that train op's run if
+    it fetches it, else with `store.snapshot()` first.
+    """
+    if not self._in_step:
+      return
+    graph = self._store.graph
+    ops = [graph.as_graph_element(f) if isinstance(f, str) else f
+           for f in tf.nest.flatten(fetches)]
+    ops = [f.op if isinstance(f, tf.Tensor) else f for f in ops]
+    in_step = [op for op in ops if op in self._in_step]
+    if in_step and not self._owed:
+      self._refused = ValueError(
+          "guard.run(): this is the second run of %s in the guarded block; it "
+          "snapshots under the guard's tag %r in its run, which would replace "
+          "the snapshot the guard rolls back to. Run it once per guarded block "
+          "(one step per block), or run a train op built without "
+          "snapshot_before() for the other steps." % (in_step[0].name, self._tag))
+      raise self._refused
+    if self._owed and not in_step:
+      self._store.snapshot(self._tag, session=self._session)
+    self._owed = False
 
   def _check_active(self, what):
     if self._active is None:
@@ -254,6 +297,8 @@ class Guard(object):
                                self._retries + 1, self._tag))
 
   def _rollback(self, exc):
+    if self._owed:
+      return  # nothing ran through guard.run: nothing to undo
     try:
       self._store.restore(self._tag, session=self._session)
     except errors.Error as e:
@@ -278,7 +323,10 @@ class _Attempt(object):
     self._guard.check(*values)
 
   def __enter__(self):
-    self._guard._active = self  # pylint: disable=protected-access
+    guard = self._guard
+    guard._active = self  # pylint: disable=protected-access
+    guard._owed = bool(guard._in_step)  # pylint: disable=protected-access
+    guard._refused = None  # pylint: disable=protected-access
     return self
 
   def __exit__(self, exc_type, exc, tb):
@@ -288,7 +336,8 @@ class _Attempt(object):
       self.outcome = "ok"
       return False
     self.outcome = "failed"
-    if not isinstance(exc, guard._catch):  # pylint: disable=protected-access
+    if (not isinstance(exc, guard._catch)  # pylint: disable=protected-access
+        or exc is guard._refused):  # pylint: disable=protected-access
       return False
     guard.failures.append(exc)
     guard._rollback(exc)  # pylint: disable=protected-access
@@ -375,7 +424,8 @@ class Trial(object):
   def __enter__(self):
     self._decision = None
     self.before = self.after = self.kept = None
-    self._tag = _enter(self._store, self._requested, self._session)
+    self._tag = _enter(self._store, _own_tag(self._store, self._requested),
+                       self._session)
     try:
       if self._metric is not None:
         self.before = self._evaluate()
@@ -425,8 +475,8 @@ class Trial(object):
 _ACTIVE = attached.PerObject("active_guards")  # on each store: [tag, ...]
 
 
-def _enter(store, tag, session):
-  """Snapshots for a guard or trial entering; returns the tag it used.
+def _own_tag(store, tag):
+  """The tag a guard or trial entering with `tag` snapshots under.
 
   Inside another guard or trial of `store` with the same tag, the snapshot
   goes under `<tag>/<n>` instead, so that it does not replace the enclosing
@@ -435,10 +485,7 @@ def _enter(store, tag, session):
   Raises:
     ValueError: The snapshot would evict an enclosing guard's or trial's.
   """
-  active = _ACTIVE.get(store)
-  if active is None:
-    active = []
-    _ACTIVE.set(store, active)
+  active = _ACTIVE.get(store) or []
   own, depth = tag, 0
   while own in active:
     depth += 1
@@ -451,7 +498,21 @@ def _enter(store, tag, session):
         "%r, which an enclosing guard or trial rolls back to. Build the store "
         "with a larger max_to_keep (one more per nesting level)."
         % (store.max_to_keep, own, victim))
-  store.snapshot(own, session=session)
+  return own
+
+
+def _enter(store, own, session, snapshot=True):
+  """Registers a guard or trial entering under tag `own`; snapshots unless told not.
+
+  Returns:
+    `own`.
+  """
+  if snapshot:
+    store.snapshot(own, session=session)
+  active = _ACTIVE.get(store)
+  if active is None:
+    active = []
+    _ACTIVE.set(store, active)
   active.append(own)
   return own
 

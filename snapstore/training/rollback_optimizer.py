@@ -5,7 +5,8 @@ no Python branching:
 
 1. `train_op` (from `minimize`): records the loss at the current parameters,
    copies the parameters and the inner optimizer's state into a device
-   snapshot, then lets the inner optimizer take its step.
+   snapshot, then lets the inner optimizer take its step (the store's
+   `snapshot_before`, under the tag "before_step").
 2. `opt.check`: evaluates the loss again, at the new parameters, on the batch
    you feed it. If the loss is not finite, or rose by more than the tolerance,
 
@@ -167,9 +168,13 @@ class RollbackOptimizer(WrapperOptimizer):
         record = tf.group(copies.assign(loss_before, loss),
                           copies.assign(armed, tf.constant(True)),
                           name="record_loss")
-        with tf.control_dependencies([record, store.snapshot_op(0)]):
-          step = self._optimizer.apply_gradients(grads_and_vars,
-                                                 global_step=global_step)
+
+        def inner_step():
+          with tf.control_dependencies([record]):  # in parallel with the copy
+            return self._optimizer.apply_gradients(grads_and_vars,
+                                                   global_step=global_step)
+
+        step = store.snapshot_before(inner_step, slot=0, tag="before_step")
         train_op = self._replaces(step, tf.group(step, name=scope))
       missed = [v.name for v in self._optimizer.variables()
                 if id(v) not in before_step]

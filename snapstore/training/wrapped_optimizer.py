@@ -16,6 +16,7 @@ from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.core import attached
 from snapstore.core import copies
+from snapstore.training import steps
 
 
 class WrapperOptimizer(tf.train.Optimizer):
@@ -95,10 +96,7 @@ class WrapperOptimizer(tf.train.Optimizer):
     `tf.train.Optimizer.apply_gradients` lists its op there; the inner
     optimizer's op alone is not a complete step of the wrapper.
     """
-    ops = train_op.graph.get_collection_ref(tf.GraphKeys.TRAIN_OP)
-    if inner_op in ops:
-      ops.remove(inner_op)
-    ops.append(train_op)
+    steps.replace_train_op([inner_op], train_op, always=True)
     return train_op
 
   def _state(self, graph):

@@ -1,0 +1,304 @@
+"""store.snapshot_before(): a snapshot in the train step's own run, before the update."""
+from unittest import mock
+
+from absl.testing import parameterized
+import numpy as np
+
+import snapstore
+from snapstore._tf import tf
+from tests import helpers
+from tests import training_helpers as th
+
+KINDS = helpers.kind_cases()
+LR = 0.125
+MOMENTUM = 0.5
+C = np.array([1.5, -2.0, 0.25], np.float32)
+
+
+class _Linear(object):
+  """loss = sum(c * w): the gradient is c, so momentum steps are easy in numpy."""
+
+  def __init__(self, use_resource):
+    with tf.variable_scope("lin", use_resource=use_resource):
+      self.w = tf.get_variable("w", initializer=np.array([1.0, 2.0, 3.0],
+                                                          np.float32))
+    self.loss = tf.reduce_sum(tf.constant(C) * self.w)
+    self.step = tf.train.get_or_create_global_step()
+    self.opt = tf.train.MomentumOptimizer(LR, MOMENTUM)
+    self.grads = self.opt.compute_gradients(self.loss)
+    snapstore.create_slots(self.opt, [self.w])
+
+  def store(self, **kwargs):
+    return snapstore.SnapshotStore(var_list=[self.w], optimizer=self.opt,
+                                   include_global_step=True, mode="device",
+                                   **kwargs)
+
+  def apply(self):
+    return self.opt.apply_gradients(self.grads, global_step=self.step)
+
+
+def _momentum_steps(n):
+  """[(w, accumulator, step)] before each of n+1 steps, in float32 numpy."""
+  w, acc = np.array([1.0, 2.0, 3.0], np.float32), np.zeros(3, np.float32)
+  states = [(w.copy(), acc.copy(), 0)]
+  for i in range(n):
+    acc = (np.float32(MOMENTUM) * acc + C).astype(np.float32)
+    w = (w - np.float32(LR) * acc).astype(np.float32)
+    states.append((w.copy(), acc.copy(), i + 1))
+  return states
+
+
+class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
+
+  def _linear(self, use_resource, **store_kwargs):
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      model = _Linear(use_resource)
+      store = model.store(**store_kwargs)
+      train_op = store.snapshot_before(model.apply)
+    sess = th.session(self, self.graph)
+    return model, store, train_op, sess
+
+  @parameterized.named_parameters(*KINDS)
+  def test_the_slot_holds_the_state_each_step_started_from(self, use_resource):
+    model, store, train_op, sess = self._linear(use_resource)
+    expected = _momentum_steps(4)
+    shadows = list(store.shadows(0).values())
+    variables = list(store.variables.values())
+    with helpers.assert_no_new_ops(self.graph):
+      for before, after in zip(expected, expected[1:]):
+        sess.run(train_op)
+        state = dict(zip(store.keys, sess.run(variables)))
+        slot = dict(zip(store.keys, sess.run(shadows)))
+        # Had the copy run after the update, the slot would hold `after`.
+        self.assertAllEqual(slot["lin/w"], before[0])
+        self.assertAllEqual(slot["lin/w/Momentum"], before[1])
+        self.assertEqual(slot["global_step"], before[2])
+        self.assertAllEqual(state["lin/w"], after[0])
+        self.assertAllEqual(state["lin/w/Momentum"], after[1])
+        self.assertEqual(state["global_step"], after[2])
+    self.assertEqual(store.tags(), ["before_step"])
+    self.assertEqual(store.pinned(), ["before_step"])
+    self.assertEqual(store.in_step_ops("before_step"), [train_op])
+    self.assertEqual(store.in_step_ops("other"), [])
+
+  @parameterized.named_parameters(*KINDS)
+  def test_restore_undoes_an_adam_step_bit_for_bit(self, use_resource):
+    graph = tf.Graph()
+    with graph.as_default():
+      model = th.Regression(use_resource=use_resource,
+                            optimizer_fn=tf.train.AdamOptimizer)
+      store = model.store(mode="device", max_to_keep=2)
+      grads = model.optimizer.compute_gradients(model.loss)
+      train_op = store.snapshot_before(
+          lambda: model.optimizer.apply_gradients(grads, global_step=model.step),
+          slot=1, tag="pre")
+    sess = th.session(self, graph)
+    feeds = model.feeds(0, 4)
+    th.run_steps(sess, train_op, feeds[:3])
+    start = th.state(store, sess)
+    self.assertIn("beta1_power", start)
+    sess.run(train_op, feeds[3])
+    after = th.state(store, sess)
+    helpers.assert_state_differs(after, start)
+    with helpers.assert_no_new_ops(graph):
+      self.assertEqual(store.restore("pre", session=sess), "pre")
+    helpers.assert_state(th.state(store, sess), start, "restored")
+    sess.run(train_op, feeds[3])  # the same step again: the same parameters
+    helpers.assert_state(th.state(store, sess), after, "replayed")
+
+  @parameterized.named_parameters(*KINDS)
+  def test_it_replaces_the_update_in_train_op_collection(self, use_resource):
+    _, _, train_op, _ = self._linear(use_resource)
+    self.assertEqual(self.graph.get_collection(tf.GraphKeys.TRAIN_OP), [train_op])
+
+  def test_a_guard_with_the_tag_takes_its_snapshot_in_the_step(self):
+    graph = tf.Graph()
+    with graph.as_default():
+      model = th.Regression(optimizer_fn=tf.train.AdamOptimizer)
+      store = model.store(mode="device", max_to_keep=1)
+      grads = model.optimizer.compute_gradients(model.loss)
+      train_op = store.snapshot_before(
+          lambda: model.optimizer.apply_gradients(grads, global_step=model.step),
+          tag="guard")
+    sess = th.session(self, graph)
+    feeds = model.feeds(0, 3)
+    th.run_steps(sess, train_op, feeds[:2])
+    start = th.state(store, sess)
+    with mock.patch.object(store, "snapshot", wraps=store.snapshot) as snapshot:
+      with store.guard(watch=model.loss, reraise=False, session=sess) as guard:
+        guard.run(train_op, model.with_lr(feeds[2], 1e30))
+        guard.run(model.loss, feeds[2])  # not finite: roll back
+      self.assertEqual(snapshot.call_count, 0)
+    self.assertTrue(guard.failed)
+    helpers.assert_state(th.state(store, sess), start, "rolled back")
+    # A block whose first run is not the train op snapshots as before.
+    with mock.patch.object(store, "snapshot", wraps=store.snapshot) as snapshot:
+      with store.guard(watch=model.loss, session=sess) as guard:
+        guard.run(model.loss, feeds[2])
+        guard.run(model.loss, feeds[2])
+      self.assertEqual(snapshot.call_count, 1)
+
+  def test_a_retried_guard_takes_each_attempts_snapshot_in_the_step(self):
+    graph = tf.Graph()
+    with graph.as_default():
+      model = th.Regression(use_resource=True)
+      grads = model.optimizer.compute_gradients(model.loss)
+      store = model.store(mode="device", max_to_keep=1)
+      train_op = store.snapshot_before(
+          lambda: model.optimizer.apply_gradients(grads, global_step=model.step),
+          tag="guard")
+    sess = th.session(self, graph)
+    feed = model.feeds(0, 1)[0]
+    sess.run(train_op, feed)
+    start = th.state(store, sess)
+    with mock.patch.object(store, "snapshot", wraps=store.snapshot) as snapshot:
+      for attempt in store.guard(watch=model.loss, retries=1, session=sess):
+        with attempt:
+          attempt.run(train_op, model.with_lr(feed, 1e30 if attempt.number == 0
+                                              else 0.01))
+          attempt.run(model.loss, feed)
+      self.assertEqual(snapshot.call_count, 0)
+    self.assertEqual(attempt.number, 1)
+    after = th.state(store, sess)
+    store.restore("guard", session=sess)
+    helpers.assert_state(th.state(store, sess), start, "the second attempt's start")
+    sess.run(train_op, feed)
+    helpers.assert_state(th.state(store, sess), after, "one good step")
+
+  def test_a_guard_refuses_a_second_in_step_snapshot_in_one_block(self):
+    model, store, train_op, sess = self._linear(False, max_to_keep=1)
+    with store.guard(tag="before_step", reraise=False, session=sess) as guard:
+      guard.run(train_op)
+      after_one = th.state(store, sess)
+      with helpers.assert_raises_naming(self, ValueError, "second run",
+                                        "before_step", "once per guarded block"):
+        guard.run(train_op)
+    self.assertFalse(guard.failed)
+    helpers.assert_state(th.state(store, sess), after_one, "not run twice")
+    del model
+
+  # -- what is refused -------------------------------------------------------------
+
+  def test_an_already_built_train_op_is_refused(self):
+    with tf.Graph().as_default():
+      model = _Linear(False)
+      store = model.store()
+      built = model.apply()
+      with helpers.assert_raises_naming(self, TypeError, "already built",
+                                        built.name, "lambda"):
+        store.snapshot_before(built)
+      self.assertEqual(store.tags(), [])
+
+  def test_a_function_returning_a_built_train_op_is_refused(self):
+    with tf.Graph().as_default():
+      model = _Linear(False)
+      store = model.store()
+      built = model.apply()
+      with helpers.assert_raises_naming(self, ValueError, "does not wait",
+                                        "lin/w", "inside the update function"):
+        store.snapshot_before(lambda: built)
+      self.assertEqual(store.pinned(), [])
+
+  @parameterized.named_parameters(*KINDS)
+  def test_an_update_op_built_before_is_refused(self, use_resource):
+    with tf.Graph().as_default():
+      model = _Linear(use_resource)
+      with tf.variable_scope("bn", use_resource=use_resource):
+        moving = tf.get_variable("moving_mean", initializer=np.float32(0.0),
+                                 trainable=False)
+      update_moving = tf.assign_add(moving, 1.0) if not use_resource else (
+          moving.assign_add(1.0))
+      store = snapstore.SnapshotStore(var_list=[model.w, moving], mode="device")
+
+      def apply():
+        with tf.control_dependencies([update_moving]):
+          return model.apply()
+
+      with helpers.assert_raises_naming(self, ValueError, "does not wait",
+                                        "bn/moving_mean", "UPDATE_OPS"):
+        store.snapshot_before(apply)
+
+  def test_writes_of_variables_the_store_does_not_cover_are_not_ordered(self):
+    with tf.Graph().as_default():
+      model = _Linear(False)
+      counter = tf.Variable(0, name="counter")
+      count = tf.assign_add(counter, 1)
+      store = snapstore.SnapshotStore(var_list=[model.w], mode="device")
+
+      def apply():
+        with tf.control_dependencies([count]):
+          return model.apply()
+
+      self.assertIsInstance(store.snapshot_before(apply), tf.Operation)
+
+  def test_host_mode_is_refused(self):
+    with tf.Graph().as_default():
+      model = _Linear(False)
+      store = snapstore.SnapshotStore(var_list=[model.w], mode="host")
+      with helpers.assert_raises_naming(self, snapstore.ModeError,
+                                        "snapshot_before", "mode='device'"):
+        store.snapshot_before(model.apply)
+
+  def test_a_slot_holding_another_snapshot_is_refused(self):
+    model, store, _, sess = self._linear(False, max_to_keep=2)
+    store.snapshot("mine", session=sess)
+    with self.graph.as_default():
+      with helpers.assert_raises_naming(self, ValueError, "Slot 1 holds",
+                                        "'mine'"):
+        store.snapshot_before(model.apply, slot=1, tag="other")
+
+  def test_a_function_returning_nothing_is_refused(self):
+    with tf.Graph().as_default():
+      model = _Linear(False)
+      store = model.store()
+      with helpers.assert_raises_naming(self, ValueError, "returned None"):
+        store.snapshot_before(lambda: None)
+
+  def test_a_non_function_is_refused(self):
+    with tf.Graph().as_default():
+      model = _Linear(False)
+      store = model.store()
+      with helpers.assert_raises_naming(self, TypeError, "function of no "
+                                        "arguments"):
+        store.snapshot_before(3)
+
+  def test_a_bad_slot_is_refused(self):
+    with tf.Graph().as_default():
+      model = _Linear(False)
+      store = model.store()
+      with helpers.assert_raises_naming(self, ValueError, "slot"):
+        store.snapshot_before(model.apply, slot=1)
+
+
+
+class CreateSlotsTest(tf.test.TestCase):
+
+  def test_it_makes_adams_state_that_apply_gradients_then_uses(self):
+    with tf.Graph().as_default():
+      w = tf.Variable([1.0, 2.0], name="w")
+      opt = tf.train.AdamOptimizer(0.1)
+      made = snapstore.create_slots(opt, [w])
+      self.assertCountEqual([v.op.name for v in made],
+                            ["w/Adam", "w/Adam_1", "beta1_power", "beta2_power"])
+      opt.minimize(tf.reduce_sum(w))
+      self.assertCountEqual(opt.variables(), made)
+
+  def test_a_keras_or_other_optimizer_is_refused(self):
+    with tf.Graph().as_default():
+      w = tf.Variable([1.0], name="w")
+      with helpers.assert_raises_naming(self, TypeError, "tf.train.Optimizer"):
+        snapstore.create_slots(object(), [w])
+
+  def test_no_variables_are_refused(self):
+    with helpers.assert_raises_naming(self, ValueError, "got none"):
+      snapstore.create_slots(tf.train.AdamOptimizer(0.1), [])
+
+  def test_a_non_variable_is_refused(self):
+    with tf.Graph().as_default():
+      with helpers.assert_raises_naming(self, TypeError, "takes variables"):
+        snapstore.create_slots(tf.train.AdamOptimizer(0.1), [tf.constant(1.0)])
+
+
+if __name__ == "__main__":
+  tf.test.main()
