@@ -140,6 +140,9 @@ def plot(results, path):
     ns = [r["n"] for r in rows]
     left.plot(ns, [r["build"] for r in rows], color=color, marker=marker,
               label="Adam minimize()" if kind == "adam" else "%s store" % kind)
+    if kind == "device":
+      right.plot(ns, [r["first_noop"] for r in rows], color="k", linestyle=":",
+                 label="TensorFlow's floor: first no_op run (device graph)")
     if kind != "adam":
       right.plot(ns, [r["first_snapshot"] for r in rows], color=color,
                  marker=marker, label="%s: first snapshot()" % kind)
