@@ -50,7 +50,7 @@ class DeviceMode(base.CopyMode):
             else tf.GraphKeys.LOCAL_VARIABLES)
     collections = [main, variables.SHADOW_VARIABLES]
     primaries = varset.variables
-    reads = copies.SharedReads()
+    reads = self._reads = copies.SharedReads()
     self._slots = shadows.make_slots(
         primaries, [("%s/slot_%d" % (shadow_name, k), collections)
                     for k in range(max_to_keep)])
@@ -92,6 +92,15 @@ class DeviceMode(base.CopyMode):
 
   def restore_op(self, slot):
     return self._restore_ops[slot]
+
+  def build_snapshot_op(self, slot, name):
+    """A new grouped copy into `slot`, built under the caller's control inputs.
+
+    For a copy that must wait for (or be skipped with) an op of the user's
+    step; `snapshot_op(slot)` is built with none and cannot gain any.
+    """
+    return copies.copy(self._varset.variables, self._slots[slot], name,
+                       self._reads)
 
   def shadows(self, slot):
     return list(self._slots[slot])
