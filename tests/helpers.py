@@ -282,6 +282,20 @@ class CountingHook(tf.train.SessionRunHook):
     self.runs += 1
 
 
+def placements(sess, fetch):
+  """{node name: device it ran on} for one traced run of `fetch`."""
+  metadata = tf.RunMetadata()
+  sess.run(fetch, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+           run_metadata=metadata)
+  placed = {}
+  for dev in metadata.step_stats.dev_stats:
+    if dev.device.endswith("/host:CPU"):  # host-side records, not a placement
+      continue
+    for node in dev.node_stats:
+      placed[node.node_name] = dev.device
+  return placed
+
+
 def init(sess):
   with sess.graph.as_default():
     sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])

@@ -11,18 +11,6 @@ from tests import helpers
 KINDS = helpers.kind_cases()
 
 
-def _placements(sess, fetch):
-  """{node name: device it ran on} for one traced run of `fetch`."""
-  metadata = tf.RunMetadata()
-  sess.run(fetch, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
-           run_metadata=metadata)
-  placed = {}
-  for dev in metadata.step_stats.dev_stats:
-    for node in dev.node_stats:
-      placed[node.node_name] = dev.device
-  return placed
-
-
 class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*KINDS)
@@ -177,7 +165,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
                store.restore_op(1)]
         placed = {}
         for op in ops:  # one run each: the copies must not race each other
-          placed.update(_placements(sess, op))
+          placed.update(helpers.placements(sess, op))
         self.assertEqual(len(set(placed[v.op.name] for v in model.variables.values())), 3)
         for key, primary in model.variables.items():
           for slot in range(2):
@@ -247,7 +235,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       if gpus:
         placed = {}
         for op in (store.snapshot_op(0), store.restore_op(0)):
-          placed.update(_placements(sess, op))
+          placed.update(helpers.placements(sess, op))
         for op in copies[:len(model.variables)]:
           self.assertIn("GPU:0", placed[op.name], op.name)
       sess.run(model.train_op)

@@ -77,6 +77,25 @@ def _crossing(metadata):
   return sources
 
 
+def _data_crossing(metadata):
+  """Names of the graph ops whose output data a traced run sent between tasks.
+
+  A control edge between tasks is sent too, as a dummy tensor: its `_Send`
+  takes a node TF adds for it, not the op's output.
+  """
+  sources = set()
+  for partition in metadata.partition_graphs:
+    for node in partition.node:
+      if node.op == "_Send":
+        tensor = node.attr["tensor_name"].s.decode()  # "edge_<id>_<op name>"
+        if tensor.startswith("edge_"):
+          tensor = tensor.split("_", 2)[2]
+        source = tensor.split(":")[0]
+        if node.input and node.input[0].split(":")[0] == source:
+          sources.add(source)
+  return sources
+
+
 def _assigns(op):
   """The assign ops a grouped copy op runs: {written variable op name: assign}."""
   found, stack, seen = {}, [op], set()
@@ -95,7 +114,7 @@ class Replica(object):
   """One worker's graph: a two-layer net on the ps tasks, Adam, a store."""
 
   def __init__(self, spec, worker, scope, use_resource, mode="device",
-               extra_after_store=False, with_store=True):
+               extra_after_store=False, with_store=True, pack=False):
     self.graph = tf.Graph()
     setter = tf.train.replica_device_setter(
         worker_device="/job:worker/task:%d" % worker, cluster=spec)
@@ -109,9 +128,10 @@ class Replica(object):
       self.train = opt.minimize(loss)
       self.store = None
       if with_store:
+        options = {"pack": True} if pack else {}
         self.store = snapstore.SnapshotStore(scope=scope, optimizer=opt,
-                                             mode=mode, max_to_keep=2)
-        if mode == "device":
+                                             mode=mode, max_to_keep=2, **options)
+        if mode == "device" and not pack:
           self.past = self.store.past(self.out, slot=0)
       if extra_after_store:  # placed after the store: must not shift
         with tf.variable_scope(scope + "_after", use_resource=use_resource):
@@ -215,6 +235,42 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
       for name in _crossing(traced.runs[-1]):
         self.assertEqual(replica.graph.get_operation_by_name(name).type, "NoOp",
                          name)
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_packed_buffers_and_copies_stay_on_each_ps_task(self, use_resource):
+    replica = self._replica(use_resource=use_resource, pack=True)
+    store = replica.store
+    graph = replica.graph
+    buffers = [v for v in graph.get_collection(snapstore.SHADOW_VARIABLES)
+               if "/packed_" in v.op.name]
+    # The variables (and Adam's slots) of each ps task, in one buffer per slot
+    # and the scratch, on that task.
+    tasks = set(_task(v.device) for v in store.variables.values()
+                if v.dtype.base_dtype == tf.float32)
+    self.assertEqual(tasks, {("ps", 0), ("ps", 1)})
+    self.assertLen(buffers, 3 * len(tasks))
+    self.assertEqual(set(_task(b.device) for b in buffers), tasks)
+    sess = self._session(replica)
+    sess.run(replica.init)
+    expected = replica.load(sess, seed=1, finite=False)
+    traced = TracingSession(sess)
+    for copy in (store.snapshot_op(1), store.restore_op(1)):
+      traced.run(copy)
+      # Only control edges cross tasks (one per task: grappler drops a
+      # grouping no-op with one input), no parameter data.
+      self.assertTrue(_crossing(traced.runs[-1]))
+      self.assertEqual(_data_crossing(traced.runs[-1]), set())
+    ran = _ran_on(traced.runs[-1])
+    for name, task in ran.items():
+      op = _graph_op(graph, name)
+      if op is not None and "/packed_" in name:
+        self.assertIn(task, tasks, name)
+        self.assertEqual(task, _task(graph.get_operation_by_name(
+            op.colocation_groups()[0].decode()[len("loc:@"):]).device), name)
+    store.snapshot("a", session=sess)
+    sess.run(replica.train, replica.feed(2))
+    store.restore("a", session=sess)
+    helpers.assert_state(replica.values(sess), expected)
 
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
   def test_snapshot_restore_evaluate_with_are_exact(self, mode, use_resource):

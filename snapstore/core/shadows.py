@@ -15,6 +15,10 @@ few ops as a variable can: its own (a `VarHandleOp` or `VariableV2`), a read,
 and an initializer. Nothing else is built per shadow: the value a slot is
 initialized with is built once per primary (`value_at_init`), and whether a
 store's shadows still need initializing is decided once per device (`_gate`).
+
+A shadow may also stand for a `packing.Group` of small variables: one flat
+buffer, named `<store>/packed_<n>/<slot>` and colocated with the group's first
+variable, initialized with the members' `value_at_init`s packed.
 """
 import functools
 
@@ -27,6 +31,7 @@ from snapstore._tf import tf
 from snapstore._tf import variable_handle_from_shape_and_dtype
 from snapstore._tf import variable_pb2
 from snapstore.core import copies
+from snapstore.core import packing
 
 
 def make_slots(primaries, slots):
@@ -51,9 +56,11 @@ def make_slots(primaries, slots):
   writes a shadow, which is what `Variable.load` does.
 
   Args:
-    primaries: The variables to shadow.
+    primaries: The variables to shadow, and `packing.Group`s to shadow with
+      one buffer each.
     slots: `(name, collections)` pairs, one per slot: the name under each
-      primary (e.g. "snapstore/slot_0") and the graph collections to add that
+      primary (e.g. "snapstore/slot_0"; a group's buffer takes the last part,
+      "slot_0", under the group's scope) and the graph collections to add that
       slot's shadows to (not GLOBAL_VARIABLES unless a default Saver should
       save them).
 
@@ -61,13 +68,15 @@ def make_slots(primaries, slots):
     One list per slot of `tf.Variable`s (ResourceVariables for resource
     primaries), in the order of `primaries`.
   """
-  values = [value_at_init(p) for p in primaries]
+  values = [p.pack([value_at_init(m) for m in p.members])
+            if isinstance(p, packing.Group) else value_at_init(p)
+            for p in primaries]
   gates = {}  # primary's device -> the op gating the initializers there
   gated = {}  # primary's index -> the value every slot's initializer assigns
 
   def initial(variable, index):
     if index not in gated:
-      device = primaries[index].device
+      device = _anchor(primaries[index]).device
       if device not in gates:
         gates[device] = _gate(variable)
       with ops.control_dependencies([gates[device]]):
@@ -87,7 +96,7 @@ def make_scratch(primaries, name, collections, reads):
   read), so they cost no ops beyond the shadow's own.
 
   Args:
-    primaries: The variables to shadow.
+    primaries: The variables and `packing.Group`s to shadow (see `make_slots`).
     name: The name under each primary (e.g. "snapstore/scratch").
     collections: The graph collections to add the shadows to.
     reads: How a primary is read (`copies.SharedReads`).
@@ -95,7 +104,14 @@ def make_scratch(primaries, name, collections, reads):
   Returns:
     A list of `tf.Variable`s, in the order of `primaries`.
   """
-  return [_shadow(p, name, collections, reads(p)) for p in primaries]
+  return [_shadow(p, name, collections,
+                  p.pack(reads) if isinstance(p, packing.Group) else reads(p))
+          for p in primaries]
+
+
+def _anchor(primary):
+  """The variable a shadow of `primary` (a variable or group) is colocated with."""
+  return primary.anchor if isinstance(primary, packing.Group) else primary
 
 
 def _shadow(primary, name, collections, initial):
@@ -109,17 +125,22 @@ def _shadow(primary, name, collections, initial):
   variables.
 
   Args:
-    primary: The variable to shadow.
+    primary: The variable to shadow, or a `packing.Group` (for its buffer).
     name: The name under the primary.
     collections: The graph collections to add the shadow to.
     initial: The tensor its initializer assigns, or a function from the new
       variable's ref tensor or handle to that tensor.
   """
-  dtype = primary.dtype.base_dtype
-  resource = copies.is_resource(primary)
+  if isinstance(primary, packing.Group):
+    dtype, resource = primary.dtype, primary.is_resource
+    under, name = primary.scope, name.split("/")[-1]
+  else:
+    dtype = primary.dtype.base_dtype
+    resource = copies.is_resource(primary)
+    under = primary.op.name + "/"
   # The deprecation warning TF prints when a ResourceVariable is made is about
   # its own constructor's arguments, not the user's code.
-  with ops.colocate_with(primary), ops.name_scope(primary.op.name + "/"), \
+  with ops.colocate_with(_anchor(primary)), ops.name_scope(under), \
       deprecation.silence(), ops.name_scope(name) as scope:
     if resource:
       # As the constructor: the handle's shared name is its op name, so that

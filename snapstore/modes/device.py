@@ -20,11 +20,21 @@ initializer, a non-chief worker's `local_init_op`) leaves it as it is.
 memory only from its first use. Setting aside, loading the snapshot and writing
 back are plain copies, so each can be retried after a failure; an in-place swap
 could not.
+
+With `pack=True`, variables of at most `packing.PACK_LIMIT_BYTES` share one
+buffer per slot for each device and dtype (`<store>/packed_<n>/slot_k`, see
+`snapstore.core.packing`): a snapshot is a concatenation and an assign per
+group, a restore a split per group and an assign per variable. A store of
+thousands of small variables is then built and first run in a fraction of the
+time, with a fraction of the ops. Such variables have no shadow of their own,
+so `shadows()` and `past()` are refused; everything else works the same.
 """
 from snapstore._tf import tf
 from snapstore.core import copies
+from snapstore.core import packing
 from snapstore.core import shadows
 from snapstore.core import variables
+from snapstore import errors
 from snapstore.modes import base
 
 
@@ -38,37 +48,49 @@ class DeviceMode(base.CopyMode):
     saveable: Put the shadows in GLOBAL_VARIABLES, so that a default
       `tf.train.Saver()` saves them and `global_variables_initializer()`
       initializes them. Default False: LOCAL_VARIABLES.
+    pack: Pack small variables into one buffer per device and dtype (see
+      module doc). Default False: a shadow per variable.
   """
 
   name = "device"
   default_max_to_keep = 1
 
-  def __init__(self, varset, max_to_keep, name, saveable=False):
+  def __init__(self, varset, max_to_keep, name, saveable=False, pack=False):
     super(DeviceMode, self).__init__(varset, max_to_keep, name)
     shadow_name = name.split("/")[-1]
     main = (tf.GraphKeys.GLOBAL_VARIABLES if saveable
             else tf.GraphKeys.LOCAL_VARIABLES)
     collections = [main, variables.SHADOW_VARIABLES]
-    primaries = varset.variables
-    reads = self._reads = copies.SharedReads()
+    primaries = self._primaries = varset.variables
+    if not isinstance(pack, bool):
+      raise TypeError("pack must be True or False, got %r." % (pack,))
+    if pack:
+      self._groups, self._loose = packing.plan(primaries, name)
+    else:
+      self._groups, self._loose = [], list(range(len(primaries)))
+    # What each shadow in a slot stands for: a variable, then each group.
+    shadowed = [primaries[i] for i in self._loose] + self._groups
+    self._reads = copies.SharedReads()
     self._slots = shadows.make_slots(
-        primaries, [("%s/slot_%d" % (shadow_name, k), collections)
-                    for k in range(max_to_keep)])
+        shadowed, [("%s/slot_%d" % (shadow_name, k), collections)
+                   for k in range(max_to_keep)])
     self._scratch = shadows.make_scratch(
-        primaries, shadow_name + "/scratch", [variables.SHADOW_VARIABLES], reads)
-    self._snapshot_ops = [copies.copy(primaries, slot, "snapshot_%d" % k, reads)
+        shadowed, shadow_name + "/scratch", [variables.SHADOW_VARIABLES],
+        self._reads)
+    self._snapshot_ops = [self._copy_in(slot, "snapshot_%d" % k)
                           for k, slot in enumerate(self._slots)]
-    self._restore_ops = [copies.copy(slot, primaries, "restore_%d" % k, reads)
-                         for k, slot in enumerate(self._slots)]
+    restores = [self._copy_out(slot, "restore_%d" % k)
+                for k, slot in enumerate(self._slots)]
+    self._restore_ops = [op for op, _ in restores]
+    self._slot_reads = [values for _, values in restores]
     # The scratch shadows' initializers copy the primaries into them.
     self._stash_op = tf.group(*[s.initializer for s in self._scratch],
                               name="stash")
-    self._unstash_op = copies.copy(self._scratch, primaries, "unstash", reads)
-    self._slot_reads = [[reads(s) for s in slot] for slot in self._slots]
+    self._unstash_op = self._copy_out(self._scratch, "unstash")[0]
     # Writing arrays into a slot is its snapshot op with the primaries' reads
     # fed: no op per slot and variable.
     self._feeder = copies.Feeder(varset.specs, "feed",
-                                 targets=[reads(p) for p in primaries])
+                                 targets=[self._reads(p) for p in primaries])
     self._initializer = tf.group(
         *[s.initializer for slot in self._slots for s in slot],
         name="initializer")
@@ -99,10 +121,21 @@ class DeviceMode(base.CopyMode):
     For a copy that must wait for (or be skipped with) an op of the user's
     step; `snapshot_op(slot)` is built with none and cannot gain any.
     """
-    return copies.copy(self._varset.variables, self._slots[slot], name,
-                       self._reads)
+    return self._copy_in(self._slots[slot], name)
 
-  def shadows(self, slot):
+  def shadows(self, slot, what="shadows"):
+    """The shadow variable of each variable in `slot`.
+
+    Raises:
+      ModeError: The store packs variables: they have no shadow of their own.
+    """
+    if self._groups:
+      packed = sum(len(g.members) for g in self._groups)
+      raise errors.ModeError(
+          "%s() needs a shadow variable per variable; this store packs %d of "
+          "its %d variables into %d buffers per slot (pack=True). Build the "
+          "store with pack=False (the default) for per-variable shadows."
+          % (what, packed, len(self._primaries), len(self._groups)))
     return list(self._slots[slot])
 
   def slot_of(self, tag):
@@ -162,6 +195,24 @@ class DeviceMode(base.CopyMode):
   def unstash(self, token, session):
     del token  # The values are in the scratch shadows.
     self._run(session, self._unstash_op)
+
+  # -- copies between the variables and a set of shadows ----------------------
+
+  def _copy_in(self, shadow_set, name):
+    """One op copying the variables into `shadow_set` (a slot or the scratch)."""
+    values = ([self._reads(self._primaries[i]) for i in self._loose]
+              + [g.pack(self._reads) for g in self._groups])
+    return copies.copy(values, shadow_set, name)
+
+  def _copy_out(self, shadow_set, name):
+    """One op copying `shadow_set` into the variables, and the value of each."""
+    values = [None] * len(self._primaries)
+    for i, shadow in zip(self._loose, shadow_set):
+      values[i] = self._reads(shadow)
+    for group, buffer in zip(self._groups, shadow_set[len(self._loose):]):
+      for i, value in zip(group.indices, group.unpack(self._reads(buffer))):
+        values[i] = value
+    return copies.copy(values, self._primaries, name), values
 
   # -- slot bookkeeping ----------------------------------------------------------
 

@@ -319,8 +319,8 @@ class TieredMode(base.CopyMode):
   def restore_op(self, slot):
     return self._inner.restore_op(slot)
 
-  def shadows(self, slot):
-    return self._inner.shadows(slot)
+  def shadows(self, slot, what="shadows"):
+    return self._inner.shadows(slot, what)
 
   def tag_in(self, slot):
     return self._inner.tag_in(slot)
