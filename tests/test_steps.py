@@ -16,13 +16,16 @@ C = np.array([1.5, -2.0, 0.25], np.float32)
 
 
 class _Linear(object):
-  """loss = sum(c * w): the gradient is c, so momentum steps are easy in numpy."""
+  """loss = sum(c * w) * scale: the gradient is scale * c, so momentum steps are
+  easy in numpy. `scale` is 1 unless fed (NaN or inf for a step that diverges).
+  """
 
   def __init__(self, use_resource):
     with tf.variable_scope("lin", use_resource=use_resource):
       self.w = tf.get_variable("w", initializer=np.array([1.0, 2.0, 3.0],
                                                           np.float32))
-    self.loss = tf.reduce_sum(tf.constant(C) * self.w)
+    self.scale = tf.placeholder_with_default(np.float32(1.0), [], name="scale")
+    self.loss = tf.reduce_sum(tf.constant(C) * self.w) * self.scale
     self.step = tf.train.get_or_create_global_step()
     self.opt = tf.train.MomentumOptimizer(LR, MOMENTUM)
     self.grads = self.opt.compute_gradients(self.loss)
@@ -39,13 +42,24 @@ class _Linear(object):
 
 def _momentum_steps(n):
   """[(w, accumulator, step)] before each of n+1 steps, in float32 numpy."""
-  w, acc = np.array([1.0, 2.0, 3.0], np.float32), np.zeros(3, np.float32)
-  states = [(w.copy(), acc.copy(), 0)]
-  for i in range(n):
-    acc = (np.float32(MOMENTUM) * acc + C).astype(np.float32)
-    w = (w - np.float32(LR) * acc).astype(np.float32)
-    states.append((w.copy(), acc.copy(), i + 1))
+  states = [(np.array([1.0, 2.0, 3.0], np.float32), np.zeros(3, np.float32), 0)]
+  for _ in range(n):
+    states.append(_momentum_step(states[-1]))
   return states
+
+
+def _momentum_step(state, scale=1.0):
+  """The (w, accumulator, step) after one step from `state` with loss scale `scale`."""
+  w, acc, step = state
+  grad = (np.float32(scale) * C).astype(np.float32)
+  acc = (np.float32(MOMENTUM) * acc + grad).astype(np.float32)
+  return (w - np.float32(LR) * acc).astype(np.float32), acc, step + 1
+
+
+def _as_state(values):
+  """`(w, accumulator, step)` as a dict keyed like the store's keys."""
+  return {"lin/w": values[0], "lin/w/Momentum": values[1],
+          "global_step": np.int64(values[2])}
 
 
 class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
@@ -270,6 +284,122 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
       with helpers.assert_raises_naming(self, ValueError, "slot"):
         store.snapshot_before(model.apply, slot=1)
 
+
+class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
+  """snapshot_before(if_finite=loss): the copy runs only on a finite loss."""
+
+  def _linear(self, use_resource):
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      model = _Linear(use_resource)
+      store = model.store()
+      train_op = store.snapshot_before(model.apply, if_finite=model.loss)
+    sess = th.session(self, self.graph)
+    return model, store, train_op, sess
+
+  def _slot(self, store, sess):
+    return dict(zip(store.keys, sess.run(list(store.shadows(0).values()))))
+
+  @parameterized.named_parameters(*KINDS)
+  def test_a_non_finite_loss_leaves_the_slot_and_a_finite_one_writes_it(
+      self, use_resource):
+    model, store, train_op, sess = self._linear(use_resource)
+    s0 = _momentum_steps(0)[0]
+    s1 = _momentum_step(s0)
+    s2 = _momentum_step(s1)
+
+    def step(scale, start):
+      # The loss fetched next to the train op is computed before the update.
+      _, loss = sess.run([train_op, model.loss], {model.scale: scale})
+      self.assertAllClose(loss, np.sum(C * start[0]) * np.float32(scale))
+
+    with helpers.assert_no_new_ops(self.graph):
+      step(1.0, s0)
+      helpers.assert_state(self._slot(store, sess), _as_state(s0), "finite")
+      helpers.assert_state(th.state(store, sess), _as_state(s1))
+      step(1.0, s1)
+      helpers.assert_state(self._slot(store, sess), _as_state(s1), "finite")
+      helpers.assert_state(th.state(store, sess), _as_state(s2))
+      # Not finite: the slot keeps s1 and the update still runs (NaN in).
+      step(np.nan, s2)
+      helpers.assert_state(self._slot(store, sess), _as_state(s1), "NaN loss")
+      after_nan = th.state(store, sess)
+      self.assertTrue(np.all(np.isnan(after_nan["lin/w"])))
+      self.assertTrue(np.all(np.isnan(after_nan["lin/w/Momentum"])))
+      self.assertEqual(after_nan["global_step"], 3)
+      self.assertEqual(store.restore("before_step", session=sess), "before_step")
+      helpers.assert_state(th.state(store, sess), _as_state(s1), "restored")
+      # An infinite loss: skipped too; the update writes infinities.
+      step(np.inf, s1)
+      helpers.assert_state(self._slot(store, sess), _as_state(s1), "inf loss")
+      helpers.assert_state(th.state(store, sess),
+                           _as_state(_momentum_step(s1, np.inf)))
+      store.restore("before_step", session=sess)
+      step(1.0, s1)  # the same step again: the same parameters
+      helpers.assert_state(self._slot(store, sess), _as_state(s1), "replayed")
+      helpers.assert_state(th.state(store, sess), _as_state(s2), "replayed")
+
+  @parameterized.named_parameters(*KINDS)
+  def test_the_store_records_which_copy_is_conditional(self, use_resource):
+    model, store, train_op, _ = self._linear(use_resource)
+    with self.graph.as_default():
+      plain = store.snapshot_before(model.apply, slot=0, tag="before_step",
+                                    name="plain")
+    self.assertEqual(store.in_step_ops("before_step"), [train_op, plain])
+    self.assertIs(store.in_step_condition(train_op), model.loss)
+    self.assertIsNone(store.in_step_condition(plain))
+    with helpers.assert_raises_naming(self, ValueError, model.loss.op.name,
+                                      "not a train op built by this store",
+                                      "plain, snapshot_before"):
+      store.in_step_condition(model.loss.op)
+
+  # -- what is refused -------------------------------------------------------------
+
+  def _refused(self, error, fragments, loss_fn):
+    with tf.Graph().as_default():
+      model = _Linear(False)
+      store = model.store()
+      with helpers.assert_raises_naming(self, error, *fragments):
+        store.snapshot_before(model.apply, if_finite=loss_fn(model))
+      self.assertEqual(store.pinned(), [])
+
+  def test_if_finite_must_be_a_tensor(self):
+    self._refused(TypeError, ["if_finite takes a float tensor", "'lin/w:0'"],
+                  lambda model: model.w)
+
+  def test_if_finite_must_be_a_float_tensor(self):
+    self._refused(TypeError, ["if_finite .* has dtype int64",
+                              "Pass the \\(float\\) loss"],
+                  lambda model: tf.identity(model.step))
+
+  def test_if_finite_must_be_of_the_stores_graph(self):
+    with tf.Graph().as_default():
+      other = tf.constant(1.0, name="other")
+    self._refused(snapstore.GraphMismatchError,
+                  ["if_finite other:0 belongs to another graph",
+                   "loss of the model the store covers"], lambda model: other)
+
+  def test_if_finite_must_not_be_inside_a_cond(self):
+    inside = []
+
+    def branch(model):
+      inside.append(model.loss * 2.0)
+      return inside[-1]
+
+    def loss_in_cond(model):
+      tf.cond(model.scale > 0, lambda: branch(model), lambda: model.loss)
+      return inside[0]
+
+    self._refused(ValueError, ["inside a tf.cond or tf.while_loop",
+                               "computed outside"], loss_in_cond)
+
+  def test_a_loss_that_writes_a_variable_of_the_store_is_refused(self):
+    def writing_loss(model):
+      with tf.control_dependencies([tf.assign_add(model.w, C)]):
+        return tf.identity(model.loss)
+
+    self._refused(ValueError, ["'AssignAdd' .* writes lin/w",
+                               "does not wait for the snapshot"], writing_loss)
 
 
 class CreateSlotsTest(tf.test.TestCase):
