@@ -353,6 +353,15 @@ class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
                                       "plain, snapshot_before"):
       store.in_step_condition(model.loss.op)
 
+  def test_a_guard_refuses_a_tag_whose_copy_is_conditional(self):
+    model, store, train_op, sess = self._linear(False)
+    with helpers.assert_raises_naming(self, ValueError, "'before_step'",
+                                      "only when its loss is finite",
+                                      "another tag", "in_step="):
+      with store.guard(tag="before_step", session=sess):
+        sess.run(train_op)
+    del model
+
   # -- what is refused -------------------------------------------------------------
 
   def _refused(self, error, fragments, loss_fn):

@@ -90,7 +90,9 @@ class Guard(object):
   if it fetches something else, `snapshot()` runs first, as usual. Run the
   block's steps through `run` then. A second run of that train op in one
   attempt would replace the guard's snapshot: it is refused with a
-  ValueError, which propagates without a rollback.
+  ValueError, which propagates without a rollback. A train op built with
+  `if_finite=` is refused on entry (ValueError): it skips the snapshot when
+  its loss is not finite, so its slot need not hold the block's start.
 
   When an attempt raises an exception of a `catch` type (including the
   `NonFiniteError` of a watched tensor), the store's variables are restored
@@ -240,6 +242,18 @@ class Guard(object):
     self.failed = False
     own = _own_tag(self._store, self._requested)
     self._in_step = self._store.in_step_ops(own)
+    conditional = [op.name for op in self._in_step
+                   if self._store.in_step_condition(op) is not None]
+    if conditional:
+      # After a step whose loss is not finite, such a slot holds an older
+      # step's parameters, not the block's start: a rollback would undo more.
+      raise ValueError(
+          "A guard of tag %r cannot use %s: it snapshots under that tag only "
+          "when its loss is finite (snapshot_before(if_finite=...)), so the "
+          "slot may hold an older step's parameters than the block started "
+          "from. Give the guard another tag (it then takes its own snapshot), "
+          "or use SnapshotHook(store, loss=..., in_step=%r)."
+          % (own, errors.names(conditional), own))
     # With a train op that snapshots under the tag in its run, the attempt's
     # first run takes the snapshot (see _snapshot_for).
     self._tag = _enter(self._store, own, self._session,
