@@ -10,56 +10,7 @@ from tests import helpers
 from tests import training_helpers as th
 
 KINDS = helpers.kind_cases()
-LR = 0.125
-MOMENTUM = 0.5
-C = np.array([1.5, -2.0, 0.25], np.float32)
-
-
-class _Linear(object):
-  """loss = sum(c * w) * scale: the gradient is scale * c, so momentum steps are
-  easy in numpy. `scale` is 1 unless fed (NaN or inf for a step that diverges).
-  """
-
-  def __init__(self, use_resource):
-    with tf.variable_scope("lin", use_resource=use_resource):
-      self.w = tf.get_variable("w", initializer=np.array([1.0, 2.0, 3.0],
-                                                          np.float32))
-    self.scale = tf.placeholder_with_default(np.float32(1.0), [], name="scale")
-    self.loss = tf.reduce_sum(tf.constant(C) * self.w) * self.scale
-    self.step = tf.train.get_or_create_global_step()
-    self.opt = tf.train.MomentumOptimizer(LR, MOMENTUM)
-    self.grads = self.opt.compute_gradients(self.loss)
-    snapstore.create_slots(self.opt, [self.w])
-
-  def store(self, **kwargs):
-    return snapstore.SnapshotStore(var_list=[self.w], optimizer=self.opt,
-                                   include_global_step=True, mode="device",
-                                   **kwargs)
-
-  def apply(self):
-    return self.opt.apply_gradients(self.grads, global_step=self.step)
-
-
-def _momentum_steps(n):
-  """[(w, accumulator, step)] before each of n+1 steps, in float32 numpy."""
-  states = [(np.array([1.0, 2.0, 3.0], np.float32), np.zeros(3, np.float32), 0)]
-  for _ in range(n):
-    states.append(_momentum_step(states[-1]))
-  return states
-
-
-def _momentum_step(state, scale=1.0):
-  """The (w, accumulator, step) after one step from `state` with loss scale `scale`."""
-  w, acc, step = state
-  grad = (np.float32(scale) * C).astype(np.float32)
-  acc = (np.float32(MOMENTUM) * acc + grad).astype(np.float32)
-  return (w - np.float32(LR) * acc).astype(np.float32), acc, step + 1
-
-
-def _as_state(values):
-  """`(w, accumulator, step)` as a dict keyed like the store's keys."""
-  return {"lin/w": values[0], "lin/w/Momentum": values[1],
-          "global_step": np.int64(values[2])}
+C = th.Linear.C
 
 
 class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
@@ -67,7 +18,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
   def _linear(self, use_resource, **store_kwargs):
     self.graph = tf.Graph()
     with self.graph.as_default():
-      model = _Linear(use_resource)
+      model = th.Linear(use_resource)
       store = model.store(**store_kwargs)
       train_op = store.snapshot_before(model.apply)
     sess = th.session(self, self.graph)
@@ -76,7 +27,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*KINDS)
   def test_the_slot_holds_the_state_each_step_started_from(self, use_resource):
     model, store, train_op, sess = self._linear(use_resource)
-    expected = _momentum_steps(4)
+    expected = th.momentum_steps(4)
     shadows = list(store.shadows(0).values())
     variables = list(store.variables.values())
     with helpers.assert_no_new_ops(self.graph):
@@ -196,7 +147,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_an_already_built_train_op_is_refused(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = model.store()
       built = model.apply()
       with helpers.assert_raises_naming(self, TypeError, "already built",
@@ -206,7 +157,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_a_function_returning_a_built_train_op_is_refused(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = model.store()
       built = model.apply()
       with helpers.assert_raises_naming(self, ValueError, "does not wait",
@@ -217,7 +168,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*KINDS)
   def test_an_update_op_built_before_is_refused(self, use_resource):
     with tf.Graph().as_default():
-      model = _Linear(use_resource)
+      model = th.Linear(use_resource)
       with tf.variable_scope("bn", use_resource=use_resource):
         moving = tf.get_variable("moving_mean", initializer=np.float32(0.0),
                                  trainable=False)
@@ -235,7 +186,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_writes_of_variables_the_store_does_not_cover_are_not_ordered(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       counter = tf.Variable(0, name="counter")
       count = tf.assign_add(counter, 1)
       store = snapstore.SnapshotStore(var_list=[model.w], mode="device")
@@ -248,7 +199,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_host_mode_is_refused(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = snapstore.SnapshotStore(var_list=[model.w], mode="host")
       with helpers.assert_raises_naming(self, snapstore.ModeError,
                                         "snapshot_before", "mode='device'"):
@@ -264,14 +215,14 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_a_function_returning_nothing_is_refused(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = model.store()
       with helpers.assert_raises_naming(self, ValueError, "returned None"):
         store.snapshot_before(lambda: None)
 
   def test_a_non_function_is_refused(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = model.store()
       with helpers.assert_raises_naming(self, TypeError, "function of no "
                                         "arguments"):
@@ -279,7 +230,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_a_bad_slot_is_refused(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = model.store()
       with helpers.assert_raises_naming(self, ValueError, "slot"):
         store.snapshot_before(model.apply, slot=1)
@@ -291,7 +242,7 @@ class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
   def _linear(self, use_resource):
     self.graph = tf.Graph()
     with self.graph.as_default():
-      model = _Linear(use_resource)
+      model = th.Linear(use_resource)
       store = model.store()
       train_op = store.snapshot_before(model.apply, if_finite=model.loss)
     sess = th.session(self, self.graph)
@@ -304,9 +255,9 @@ class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
   def test_a_non_finite_loss_leaves_the_slot_and_a_finite_one_writes_it(
       self, use_resource):
     model, store, train_op, sess = self._linear(use_resource)
-    s0 = _momentum_steps(0)[0]
-    s1 = _momentum_step(s0)
-    s2 = _momentum_step(s1)
+    s0 = th.momentum_steps(0)[0]
+    s1 = th.momentum_step(s0)
+    s2 = th.momentum_step(s1)
 
     def step(scale, start):
       # The loss fetched next to the train op is computed before the update.
@@ -315,29 +266,29 @@ class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
 
     with helpers.assert_no_new_ops(self.graph):
       step(1.0, s0)
-      helpers.assert_state(self._slot(store, sess), _as_state(s0), "finite")
-      helpers.assert_state(th.state(store, sess), _as_state(s1))
+      helpers.assert_state(self._slot(store, sess), th.linear_state(s0), "finite")
+      helpers.assert_state(th.state(store, sess), th.linear_state(s1))
       step(1.0, s1)
-      helpers.assert_state(self._slot(store, sess), _as_state(s1), "finite")
-      helpers.assert_state(th.state(store, sess), _as_state(s2))
+      helpers.assert_state(self._slot(store, sess), th.linear_state(s1), "finite")
+      helpers.assert_state(th.state(store, sess), th.linear_state(s2))
       # Not finite: the slot keeps s1 and the update still runs (NaN in).
       step(np.nan, s2)
-      helpers.assert_state(self._slot(store, sess), _as_state(s1), "NaN loss")
+      helpers.assert_state(self._slot(store, sess), th.linear_state(s1), "NaN loss")
       after_nan = th.state(store, sess)
       self.assertTrue(np.all(np.isnan(after_nan["lin/w"])))
       self.assertTrue(np.all(np.isnan(after_nan["lin/w/Momentum"])))
       self.assertEqual(after_nan["global_step"], 3)
       self.assertEqual(store.restore("before_step", session=sess), "before_step")
-      helpers.assert_state(th.state(store, sess), _as_state(s1), "restored")
+      helpers.assert_state(th.state(store, sess), th.linear_state(s1), "restored")
       # An infinite loss: skipped too; the update writes infinities.
       step(np.inf, s1)
-      helpers.assert_state(self._slot(store, sess), _as_state(s1), "inf loss")
+      helpers.assert_state(self._slot(store, sess), th.linear_state(s1), "inf loss")
       helpers.assert_state(th.state(store, sess),
-                           _as_state(_momentum_step(s1, np.inf)))
+                           th.linear_state(th.momentum_step(s1, np.inf)))
       store.restore("before_step", session=sess)
       step(1.0, s1)  # the same step again: the same parameters
-      helpers.assert_state(self._slot(store, sess), _as_state(s1), "replayed")
-      helpers.assert_state(th.state(store, sess), _as_state(s2), "replayed")
+      helpers.assert_state(self._slot(store, sess), th.linear_state(s1), "replayed")
+      helpers.assert_state(th.state(store, sess), th.linear_state(s2), "replayed")
 
   @parameterized.named_parameters(*KINDS)
   def test_the_store_records_which_copy_is_conditional(self, use_resource):
@@ -366,7 +317,7 @@ class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
 
   def _refused(self, error, fragments, loss_fn):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = model.store()
       with helpers.assert_raises_naming(self, error, *fragments):
         store.snapshot_before(model.apply, if_finite=loss_fn(model))
