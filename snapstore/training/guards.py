@@ -66,6 +66,7 @@ from snapstore.core import attached
 from snapstore.core import checks
 from snapstore.core import sessions
 from snapstore import errors
+from snapstore.training import steps
 
 
 class Guard(object):
@@ -268,11 +269,7 @@ class Guard(object):
     """
     if not self._in_step:
       return
-    graph = self._store.graph
-    ops = [graph.as_graph_element(f) if isinstance(f, str) else f
-           for f in tf.nest.flatten(fetches)]
-    ops = [f.op if isinstance(f, tf.Tensor) else f for f in ops]
-    in_step = [op for op in ops if op in self._in_step]
+    in_step = steps.fetched(fetches, self._store.graph, self._in_step)
     if in_step and not self._owed:
       self._refused = ValueError(
           "guard.run(): this is the second run of %s in the guarded block; it "

@@ -309,6 +309,23 @@ def replace_train_op(inner, train_op, always=False):
     listed.append(train_op)
 
 
+def fetched(fetches, graph, train_ops):
+  """The ones of `train_ops` that a run of `fetches` (as `Session.run` takes them) runs.
+
+  Only ops fetched themselves, or by name, count; not ops that a fetched one
+  happens to depend on.
+  """
+  found = []
+  for f in tf.nest.flatten(fetches):
+    if isinstance(f, str):
+      f = graph.as_graph_element(f)
+    if isinstance(f, tf.Tensor):
+      f = f.op
+    if f in train_ops and f not in found:
+      found.append(f)
+  return found
+
+
 def _describe(value):
   name = getattr(value, "name", None)
   return name if name else value
