@@ -3,7 +3,8 @@
 `SnapshotHook` is a `tf.train.SessionRunHook` for `MonitoredTrainingSession`
 and Estimators; `SnapshotCallback` is a `tf.keras.callbacks.Callback` for
 `model.fit` in TF1 Keras. Both take a snapshot of a store every N steps (or
-seconds) and, given a loss, roll the variables back when it comes out NaN or
+seconds; or, for the hook, let the train op take one in every step, see
+below) and, given a loss, roll the variables back when it comes out NaN or
 infinite:
 
     store = snapstore.SnapshotStore(scope="net", mode="device", max_to_keep=2,
@@ -38,6 +39,28 @@ they keep counting forward across rollbacks; the first step always takes a
 snapshot. Like any hook, the snapshots go through the raw session and do not
 count as steps.
 
+A snapshot in every step, in the step's own run. `store.snapshot()` costs a
+`session.run` of its own. A train op from `store.snapshot_before(...,
+if_finite=loss)` copies the variables into a device slot in its run when the
+loss is finite (see `snapstore/training/steps.py`), so the slot always holds
+the parameters of the newest step whose loss was finite: exactly the trusted
+snapshot. With `in_step=` the hook uses it and takes no snapshot and no
+`session.run` of its own (a rollback is one run of the restore):
+
+    grads = opt.compute_gradients(loss)
+    snapstore.create_slots(opt, [v for g, v in grads if g is not None])
+    store = snapstore.SnapshotStore(scope="net", optimizer=opt,
+                                    include_global_step=True)  # 1 slot is enough
+    train_op = store.snapshot_before(
+        lambda: opt.apply_gradients(grads, global_step=step), if_finite=loss)
+    hook = snapstore.SnapshotHook(store, loss=loss, in_step="before_step")
+
+The slot is trusted after the first step whose loss is finite; a NaN or
+infinite loss before that raises `NonFiniteError`. Only runs that fetch the
+train op count as steps (other runs write no slot) and have their loss
+checked. `SnapshotCallback` has no such mode: `model.fit` builds its own train
+function from the optimizer's updates, and there is no train op to hand it.
+
 Estimators: `Estimator.train` always adds its own `NanTensorHook`, which ends
 training on a NaN loss. It runs after your hooks, so `SnapshotHook` has rolled
 the variables back by then, but `train()` still stops with
@@ -56,7 +79,7 @@ from snapstore.training import steps
 
 
 class _Keeper(object):
-  """Periodic snapshots, trusted after a finite loss; rollback when not finite."""
+  """Periodic (or in-step) snapshots, trusted after a finite loss; rollback when not."""
 
   def __init__(self, store, timer, watching, max_consecutive_rollbacks,
                on_rollback, in_step=None):
