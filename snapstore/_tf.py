@@ -128,8 +128,9 @@ _ensure_graph_mode()
 # deprecated and warns), name_scope, name_from_scope_name, the gradient
 # registry that a rewired op's gradient override looks up.
 from tensorflow.python.framework import ops
-# Switch, RefSwitch and Merge as Python wrappers, and CondContext, which a
-# copied tf.cond branch gets (as import_meta_graph rebuilds it).
+# Switch, RefSwitch and Merge as Python wrappers (a shadow initialized once,
+# snapshot_before's copy that runs only on a finite loss), and CondContext,
+# which a copied tf.cond branch gets (as import_meta_graph rebuilds it).
 from tensorflow.python.ops import control_flow_ops
 # IsInWhileLoop: which ops a copy of a subgraph cannot take.
 from tensorflow.python.ops import control_flow_util

@@ -122,7 +122,8 @@ class SnapshotStore(object):
     self._places = places.Places(self._varset)  # where device snapshots live
     self._closed = False
     self._rewirer = None  # made by the first past() call
-    self._in_step = {}  # train op from snapshot_before() -> the slot it writes
+    # train op from snapshot_before() -> (the slot it writes, its if_finite)
+    self._in_step = {}
 
   # -- what the store covers -----------------------------------------------------
 
@@ -819,7 +820,7 @@ class SnapshotStore(object):
     with self._lock:
       return self._pin(*self._check_pin("pin_slot", slot, tag))
 
-  def snapshot_before(self, update, slot=0, tag="before_step",
+  def snapshot_before(self, update, slot=0, tag="before_step", if_finite=None,
                       name="snapshot_before"):
     """A train op that snapshots into device slot `slot`, then runs the update.
 
@@ -838,12 +839,24 @@ class SnapshotStore(object):
         sess.run(train_op, feed)
         store.restore("before_step")          # undoes the step, bit for bit
 
+    With `if_finite=loss`, the copy runs only when every element of `loss` is
+    finite, and the update runs either way (after the copy when it runs). The
+    slot then holds the parameters of the newest step whose loss was finite:
+    after a step whose loss is NaN or infinite, `restore(tag)` goes back to
+    them (`SnapshotHook(store, loss=loss, in_step=tag)` does this for you).
+    The update waits for `loss`, so `loss` is computed from the values the
+    step started from, as is a `loss` fetched in the same run.
+
     Args:
       update: A function of no arguments that builds the update and returns
         the op(s) to run (what `apply_gradients` or `minimize` returns).
         Built ops are refused: they cannot be made to wait for the copy.
       slot: The device slot to write, 0 to `num_slots - 1`.
       tag: The tag naming the slot (an int or a non-empty string).
+      if_finite: None, or a float tensor of the model computed from the
+        variables (typically the loss the step minimizes): copy only when it
+        is all finite. Not a tensor computed inside a `tf.cond` or
+        `tf.while_loop`.
       name: The name of the returned op.
 
     Returns:
@@ -853,15 +866,18 @@ class SnapshotStore(object):
       ModeError: The store is not in device mode (host and disk snapshots are
         not graph variables: use `snapshot()` before the step).
       ValueError: No such slot; the slot or tag is taken (as for `pin_slot`);
-        `update()` returned nothing; or the train op writes a variable of the
-        store without waiting for the copy (the message names the op).
-      TypeError: `update` is not a function (an already built op), or a bad tag.
+        `update()` returned nothing; the train op writes a variable of the
+        store without waiting for the copy (the message names the op); or
+        `if_finite` is computed inside a `tf.cond` or `tf.while_loop`.
+      TypeError: `update` is not a function (an already built op), a bad
+        tag, or an `if_finite` that is not a float tensor.
+      GraphMismatchError: `if_finite` is of another graph.
     """
     with self._lock:
       pin = self._check_pin("snapshot_before", slot, tag)
-      train_op = steps.build(update, self._mode.snapshot_op(pin[1]),
-                             self._varset.variables, name)
-      self._in_step[train_op] = pin[1]
+      train_op = steps.build(update, self._mode, pin[1], self._varset.variables,
+                             name, if_finite)
+      self._in_step[train_op] = (pin[1], if_finite)
       self._pin(*pin)
       return train_op
 
@@ -874,7 +890,26 @@ class SnapshotStore(object):
       if tag not in self._catalog.pinned():
         return []
       slot = self._mode.slot_of(tag)
-      return [op for op, s in self._in_step.items() if s == slot]
+      return [op for op, (s, _) in self._in_step.items() if s == slot]
+
+  def in_step_condition(self, train_op):
+    """The `if_finite` tensor of a train op from `snapshot_before`, or None.
+
+    None means the train op writes its slot on every run; a tensor, that it
+    writes it only when that tensor is all finite.
+
+    Raises:
+      ValueError: `train_op` was not built by this store's `snapshot_before`.
+    """
+    with self._lock:
+      entry = self._in_step.get(train_op)
+      if entry is None:
+        raise ValueError("%r is not a train op built by this store's "
+                         "snapshot_before() (those are %s)." % (
+                             getattr(train_op, "name", train_op),
+                             errors.names(sorted(op.name for op in self._in_step))
+                             or "none"))
+      return entry[1]
 
   def pinned(self):
     """The pinned tags (see `pin_slot`), oldest first."""

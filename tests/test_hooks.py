@@ -1,5 +1,6 @@
 """SnapshotHook under MonitoredTrainingSession and an Estimator; SnapshotCallback in fit."""
 import unittest
+from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
@@ -140,6 +141,91 @@ class SnapshotHookTest(tf.test.TestCase, parameterized.TestCase):
       self.assertIs(hook.store, store)
 
 
+def _in_step_model(use_resource=False, if_finite=True):
+  """A `th.Linear` model, its store and a train op snapshotting in its run."""
+  model = th.Linear(use_resource)
+  store = model.store()
+  train_op = store.snapshot_before(
+      model.apply, if_finite=model.loss if if_finite else None)
+  return model, store, train_op
+
+
+class InStepHookTest(tf.test.TestCase, parameterized.TestCase):
+  """SnapshotHook(in_step=tag): the train op's run snapshots if the loss is finite."""
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_rolls_back_to_the_last_finite_step_with_no_run_of_its_own(
+      self, use_resource):
+    with tf.Graph().as_default():
+      model, store, train_op = _in_step_model(use_resource)
+      hook = snapstore.SnapshotHook(store, loss=model.loss, in_step="before_step")
+      counter = helpers.CountingHook()
+      scales = [1.0, 1.0, 1.0, np.nan, 1.0, np.inf, np.nan, 1.0, 1.0]
+      with tf.train.MonitoredTrainingSession(hooks=[counter, hook]) as sess:
+        raw = sess._tf_sess()  # pylint: disable=protected-access
+        expected = start = th.momentum_steps(0)[0]
+        with mock.patch.object(store, "snapshot", wraps=store.snapshot) as snap, \
+            mock.patch.object(store, "restore", wraps=store.restore) as restore, \
+            mock.patch.object(raw, "run", wraps=raw.run) as raw_run:
+          for i, scale in enumerate(scales):
+            runs = raw_run.call_count
+            sess.run(train_op, {model.scale: scale})
+            # One run of the raw session per step: the user's, with the loss.
+            self.assertEqual(raw_run.call_count, runs + 1, "step %d" % i)
+            if np.isfinite(scale):  # the slot took the step's start
+              start, expected = expected, th.momentum_step(expected)
+            else:  # back to the start of the last finite-loss step
+              expected = start
+            helpers.assert_state(th.state(store, raw), th.linear_state(expected),
+                                 "step %d" % i)
+          # A run without the train op is not a step of the hook's.
+          sess.run(model.loss, {model.scale: np.nan})
+          helpers.assert_state(th.state(store, raw), th.linear_state(expected),
+                               "no train op")
+        self.assertEqual(snap.call_count, 0)
+        self.assertEqual(restore.call_count, 3)
+      # Three steps, three rollbacks to the start of step 2, then two steps.
+      self.assertEqual(expected[2], 4)
+      self.assertEqual(counter.runs, len(scales) + 1)
+      self.assertEqual(hook.rollbacks, 3)
+      self.assertEqual(hook.snapshots, 0)
+      self.assertEqual(hook.trusted, "before_step")
+      self.assertEqual(store.tags(), ["before_step"])
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_consecutive_rollbacks_raise_after_the_limit(self, use_resource):
+    calls = []
+    with tf.Graph().as_default():
+      model, store, train_op = _in_step_model(use_resource)
+      hook = snapstore.SnapshotHook(store, loss=model.loss, in_step="before_step",
+                                    max_consecutive_rollbacks=1,
+                                    on_rollback=calls.append)
+      with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        raw = sess._tf_sess()  # pylint: disable=protected-access
+        sess.run(train_op)
+        sess.run(train_op, {model.scale: np.nan})
+        with helpers.assert_raises_naming(
+            self, snapstore.NonFiniteError,
+            "2 rollbacks in a row, more than max_consecutive_rollbacks=1",
+            "hold snapshot 'before_step'"):
+          sess.run(train_op, {model.scale: np.inf})
+        helpers.assert_state(th.state(store, raw),
+                             th.linear_state(th.momentum_steps(0)[0]))
+      self.assertEqual(calls, [raw, raw])
+      self.assertEqual(hook.rollbacks, 2)
+
+  def test_no_finite_step_yet(self):
+    with tf.Graph().as_default():
+      model, store, train_op = _in_step_model()
+      hook = snapstore.SnapshotHook(store, loss=model.loss, in_step="before_step")
+      with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        with helpers.assert_raises_naming(
+            self, snapstore.NonFiniteError, "no trusted snapshot to roll back to",
+            "no step has had a finite loss yet"):
+          sess.run(train_op, {model.scale: np.nan})
+      self.assertEqual(hook.rollbacks, 0)
+
+
 class SnapshotHookErrorsTest(tf.test.TestCase):
 
   def test_bad_arguments(self):
@@ -190,6 +276,64 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
         snapstore.GraphMismatchError,
         "store belongs to another graph.*pass a function that creates the store"):
       self._begin(snapstore.SnapshotHook(one_slot, every_n_steps=1), tf.Graph())
+
+  # -- in_step ---------------------------------------------------------------------
+
+  def test_in_step_needs_a_loss(self):
+    with tf.Graph().as_default():
+      _, store, _ = _in_step_model()
+    with helpers.assert_raises_naming(self, ValueError, "in_step='before_step'",
+                                      "pass loss=", "if_finite"):
+      snapstore.SnapshotHook(store, in_step="before_step")
+
+  def test_in_step_takes_no_period(self):
+    with tf.Graph().as_default():
+      model, store, _ = _in_step_model()
+    for period in ({"every_n_steps": 1}, {"every_n_secs": 60.0}):
+      with helpers.assert_raises_naming(self, ValueError, "snapshots in its own run",
+                                        "Pass neither"):
+        snapstore.SnapshotHook(store, loss=model.loss, in_step="before_step",
+                               **period)
+
+  def test_in_step_must_be_a_tag(self):
+    with tf.Graph().as_default():
+      model, store, _ = _in_step_model()
+    with helpers.assert_raises_naming(self, TypeError, "A tag must be an int or "
+                                      "a non-empty string, got ''"):
+      snapstore.SnapshotHook(store, loss=model.loss, in_step="")
+
+  def test_in_step_tag_no_train_op_snapshots_under(self):
+    graph = tf.Graph()
+    with graph.as_default():
+      model, store, _ = _in_step_model()
+    with helpers.assert_raises_naming(
+        self, ValueError, "in_step='other'", "no train op of the store",
+        "pinned tags: \\['before_step'\\]", "snapshot_before\\(update, tag='other', "
+        "if_finite=loss\\)"):
+      self._begin(snapstore.SnapshotHook(store, loss=model.loss, in_step="other"),
+                  graph)
+
+  def test_in_step_train_op_built_without_if_finite(self):
+    graph = tf.Graph()
+    with graph.as_default():
+      model, store, train_op = _in_step_model(if_finite=False)
+    with helpers.assert_raises_naming(
+        self, ValueError, train_op.name, "writes the slot in every run",
+        "if_finite=loss"):
+      self._begin(snapstore.SnapshotHook(store, loss=model.loss,
+                                         in_step="before_step"), graph)
+
+  def test_in_step_loss_must_be_the_if_finite_tensor(self):
+    graph = tf.Graph()
+    with graph.as_default():
+      model, store, train_op = _in_step_model()
+      other = tf.identity(model.loss, name="other_loss")
+    with helpers.assert_raises_naming(
+        self, ValueError, "checks the loss other_loss:0",
+        "%s snapshots when %s is finite" % (train_op.name, model.loss.name),
+        "same tensor"):
+      self._begin(snapstore.SnapshotHook(store, loss=other, in_step="before_step"),
+                  graph)
 
 
 def _model_fn(features, labels, mode):

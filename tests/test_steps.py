@@ -10,42 +10,7 @@ from tests import helpers
 from tests import training_helpers as th
 
 KINDS = helpers.kind_cases()
-LR = 0.125
-MOMENTUM = 0.5
-C = np.array([1.5, -2.0, 0.25], np.float32)
-
-
-class _Linear(object):
-  """loss = sum(c * w): the gradient is c, so momentum steps are easy in numpy."""
-
-  def __init__(self, use_resource):
-    with tf.variable_scope("lin", use_resource=use_resource):
-      self.w = tf.get_variable("w", initializer=np.array([1.0, 2.0, 3.0],
-                                                          np.float32))
-    self.loss = tf.reduce_sum(tf.constant(C) * self.w)
-    self.step = tf.train.get_or_create_global_step()
-    self.opt = tf.train.MomentumOptimizer(LR, MOMENTUM)
-    self.grads = self.opt.compute_gradients(self.loss)
-    snapstore.create_slots(self.opt, [self.w])
-
-  def store(self, **kwargs):
-    return snapstore.SnapshotStore(var_list=[self.w], optimizer=self.opt,
-                                   include_global_step=True, mode="device",
-                                   **kwargs)
-
-  def apply(self):
-    return self.opt.apply_gradients(self.grads, global_step=self.step)
-
-
-def _momentum_steps(n):
-  """[(w, accumulator, step)] before each of n+1 steps, in float32 numpy."""
-  w, acc = np.array([1.0, 2.0, 3.0], np.float32), np.zeros(3, np.float32)
-  states = [(w.copy(), acc.copy(), 0)]
-  for i in range(n):
-    acc = (np.float32(MOMENTUM) * acc + C).astype(np.float32)
-    w = (w - np.float32(LR) * acc).astype(np.float32)
-    states.append((w.copy(), acc.copy(), i + 1))
-  return states
+C = th.Linear.C
 
 
 class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
@@ -53,7 +18,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
   def _linear(self, use_resource, **store_kwargs):
     self.graph = tf.Graph()
     with self.graph.as_default():
-      model = _Linear(use_resource)
+      model = th.Linear(use_resource)
       store = model.store(**store_kwargs)
       train_op = store.snapshot_before(model.apply)
     sess = th.session(self, self.graph)
@@ -62,7 +27,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*KINDS)
   def test_the_slot_holds_the_state_each_step_started_from(self, use_resource):
     model, store, train_op, sess = self._linear(use_resource)
-    expected = _momentum_steps(4)
+    expected = th.momentum_steps(4)
     shadows = list(store.shadows(0).values())
     variables = list(store.variables.values())
     with helpers.assert_no_new_ops(self.graph):
@@ -182,7 +147,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_an_already_built_train_op_is_refused(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = model.store()
       built = model.apply()
       with helpers.assert_raises_naming(self, TypeError, "already built",
@@ -192,7 +157,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_a_function_returning_a_built_train_op_is_refused(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = model.store()
       built = model.apply()
       with helpers.assert_raises_naming(self, ValueError, "does not wait",
@@ -203,7 +168,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*KINDS)
   def test_an_update_op_built_before_is_refused(self, use_resource):
     with tf.Graph().as_default():
-      model = _Linear(use_resource)
+      model = th.Linear(use_resource)
       with tf.variable_scope("bn", use_resource=use_resource):
         moving = tf.get_variable("moving_mean", initializer=np.float32(0.0),
                                  trainable=False)
@@ -221,7 +186,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_writes_of_variables_the_store_does_not_cover_are_not_ordered(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       counter = tf.Variable(0, name="counter")
       count = tf.assign_add(counter, 1)
       store = snapstore.SnapshotStore(var_list=[model.w], mode="device")
@@ -234,7 +199,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_host_mode_is_refused(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = snapstore.SnapshotStore(var_list=[model.w], mode="host")
       with helpers.assert_raises_naming(self, snapstore.ModeError,
                                         "snapshot_before", "mode='device'"):
@@ -250,14 +215,14 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_a_function_returning_nothing_is_refused(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = model.store()
       with helpers.assert_raises_naming(self, ValueError, "returned None"):
         store.snapshot_before(lambda: None)
 
   def test_a_non_function_is_refused(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = model.store()
       with helpers.assert_raises_naming(self, TypeError, "function of no "
                                         "arguments"):
@@ -265,11 +230,136 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_a_bad_slot_is_refused(self):
     with tf.Graph().as_default():
-      model = _Linear(False)
+      model = th.Linear(False)
       store = model.store()
       with helpers.assert_raises_naming(self, ValueError, "slot"):
         store.snapshot_before(model.apply, slot=1)
 
+
+class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
+  """snapshot_before(if_finite=loss): the copy runs only on a finite loss."""
+
+  def _linear(self, use_resource):
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      model = th.Linear(use_resource)
+      store = model.store()
+      train_op = store.snapshot_before(model.apply, if_finite=model.loss)
+    sess = th.session(self, self.graph)
+    return model, store, train_op, sess
+
+  def _slot(self, store, sess):
+    return dict(zip(store.keys, sess.run(list(store.shadows(0).values()))))
+
+  @parameterized.named_parameters(*KINDS)
+  def test_a_non_finite_loss_leaves_the_slot_and_a_finite_one_writes_it(
+      self, use_resource):
+    model, store, train_op, sess = self._linear(use_resource)
+    s0 = th.momentum_steps(0)[0]
+    s1 = th.momentum_step(s0)
+    s2 = th.momentum_step(s1)
+
+    def step(scale, start):
+      # The loss fetched next to the train op is computed before the update.
+      _, loss = sess.run([train_op, model.loss], {model.scale: scale})
+      self.assertAllClose(loss, np.sum(C * start[0]) * np.float32(scale))
+
+    with helpers.assert_no_new_ops(self.graph):
+      step(1.0, s0)
+      helpers.assert_state(self._slot(store, sess), th.linear_state(s0), "finite")
+      helpers.assert_state(th.state(store, sess), th.linear_state(s1))
+      step(1.0, s1)
+      helpers.assert_state(self._slot(store, sess), th.linear_state(s1), "finite")
+      helpers.assert_state(th.state(store, sess), th.linear_state(s2))
+      # Not finite: the slot keeps s1 and the update still runs (NaN in).
+      step(np.nan, s2)
+      helpers.assert_state(self._slot(store, sess), th.linear_state(s1), "NaN loss")
+      after_nan = th.state(store, sess)
+      self.assertTrue(np.all(np.isnan(after_nan["lin/w"])))
+      self.assertTrue(np.all(np.isnan(after_nan["lin/w/Momentum"])))
+      self.assertEqual(after_nan["global_step"], 3)
+      self.assertEqual(store.restore("before_step", session=sess), "before_step")
+      helpers.assert_state(th.state(store, sess), th.linear_state(s1), "restored")
+      # An infinite loss: skipped too; the update writes infinities.
+      step(np.inf, s1)
+      helpers.assert_state(self._slot(store, sess), th.linear_state(s1), "inf loss")
+      helpers.assert_state(th.state(store, sess),
+                           th.linear_state(th.momentum_step(s1, np.inf)))
+      store.restore("before_step", session=sess)
+      step(1.0, s1)  # the same step again: the same parameters
+      helpers.assert_state(self._slot(store, sess), th.linear_state(s1), "replayed")
+      helpers.assert_state(th.state(store, sess), th.linear_state(s2), "replayed")
+
+  @parameterized.named_parameters(*KINDS)
+  def test_the_store_records_which_copy_is_conditional(self, use_resource):
+    model, store, train_op, _ = self._linear(use_resource)
+    with self.graph.as_default():
+      plain = store.snapshot_before(model.apply, slot=0, tag="before_step",
+                                    name="plain")
+    self.assertEqual(store.in_step_ops("before_step"), [train_op, plain])
+    self.assertIs(store.in_step_condition(train_op), model.loss)
+    self.assertIsNone(store.in_step_condition(plain))
+    with helpers.assert_raises_naming(self, ValueError, model.loss.op.name,
+                                      "not a train op built by this store",
+                                      "plain, snapshot_before"):
+      store.in_step_condition(model.loss.op)
+
+  def test_a_guard_refuses_a_tag_whose_copy_is_conditional(self):
+    model, store, train_op, sess = self._linear(False)
+    with helpers.assert_raises_naming(self, ValueError, "'before_step'",
+                                      "only when its loss is finite",
+                                      "another tag", "in_step="):
+      with store.guard(tag="before_step", session=sess):
+        sess.run(train_op)
+    del model
+
+  # -- what is refused -------------------------------------------------------------
+
+  def _refused(self, error, fragments, loss_fn):
+    with tf.Graph().as_default():
+      model = th.Linear(False)
+      store = model.store()
+      with helpers.assert_raises_naming(self, error, *fragments):
+        store.snapshot_before(model.apply, if_finite=loss_fn(model))
+      self.assertEqual(store.pinned(), [])
+
+  def test_if_finite_must_be_a_tensor(self):
+    self._refused(TypeError, ["if_finite takes a float tensor", "'lin/w:0'"],
+                  lambda model: model.w)
+
+  def test_if_finite_must_be_a_float_tensor(self):
+    self._refused(TypeError, ["if_finite .* has dtype int64",
+                              "Pass the \\(float\\) loss"],
+                  lambda model: tf.identity(model.step))
+
+  def test_if_finite_must_be_of_the_stores_graph(self):
+    with tf.Graph().as_default():
+      other = tf.constant(1.0, name="other")
+    self._refused(snapstore.GraphMismatchError,
+                  ["if_finite other:0 belongs to another graph",
+                   "loss of the model the store covers"], lambda model: other)
+
+  def test_if_finite_must_not_be_inside_a_cond(self):
+    inside = []
+
+    def branch(model):
+      inside.append(model.loss * 2.0)
+      return inside[-1]
+
+    def loss_in_cond(model):
+      tf.cond(model.scale > 0, lambda: branch(model), lambda: model.loss)
+      return inside[0]
+
+    self._refused(ValueError, ["inside a tf.cond or tf.while_loop",
+                               "computed outside"], loss_in_cond)
+
+  def test_a_loss_that_writes_a_variable_of_the_store_is_refused(self):
+    def writing_loss(model):
+      with tf.control_dependencies([tf.assign_add(model.w, C)]):
+        return tf.identity(model.loss)
+
+    self._refused(ValueError, ["'AssignAdd' .* writes lin/w",
+                               "does not wait for the snapshot"], writing_loss)
 
 
 class CreateSlotsTest(tf.test.TestCase):

@@ -53,6 +53,66 @@ class Regression(object):
     return [self.feed(rng) for _ in range(count)]
 
 
+class Linear(object):
+  """loss = sum(C * w) * scale under scope "lin", trained by Momentum.
+
+  The gradient is scale * C, so the steps are easy in numpy (`momentum_step`).
+  `scale` is 1 unless fed: NaN or inf for a step whose loss is not finite.
+  The optimizer's slots exist before any train op (`create_slots`), so a
+  store can be built first and the train op with `snapshot_before`.
+  """
+
+  C = np.array([1.5, -2.0, 0.25], np.float32)
+  LR = 0.125
+  MOMENTUM = 0.5
+
+  def __init__(self, use_resource):
+    with tf.variable_scope("lin", use_resource=use_resource):
+      self.w = tf.get_variable("w", initializer=np.array([1.0, 2.0, 3.0],
+                                                          np.float32))
+    self.scale = tf.placeholder_with_default(np.float32(1.0), [], name="scale")
+    self.loss = tf.reduce_sum(tf.constant(self.C) * self.w) * self.scale
+    self.step = tf.train.get_or_create_global_step()
+    self.opt = tf.train.MomentumOptimizer(self.LR, self.MOMENTUM)
+    self.grads = self.opt.compute_gradients(self.loss)
+    snapstore.create_slots(self.opt, [self.w])
+
+  def store(self, **kwargs):
+    """A device store of w, its momentum and the global step."""
+    return snapstore.SnapshotStore(var_list=[self.w], optimizer=self.opt,
+                                   include_global_step=True, mode="device",
+                                   **kwargs)
+
+  def apply(self):
+    return self.opt.apply_gradients(self.grads, global_step=self.step)
+
+
+def momentum_steps(n):
+  """[(w, accumulator, step)] of `Linear` before each of n+1 steps, in numpy."""
+  states = [(np.array([1.0, 2.0, 3.0], np.float32), np.zeros(3, np.float32), 0)]
+  for _ in range(n):
+    states.append(momentum_step(states[-1]))
+  return states
+
+
+def momentum_step(state, scale=1.0):
+  """`Linear`'s (w, accumulator, step) after a step from `state` at `scale`.
+
+  In float32, as TensorFlow computes it: accumulator = momentum *
+  accumulator + gradient; w = w - lr * accumulator.
+  """
+  w, acc, step = state
+  grad = (np.float32(scale) * Linear.C).astype(np.float32)
+  acc = (np.float32(Linear.MOMENTUM) * acc + grad).astype(np.float32)
+  return (w - np.float32(Linear.LR) * acc).astype(np.float32), acc, step + 1
+
+
+def linear_state(values):
+  """`(w, accumulator, step)` as a dict keyed like a `Linear` store's keys."""
+  return {"lin/w": values[0], "lin/w/Momentum": values[1],
+          "global_step": np.int64(values[2])}
+
+
 def state(store, sess):
   """The values of every variable `store` covers, by key."""
   return dict(zip(store.keys, sess.run(list(store.variables.values()))))

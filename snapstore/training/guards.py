@@ -66,6 +66,7 @@ from snapstore.core import attached
 from snapstore.core import checks
 from snapstore.core import sessions
 from snapstore import errors
+from snapstore.training import steps
 
 
 class Guard(object):
@@ -90,7 +91,9 @@ class Guard(object):
   if it fetches something else, `snapshot()` runs first, as usual. Run the
   block's steps through `run` then. A second run of that train op in one
   attempt would replace the guard's snapshot: it is refused with a
-  ValueError, which propagates without a rollback.
+  ValueError, which propagates without a rollback. A train op built with
+  `if_finite=` is refused on entry (ValueError): it skips the snapshot when
+  its loss is not finite, so its slot need not hold the block's start.
 
   When an attempt raises an exception of a `catch` type (including the
   `NonFiniteError` of a watched tensor), the store's variables are restored
@@ -240,6 +243,18 @@ class Guard(object):
     self.failed = False
     own = _own_tag(self._store, self._requested)
     self._in_step = self._store.in_step_ops(own)
+    conditional = [op.name for op in self._in_step
+                   if self._store.in_step_condition(op) is not None]
+    if conditional:
+      # After a step whose loss is not finite, such a slot holds an older
+      # step's parameters, not the block's start: a rollback would undo more.
+      raise ValueError(
+          "A guard of tag %r cannot use %s: it snapshots under that tag only "
+          "when its loss is finite (snapshot_before(if_finite=...)), so the "
+          "slot may hold an older step's parameters than the block started "
+          "from. Give the guard another tag (it then takes its own snapshot), "
+          "or use SnapshotHook(store, loss=..., in_step=%r)."
+          % (own, errors.names(conditional), own))
     # With a train op that snapshots under the tag in its run, the attempt's
     # first run takes the snapshot (see _snapshot_for).
     self._tag = _enter(self._store, own, self._session,
@@ -254,11 +269,7 @@ class Guard(object):
     """
     if not self._in_step:
       return
-    graph = self._store.graph
-    ops = [graph.as_graph_element(f) if isinstance(f, str) else f
-           for f in tf.nest.flatten(fetches)]
-    ops = [f.op if isinstance(f, tf.Tensor) else f for f in ops]
-    in_step = [op for op in ops if op in self._in_step]
+    in_step = steps.fetched(fetches, self._store.graph, self._in_step)
     if in_step and not self._owed:
       self._refused = ValueError(
           "guard.run(): this is the second run of %s in the guarded block; it "

@@ -3,7 +3,8 @@
 `SnapshotHook` is a `tf.train.SessionRunHook` for `MonitoredTrainingSession`
 and Estimators; `SnapshotCallback` is a `tf.keras.callbacks.Callback` for
 `model.fit` in TF1 Keras. Both take a snapshot of a store every N steps (or
-seconds) and, given a loss, roll the variables back when it comes out NaN or
+seconds; or, for the hook, let the train op take one in every step, see
+below) and, given a loss, roll the variables back when it comes out NaN or
 infinite:
 
     store = snapstore.SnapshotStore(scope="net", mode="device", max_to_keep=2,
@@ -38,6 +39,28 @@ they keep counting forward across rollbacks; the first step always takes a
 snapshot. Like any hook, the snapshots go through the raw session and do not
 count as steps.
 
+A snapshot in every step, in the step's own run. `store.snapshot()` costs a
+`session.run` of its own. A train op from `store.snapshot_before(...,
+if_finite=loss)` copies the variables into a device slot in its run when the
+loss is finite (see `snapstore/training/steps.py`), so the slot always holds
+the parameters of the newest step whose loss was finite: exactly the trusted
+snapshot. With `in_step=` the hook uses it and takes no snapshot and no
+`session.run` of its own (a rollback is one run of the restore):
+
+    grads = opt.compute_gradients(loss)
+    snapstore.create_slots(opt, [v for g, v in grads if g is not None])
+    store = snapstore.SnapshotStore(scope="net", optimizer=opt,
+                                    include_global_step=True)  # 1 slot is enough
+    train_op = store.snapshot_before(
+        lambda: opt.apply_gradients(grads, global_step=step), if_finite=loss)
+    hook = snapstore.SnapshotHook(store, loss=loss, in_step="before_step")
+
+The slot is trusted after the first step whose loss is finite; a NaN or
+infinite loss before that raises `NonFiniteError`. Only runs that fetch the
+train op count as steps (other runs write no slot) and have their loss
+checked. `SnapshotCallback` has no such mode: `model.fit` builds its own train
+function from the optimizer's updates, and there is no train op to hand it.
+
 Estimators: `Estimator.train` always adds its own `NanTensorHook`, which ends
 training on a NaN loss. It runs after your hooks, so `SnapshotHook` has rolled
 the variables back by then, but `train()` still stops with
@@ -52,20 +75,23 @@ from snapstore.core import attached
 from snapstore.core import checks
 from snapstore import errors
 from snapstore.store import SnapshotStore
+from snapstore.training import steps
 
 
 class _Keeper(object):
-  """Periodic snapshots, trusted after a finite loss; rollback when not finite."""
+  """Periodic (or in-step) snapshots, trusted after a finite loss; rollback when not."""
 
   def __init__(self, store, timer, watching, max_consecutive_rollbacks,
-               on_rollback):
-    if watching and store.max_to_keep is not None and store.max_to_keep < 2:
+               on_rollback, in_step=None):
+    if (in_step is None and watching and store.max_to_keep is not None
+        and store.max_to_keep < 2):
       raise ValueError(
           "Rolling back on a loss needs a store that keeps 2 snapshots (the "
           "trusted one and the one being checked); this one keeps %d. Create it "
           "with max_to_keep=2." % store.max_to_keep)
     self.store = store
-    self._timer = timer
+    self._timer = timer  # None with in_step
+    self._in_step = in_step  # the tag the train op snapshots under, if finite
     self._watching = watching
     self._max_consecutive = max_consecutive_rollbacks
     self._on_rollback = on_rollback
@@ -77,6 +103,10 @@ class _Keeper(object):
     self.rollbacks = 0
 
   def before_step(self, session):
+    if self._in_step is not None:
+      # The step's own run copies into the slot if its loss is finite.
+      self._checking = self._in_step
+      return
     if not self._timer.should_trigger_for_step(self.step):
       return
     tag = self.store.snapshot(session=session)
@@ -99,16 +129,22 @@ class _Keeper(object):
         self.trusted, self._checking = self._checking, None
       self._consecutive = 0
       return
-    if self._checking is not None:
+    if self._checking is not None and self._in_step is None:
       # Its parameters gave this loss: never roll back to it.
       if self._checking in self.store:
         self.store.delete(self._checking)
-      self._checking = None
       self._timer.reset()
+    # (In-step, the run skipped its copy: the slot still holds what it held.)
+    self._checking = None
     if self.trusted is None or self.trusted not in self.store:
+      if self._in_step is not None:
+        held = ("no step has had a finite loss yet, so %r holds no parameters "
+                "known to give one" % (self._in_step,))
+      else:
+        held = "the store holds %s" % (self.store.tags(),)
       raise errors.NonFiniteError(
           "The loss is %s at step %d and there is no trusted snapshot to roll "
-          "back to (the store holds %s)." % (value, step, self.store.tags()))
+          "back to (%s)." % (value, step, held))
     self.store.restore(self.trusted, session=session)
     self.rollbacks += 1
     self._consecutive += 1
@@ -127,12 +163,13 @@ class _Protocol(object):
   """What SnapshotHook and SnapshotCallback share: options, and the keeper."""
 
   def _configure(self, store, allow_none, every_n_steps, every_n_secs,
-                 steps_name, max_consecutive_rollbacks, on_rollback):
+                 steps_name, max_consecutive_rollbacks, on_rollback, timed=True):
     if not (isinstance(store, SnapshotStore) or callable(store)
             or (allow_none and store is None)):
       raise TypeError("store must be a SnapshotStore, a function returning "
                       "one%s, got %r." % (" or None" if allow_none else "", store))
-    self._timer_args = _timer_args(every_n_steps, every_n_secs, steps_name)
+    self._timer_args = (_timer_args(every_n_steps, every_n_secs, steps_name)
+                        if timed else None)
     if max_consecutive_rollbacks is not None:
       checks.integer(max_consecutive_rollbacks, "max_consecutive_rollbacks", 0)
     self._max_consecutive = max_consecutive_rollbacks
@@ -157,9 +194,11 @@ class _Protocol(object):
         "pass a function that creates the store.")
     return store
 
-  def _start(self, store, watching):
-    self._keeper = _Keeper(store, tf.train.SecondOrStepTimer(*self._timer_args),
-                           watching, self._max_consecutive, self._on_rollback)
+  def _start(self, store, watching, in_step=None):
+    timer = (tf.train.SecondOrStepTimer(*self._timer_args)
+             if self._timer_args is not None else None)
+    self._keeper = _Keeper(store, timer, watching, self._max_consecutive,
+                           self._on_rollback, in_step)
 
   @property
   def store(self):
@@ -173,7 +212,7 @@ class _Protocol(object):
 
   @property
   def snapshots(self):
-    """Snapshots taken since training started."""
+    """Snapshots taken since training started (by the hook: 0 with in_step)."""
     return self._keeper.snapshots if self._keeper else 0
 
   @property
@@ -183,7 +222,7 @@ class _Protocol(object):
 
 
 class SnapshotHook(_Protocol, tf.train.SessionRunHook):
-  """Snapshots every N steps or seconds; rolls back on a non-finite loss.
+  """Snapshots every N steps or seconds, or in the step; rolls back on a non-finite loss.
 
   See the module docstring for the protocol.
 
@@ -191,7 +230,7 @@ class SnapshotHook(_Protocol, tf.train.SessionRunHook):
     store: A `SnapshotStore`, or a function of no arguments returning one,
       called in `begin()`, when the graph is complete but not finalized (how
       to use the hook with an Estimator, whose graph is built in `model_fn`).
-      With a `loss`, the store must keep 2 snapshots.
+      With a `loss` and no `in_step`, the store must keep 2 snapshots.
     every_n_steps: Snapshot every this many runs of the session.
     every_n_secs: Or: snapshot when this many seconds have passed.
     loss: The tensor to check after each run: a float `Tensor`, a tensor name
@@ -201,40 +240,71 @@ class SnapshotHook(_Protocol, tf.train.SessionRunHook):
       rollbacks without a finite loss in between; None: never.
     on_rollback: A function called with the (raw) session after each rollback,
       e.g. to lower a learning rate.
+    in_step: Instead of `every_n_steps`/`every_n_secs`: the tag of a train op
+      from `store.snapshot_before(update, tag=in_step, if_finite=loss)`, whose
+      own run snapshots when its loss is finite. The hook takes no snapshot
+      and checks only the runs that fetch that train op.
 
   Raises:
-    ValueError: Both or neither of `every_n_steps` and `every_n_secs`, or
-      non-positive values.
-    TypeError: A store that is neither a `SnapshotStore` nor callable, or a
-      bad `loss` or `on_rollback`.
+    ValueError: Both or neither of `every_n_steps` and `every_n_secs` (without
+      `in_step`), or non-positive values; `in_step` without `loss`, or with
+      `every_n_steps` or `every_n_secs`. In `begin()`: an `in_step` tag that
+      no train op of the store snapshots under, one built without
+      `if_finite`, or with another tensor than `loss`.
+    TypeError: A store that is neither a `SnapshotStore` nor callable, a bad
+      `loss`, `on_rollback` or `in_step` tag.
   """
 
   def __init__(self, store, every_n_steps=None, every_n_secs=None, loss=None,
-               max_consecutive_rollbacks=3, on_rollback=None):
+               max_consecutive_rollbacks=3, on_rollback=None, in_step=None):
     if not (loss is None or isinstance(loss, (tf.Tensor, str)) or callable(loss)):
       raise TypeError("loss must be a tensor, a tensor name or a function "
                       "returning a tensor, got %r." % (loss,))
+    if in_step is not None:
+      in_step = checks.tag(in_step)
+      if loss is None:
+        raise ValueError(
+            "SnapshotHook(in_step=%r) rolls back when a step's loss is not "
+            "finite: pass loss=, the tensor given to snapshot_before(..., "
+            "if_finite=)." % (in_step,))
+      if every_n_steps is not None or every_n_secs is not None:
+        raise ValueError(
+            "SnapshotHook(in_step=%r): the train op snapshots in its own run, "
+            "so the hook takes no snapshots and every_n_steps/every_n_secs "
+            "do not apply. Pass neither." % (in_step,))
     self._configure(store, False, every_n_steps,
                     every_n_secs, "every_n_steps", max_consecutive_rollbacks,
-                    on_rollback)
+                    on_rollback, timed=in_step is None)
     self._store_arg = store
     self._loss_arg = loss
     self._loss = None
+    self._in_step = in_step
+    self._in_step_ops = None  # the train ops snapshotting under in_step
+    self._checked = False  # whether this run is one the hook checks
 
   def begin(self):
     graph = tf.get_default_graph()
     store = self._store_for(self._store_arg, graph, self._store_arg)
     self._loss = _resolve_loss(self._loss_arg, graph)
-    self._start(store, watching=self._loss is not None)
+    if self._in_step is not None:
+      self._in_step_ops = _in_step_ops(store, self._in_step, self._loss)
+    self._start(store, watching=self._loss is not None, in_step=self._in_step)
 
   def before_run(self, run_context):
+    # In-step, a run without the train op wrote no slot: nothing to vouch for.
+    self._checked = self._in_step_ops is None or bool(steps.fetched(
+        run_context.original_args.fetches, self._keeper.store.graph,
+        self._in_step_ops))
+    if not self._checked:
+      return None
     self._keeper.before_step(run_context.session)
     if self._loss is None:
       return None
     return tf.train.SessionRunArgs(self._loss)
 
   def after_run(self, run_context, run_values):
-    self._keeper.after_step(run_context.session, run_values.results)
+    if self._checked:
+      self._keeper.after_step(run_context.session, run_values.results)
 
 
 class SnapshotCallback(_Protocol, keras_callback_base()):
@@ -307,6 +377,32 @@ def _keras_store(model):
     optimizer = None  # plain SGD: nothing beyond the weights
   return SnapshotStore(var_list=var_list, optimizer=optimizer, mode="device",
                        max_to_keep=2, name="snapshot_callback")
+
+
+def _in_step_ops(store, tag, loss):
+  """The train ops snapshotting under `tag` when `loss` is finite, checked."""
+  ops = store.in_step_ops(tag)
+  if not ops:
+    raise ValueError(
+        "SnapshotHook(in_step=%r): no train op of the store snapshots under "
+        "that tag in its run (its pinned tags: %s). Build the train op with "
+        "store.snapshot_before(update, tag=%r, if_finite=loss)."
+        % (tag, store.pinned(), tag))
+  for op in ops:
+    condition = store.in_step_condition(op)
+    if condition is None:
+      raise ValueError(
+          "SnapshotHook(in_step=%r): train op %s writes the slot in every run, "
+          "also when the loss is not finite, so the slot could hold the "
+          "parameters that gave it. Build the train op with "
+          "store.snapshot_before(..., if_finite=loss)." % (tag, op.name))
+    if condition.name != loss.name:
+      raise ValueError(
+          "SnapshotHook(in_step=%r): the hook checks the loss %s, but train op "
+          "%s snapshots when %s is finite. Pass the same tensor as loss= and "
+          "as if_finite=, so that the slot holds parameters whose checked loss "
+          "was finite." % (tag, loss.name, op.name, condition.name))
+  return ops
 
 
 def _timer_args(every_n_steps, every_n_secs, steps_name):

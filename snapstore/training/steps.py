@@ -34,13 +34,45 @@ With resource variables the copy may share the variable's buffer until the
 update writes it (copy on write); the update then writes a new buffer and the
 slot keeps the old one. With ref variables the copy is made at once. Either
 way the slot holds the values the step started from.
+
+A copy only when the loss is finite. With `if_finite=loss` the slot holds the
+parameters of the newest step whose loss was finite, a rollback point for
+every step at the cost of the copy alone:
+
+    train_op = store.snapshot_before(
+        lambda: opt.apply_gradients(grads, global_step=step), if_finite=loss)
+    _, value = sess.run([train_op, loss], feed)
+    if not np.isfinite(value):               # the copy was skipped
+      store.restore("before_step")           # the last finite-loss step's start
+
+(`SnapshotHook(store, loss=loss, in_step="before_step")` does the checking.)
+The graph, built from Switch and Merge rather than `tf.cond` (which would
+rebuild the copy's per-variable ops in a cond context):
+
+    finite = reduce_all(is_finite(loss))
+    not_finite, is_finite = Switch(finite, finite)
+    copy     <- control input: Identity(is_finite)   dead, so skipped, if not finite
+    copied   =  Identity(is_finite), after the copy
+    gate     =  Merge([Identity(not_finite), copied])  alive either way
+    update   <- control input: gate
+
+An op with a dead control input does not run and its outputs are dead; a Merge
+is alive when one input is. So the update always runs, after the copy when the
+loss is finite and after the loss when it is not, and the ordering check above
+is made against the gate. The update waits for `loss`, so the loss (and a loss
+fetched in the same run) is computed from the values the step started from.
+The copy is the device mode's `build_snapshot_op(slot, name)`, a new grouped
+copy made under the gate's control input.
 """
+from snapstore._tf import control_flow_context
+from snapstore._tf import control_flow_ops
 from snapstore._tf import create_slots as _create_slots
 from snapstore._tf import creation_order
 from snapstore._tf import is_ref_dtype
 from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
+from snapstore.core import checks
 from snapstore import errors
 from snapstore.graph import subgraph
 
@@ -86,25 +118,58 @@ def create_slots(optimizer, var_list):
     return optimizer.variables()
 
 
-def build(update, snapshot_op, variables, name):
-  """The train op running `snapshot_op`, then what `update()` builds.
+def build(update, device, slot, variables, name, if_finite=None):
+  """The train op copying the variables into `slot`, then running what `update()` builds.
 
   Args:
     update: A function of no arguments that builds the update and returns the
       op(s) or tensor(s) to run.
-    snapshot_op: The store's grouped copy into the slot.
+    device: The store's `DeviceMode`.
+    slot: The slot to copy into.
     variables: The store's variables, which the update may write only after
       the copy.
     name: The name of the returned op.
+    if_finite: None, or a float tensor of the variables' graph: the copy runs
+      only when all of it is finite (see `_copy_if_finite`).
 
   Returns:
     A grouped op.
 
   Raises:
-    TypeError: `update` is an op or tensor (already built) or not callable.
-    ValueError: `update()` returned nothing, or the train op runs an op that
-      writes one of `variables` without waiting for the snapshot.
+    TypeError: `update` is an op or tensor (already built) or not callable;
+      `if_finite` is not a float tensor.
+    GraphMismatchError: `if_finite` is of another graph.
+    ValueError: `if_finite` is computed inside a `tf.cond` or
+      `tf.while_loop`; `update()` returned nothing; or the train op runs an
+      op that writes one of `variables` without waiting for the snapshot.
   """
+  _check_update(update)
+  graph = device.snapshot_op(slot).graph
+  if if_finite is not None:
+    check_if_finite(if_finite, graph)
+  with graph.as_default():
+    if if_finite is None:
+      after = device.snapshot_op(slot)
+    else:
+      # A copy that may be skipped must be an op of its own: the cached
+      # snapshot_op(slot) has no control inputs and cannot gain any.
+      after = _copy_if_finite(
+          if_finite, lambda: device.build_snapshot_op(slot, "snapshot"),
+          name + "_if_finite")
+    with tf.control_dependencies([after]):
+      result = update()
+      flat = [x for x in tf.nest.flatten(result) if x is not None]
+      if not flat:
+        raise ValueError("The update function returned %r: return the op(s) "
+                         "the train step runs (what apply_gradients returns)."
+                         % (result,))
+      train_op = tf.group(*flat, name=name)
+  check_ordered(train_op, after, variables)
+  replace_train_op(flat, train_op)
+  return train_op
+
+
+def _check_update(update):
   if isinstance(update, (tf.Operation, tf.Tensor, list, tuple)):
     raise TypeError(
         "snapshot_before() takes a function that builds the update, got the "
@@ -115,18 +180,66 @@ def build(update, snapshot_op, variables, name):
   if not callable(update):
     raise TypeError("snapshot_before() takes a function of no arguments that "
                     "builds the update, got %r." % (update,))
-  with snapshot_op.graph.as_default():
-    with tf.control_dependencies([snapshot_op]):
-      result = update()
-      flat = [x for x in tf.nest.flatten(result) if x is not None]
-      if not flat:
-        raise ValueError("The update function returned %r: return the op(s) "
-                         "the train step runs (what apply_gradients returns)."
-                         % (result,))
-      train_op = tf.group(*flat, name=name)
-  check_ordered(train_op, snapshot_op, variables)
-  replace_train_op(flat, train_op)
-  return train_op
+
+
+def check_if_finite(loss, graph):
+  """Checks `loss` can gate an in-step copy (`snapshot_before(if_finite=loss)`).
+
+  Args:
+    loss: The argument.
+    graph: The store's graph.
+
+  Raises:
+    TypeError: Not a float tensor.
+    GraphMismatchError: A tensor of another graph.
+    ValueError: A tensor computed inside a `tf.cond` or `tf.while_loop`,
+      which the copy outside it cannot be conditioned on.
+  """
+  if not isinstance(loss, tf.Tensor):
+    raise TypeError("if_finite takes a float tensor of the model (the loss the "
+                    "step minimizes), got %r." % (_describe(loss),))
+  checks.same_graph(loss, graph, "if_finite %s" % loss.name,
+                    fix="Pass the loss of the model the store covers.")
+  if not loss.dtype.is_floating:
+    raise TypeError("if_finite %s has dtype %s; only float tensors can be NaN "
+                    "or infinite. Pass the (float) loss." % (
+                        loss.name, loss.dtype.name))
+  if control_flow_context(loss.op) is not None:
+    raise ValueError(
+        "if_finite %s is computed inside a tf.cond or tf.while_loop, so it has "
+        "no value when the branch or loop does not produce one. Pass a tensor "
+        "computed outside (the cond's or loop's output)." % loss.name)
+
+
+def _copy_if_finite(loss, build_copy, scope):
+  """Runs the copy `build_copy()` builds only if `loss` is finite; an op after it.
+
+  Built from Switch and Merge directly, not `tf.cond`, which would rebuild
+  the copy's per-variable ops inside a cond context. An op with a dead
+  control input does not run and its outputs are dead (how an untaken
+  `tf.cond` branch is skipped); Switch outputs are dead or alive, so the copy
+  waits for an Identity of the "finite" output. The returned Merge is alive
+  either way (one of its inputs is), so an update waiting for it always runs:
+  after the copy when the copy runs, after the loss when it does not.
+
+  Args:
+    loss: A float tensor (`check_if_finite`).
+    build_copy: A function of no arguments building the grouped copy; called
+      under a control dependency that makes the copy skippable.
+    scope: The name scope of the ops built.
+
+  Returns:
+    The Merge op.
+  """
+  with tf.name_scope(scope):
+    finite = tf.reduce_all(tf.is_finite(loss), name="finite")
+    not_finite, is_finite = control_flow_ops.switch(finite, finite)
+    with tf.control_dependencies([tf.identity(is_finite, name="take").op]):
+      copy = build_copy()  # dead, so skipped, when the loss is not finite
+    with tf.control_dependencies([copy]):
+      copied = tf.identity(is_finite, name="copied")
+    skipped = tf.identity(not_finite, name="skipped")
+    return control_flow_ops.merge([skipped, copied], name="copied_or_skipped")[0].op
 
 
 def check_ordered(train_op, snapshot_op, variables):
@@ -194,6 +307,23 @@ def replace_train_op(inner, train_op, always=False):
       replaced = True
   if replaced or always:
     listed.append(train_op)
+
+
+def fetched(fetches, graph, train_ops):
+  """The ones of `train_ops` that a run of `fetches` (as `Session.run` takes them) runs.
+
+  Only ops fetched themselves, or by name, count; not ops that a fetched one
+  happens to depend on.
+  """
+  found = []
+  for f in tf.nest.flatten(fetches):
+    if isinstance(f, str):
+      f = graph.as_graph_element(f)
+    if isinstance(f, tf.Tensor):
+      f = f.op
+    if f in train_ops and f not in found:
+      found.append(f)
+  return found
 
 
 def _describe(value):
