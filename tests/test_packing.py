@@ -225,6 +225,27 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(sess.run(b), np.full([2, 2], 2.0))
 
   @parameterized.named_parameters(*KINDS)
+  def test_in_step_snapshot_if_finite(self, use_resource):
+    with tf.Graph().as_default():
+      with tf.variable_scope("net", use_resource=use_resource):
+        w = tf.get_variable("w", [3], initializer=tf.zeros_initializer())
+        b = tf.get_variable("b", [2, 2], initializer=tf.zeros_initializer())
+      scale = tf.placeholder_with_default(1.0, [])
+      loss = scale * (tf.reduce_sum(w) + tf.reduce_sum(b))
+      opt = tf.train.GradientDescentOptimizer(-1.0)  # adds `scale` per step
+      store = snapstore.SnapshotStore(scope="net", pack=True)
+      train = store.snapshot_before(lambda: opt.minimize(loss), if_finite=loss)
+      with tf.Session() as sess:
+        helpers.init(sess)
+        sess.run(train)  # copies 0, then w = 1
+        sess.run(train)  # copies 1, then w = 2
+        sess.run(train, {scale: np.nan})  # no copy; w becomes NaN
+        self.assertTrue(np.all(np.isnan(sess.run(w))))
+        store.restore("before_step", session=sess)
+        self.assertAllEqual(sess.run(w), np.full([3], 1.0))
+        self.assertAllEqual(sess.run(b), np.full([2, 2], 1.0))
+
+  @parameterized.named_parameters(*KINDS)
   def test_no_new_ops_after_construction(self, use_resource):
     with tf.Graph().as_default() as graph:
       model = _Mixed(use_resource, big=False)
