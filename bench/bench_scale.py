@@ -9,6 +9,8 @@ fresh process per measurement so that one graph's size never slows another:
   adam          tf.train.AdamOptimizer().minimize(loss) on the same model:
                 what users already accept, the yardstick for construction
   device K=4    SnapshotStore(mode="device", max_to_keep=4)
+  packed K=4    SnapshotStore(mode="device", max_to_keep=4, pack=True): the
+                variables packed into one buffer per slot
   host          SnapshotStore(mode="host", max_to_keep=4)
   disk          SnapshotStore(mode="disk", memory_budget=0) (every snapshot
                 written to a spill file)
@@ -28,6 +30,7 @@ the bytes copied. The column "noop1" is that floor: the first run of a
 
     .venv/bin/python bench/bench_scale.py                       # N = 100..10000
     .venv/bin/python bench/bench_scale.py --num-vars 100 300 --plot out.png
+    .venv/bin/python bench/bench_scale.py --no-grappler --kinds device packed --plot ''
 """
 import argparse
 import importlib.util
@@ -42,7 +45,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if importlib.util.find_spec("tf_keras") is not None:
   os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-KINDS = ("adam", "device", "host", "disk")
+KINDS = ("adam", "device", "packed", "host", "disk")
 SLOTS = 4
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -54,8 +57,12 @@ def _shapes(n):
           [int(rng.randint(1, 17)), int(rng.randint(1, 17))] for i in range(n)]
 
 
-def measure(kind, n, use_resource):
-  """One measurement, in this process: a dict of figures."""
+def measure(kind, n, use_resource, grappler=True):
+  """One measurement, in this process: a dict of figures.
+
+  With `grappler=False` the session runs with TensorFlow's graph optimizer
+  (Grappler) off, the one setting that lowers the first-run floor.
+  """
   import numpy as np  # pylint: disable=g-import-not-at-top
   import snapstore  # pylint: disable=g-import-not-at-top
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
@@ -75,6 +82,9 @@ def measure(kind, n, use_resource):
       spill = os.path.join(tempfile.mkdtemp(), "scale.h5")
       store = snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
                                       spill_path=spill, max_to_keep=SLOTS)
+    elif kind == "packed":
+      store = snapstore.SnapshotStore(scope="net", mode="device", pack=True,
+                                      max_to_keep=SLOTS)
     else:
       store = snapstore.SnapshotStore(scope="net", mode=kind, max_to_keep=SLOTS)
     out = dict(kind=kind, n=n, resource=use_resource,
@@ -85,7 +95,11 @@ def measure(kind, n, use_resource):
     floor = tf.no_op(name="floor")
   if store is None:
     return out
-  with tf.Session(graph=graph) as sess:
+  config = tf.ConfigProto()
+  if not grappler:
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    out["grappler"] = False
+  with tf.Session(graph=graph, config=config) as sess:
     sess.run(init)
     # TensorFlow's own floor: the first run of a new signature that runs
     # nothing still converts and optimizes the whole graph.
@@ -117,10 +131,10 @@ def measure(kind, n, use_resource):
   return out
 
 
-def _in_child(kind, n, use_resource):
+def _in_child(kind, n, use_resource, grappler=True):
   result = subprocess.run(
       [sys.executable, os.path.abspath(__file__), "--child", kind, str(n),
-       "resource" if use_resource else "ref"],
+       "resource" if use_resource else "ref", "grappler" if grappler else "off"],
       stdout=subprocess.PIPE, check=True)
   return json.loads(result.stdout.decode().strip().splitlines()[-1])
 
@@ -132,14 +146,16 @@ def plot(results, path):
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
   for kind, (color, marker) in (("adam", ("k", "o")), ("device", ("C0", "o")),
-                                ("host", ("C1", "s")), ("disk", ("C2", "^"))):
+                                ("packed", ("C3", "D")), ("host", ("C1", "s")),
+                                ("disk", ("C2", "^"))):
     rows = sorted((r for r in results if r["kind"] == kind and r["resource"]),
                   key=lambda r: r["n"])
     if not rows:
       continue
     ns = [r["n"] for r in rows]
     left.plot(ns, [r["build"] for r in rows], color=color, marker=marker,
-              label="Adam minimize()" if kind == "adam" else "%s store" % kind)
+              label="Adam minimize()" if kind == "adam" else "%s store" % (
+                  "device pack=True" if kind == "packed" else kind))
     if kind == "device":
       right.plot(ns, [r["first_noop"] for r in rows], color="k", linestyle=":",
                  label="TensorFlow's floor: first no_op run (device graph)")
@@ -165,8 +181,9 @@ def plot(results, path):
 
 
 def main():
-  if len(sys.argv) == 5 and sys.argv[1] == "--child":
-    print(json.dumps(measure(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "resource")))
+  if len(sys.argv) == 6 and sys.argv[1] == "--child":
+    print(json.dumps(measure(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "resource",
+                             sys.argv[5] == "grappler")))
     return
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--num-vars", type=int, nargs="+",
@@ -174,12 +191,17 @@ def main():
   parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
   parser.add_argument("--ref", action="store_true",
                       help="also measure RefVariables (default: resource only)")
+  parser.add_argument("--no-grappler", action="store_true",
+                      help="run the sessions with Grappler off "
+                      "(rewrite_options.disable_meta_optimizer): first calls "
+                      "without TensorFlow's per-signature graph optimization")
   parser.add_argument("--plot", default=os.path.join(HERE, "results", "scale.png"),
                       help="PNG to write; '' for none")
   parser.add_argument("--json", help="write the raw results here")
   args = parser.parse_args()
   from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
-  print("stack: %s" % stack(), flush=True)
+  print("stack: %s%s" % (stack(), "; sessions with Grappler off"
+                         if args.no_grappler else ""), flush=True)
   print("%-8s %6s %-6s %8s %7s %8s %9s %8s %8s %8s %8s %8s %5s" % (
       "vars", "n", "kind", "build s", "vs adam", "ops/var", "ops/var/k",
       "noop1 s", "snap1 s", "rest1 s", "eval1 s", "warm s", "exact"))
@@ -188,12 +210,13 @@ def main():
     for n in args.num_vars:
       adam = None
       for kind in args.kinds:
-        row = _in_child(kind, n, use_resource)
+        row = _in_child(kind, n, use_resource, grappler=not args.no_grappler)
         results.append(row)
         if kind == "adam":
           adam = row["build"]
         ratio = "%6.2fx" % (row["build"] / adam) if adam else "-"
-        per_slot = ("%9.2f" % (row["ops_per_var"] / SLOTS)) if kind == "device" else "-"
+        per_slot = (("%9.2f" % (row["ops_per_var"] / SLOTS))
+                    if kind in ("device", "packed") else "-")
         print("%-8s %6d %-6s %8.2f %7s %8.1f %9s %8s %8s %8s %8s %8s %5s" % (
             "resource" if use_resource else "ref", n, kind, row["build"], ratio,
             row["ops_per_var"], per_slot,

@@ -17,6 +17,11 @@ step. Measured, as time per training step:
                                 gradients, computed outside, run in parallel
                                 with the copy, only the update waits for it
   in-step, every 10 steps       that train op every 10th step, train_op otherwise
+  in-step packed, every step    the same with a store built with pack=True:
+                                one concatenation and assign per dtype
+  in-step if finite, every step snapshot_before(..., if_finite=loss), what
+                                SnapshotHook(in_step=...) runs: the copy only
+                                after a finite loss
   in-step, minimize inside      store.snapshot_before(lambda: opt.minimize(loss)):
                                 the gradients are built inside, so they wait
                                 for the copy too (what not to do)
@@ -80,7 +85,9 @@ from snapstore.demo import make_data  # pylint: disable=g-import-not-at-top
 # (model, variant, bound on the overhead)
 TARGETS = (("demo", "device, every step", 0.05),
            ("demo", "in-step, every step", 0.05),
-           ("large", "in-step, every step", 0.02))
+           ("demo", "in-step packed, every step", 0.05),
+           ("large", "in-step, every step", 0.02),
+           ("large", "in-step packed, every step", 0.02))
 
 
 def parse_args(argv=None):
@@ -132,6 +139,16 @@ class Loop(object):
       self.train_in_step = self.in_step.snapshot_before(
           lambda: model.optimizer.apply_gradients(
               grads, global_step=model.global_step))
+      self.packed = snapstore.SnapshotStore(mode="device", name="packed_store",
+                                            pack=True, **common)
+      self.train_packed = self.packed.snapshot_before(
+          lambda: model.optimizer.apply_gradients(
+              grads, global_step=model.global_step))
+      self.guarded_store = snapstore.SnapshotStore(
+          mode="device", name="if_finite_store", **common)
+      self.train_if_finite = self.guarded_store.snapshot_before(
+          lambda: model.optimizer.apply_gradients(
+              grads, global_step=model.global_step), if_finite=model.loss)
       self.inside = snapstore.SnapshotStore(mode="device", name="inside_store",
                                             **common)
       self.train_minimize_inside = self.inside.snapshot_before(
@@ -199,7 +216,10 @@ class Loop(object):
     if self.large:
       return [("baseline", baseline),
               ("device, every step", every(self.device, 1)),
-              ("in-step, every step", in_step_every(1))]
+              ("in-step, every step", in_step_every(1)),
+              ("in-step packed, every step", in_step_every(1, self.train_packed)),
+              ("in-step if finite, every step",
+               in_step_every(1, self.train_if_finite))]
     return [
         ("baseline", baseline),
         ("device, every step", every(self.device, 1)),
@@ -208,6 +228,8 @@ class Loop(object):
         ("host, every 10 steps", every(self.host, 10)),
         ("in-step, every step", in_step_every(1)),
         ("in-step, every 10 steps", in_step_every(10)),
+        ("in-step packed, every step", in_step_every(1, self.train_packed)),
+        ("in-step if finite, every step", in_step_every(1, self.train_if_finite)),
         ("in-step, minimize inside", in_step_every(1, self.train_minimize_inside)),
         ("guard, every step", guarded),
         ("guard, in-step, every step", guarded_in_step),

@@ -241,7 +241,7 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
         snapstore.SnapshotStore(mode="host", saveable=True)
       with helpers.assert_raises_naming(
           self, TypeError, r"Mode 'device' takes no option colour",
-          r"saveable, spill_path, compression, compression_opts, max_pending, durable\b"):
+          r"saveable, pack, spill_path, compression, compression_opts, max_pending, durable\b"):
         snapstore.SnapshotStore(mode="device", colour=1)
 
   def test_empty_variable_sets(self):
