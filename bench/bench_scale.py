@@ -31,6 +31,7 @@ the bytes copied. The column "noop1" is that floor: the first run of a
     .venv/bin/python bench/bench_scale.py                       # N = 100..10000
     .venv/bin/python bench/bench_scale.py --num-vars 100 300 --plot out.png
     .venv/bin/python bench/bench_scale.py --no-grappler --kinds device packed --plot ''
+    .venv/bin/python bench/bench_scale.py --replot a.json b.json   # plot only
 """
 import argparse
 import importlib.util
@@ -198,7 +199,18 @@ def main():
   parser.add_argument("--plot", default=os.path.join(HERE, "results", "scale.png"),
                       help="PNG to write; '' for none")
   parser.add_argument("--json", help="write the raw results here")
+  parser.add_argument("--replot", nargs="+", metavar="JSON",
+                      help="measure nothing: draw --plot from the results of "
+                      "earlier runs (their --json files, rows concatenated)")
   args = parser.parse_args()
+  if args.replot:
+    results = []
+    for path in args.replot:
+      with open(path) as f:
+        results.extend(json.load(f))
+    plot(results, args.plot)
+    print("plot: %s (from %s)" % (args.plot, ", ".join(args.replot)))
+    return
   from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
   print("stack: %s%s" % (stack(), "; sessions with Grappler off"
                          if args.no_grappler else ""), flush=True)
