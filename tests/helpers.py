@@ -66,6 +66,21 @@ def assert_bits_differ(actual, expected, msg=""):
 DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64, tf.bool)
 
 
+def change_op(variables, use_resource):
+  """An op that adds random values to every float and int variable and flips the bools."""
+  updates = []
+  for var in variables:
+    if var.dtype.base_dtype == tf.bool:
+      updates.append(tf.assign(var, tf.logical_not(var)) if not use_resource
+                     else var.assign(tf.logical_not(var.read_value())))
+    else:
+      noise = tf.cast(tf.random.uniform(var.shape, 1, 100, dtype=tf.int32),
+                      var.dtype.base_dtype)
+      updates.append(tf.assign_add(var, noise) if not use_resource
+                     else var.assign_add(noise))
+  return tf.group(*updates)
+
+
 class Model(object):
   """Variables of several dtypes under scope `scope`, plus ops to change them.
 
@@ -86,17 +101,7 @@ class Model(object):
               "v%d_%s" % (i, dtype.name), shape=[3, 5], dtype=dtype,
               initializer=tf.ones_initializer() if dtype != tf.bool
               else tf.zeros_initializer())
-    updates = []
-    for var in self.variables.values():
-      if var.dtype.base_dtype == tf.bool:
-        updates.append(tf.assign(var, tf.logical_not(var)) if not use_resource
-                       else var.assign(tf.logical_not(var.read_value())))
-      else:
-        noise = tf.cast(tf.random.uniform(var.shape, 1, 100, dtype=tf.int32),
-                        var.dtype.base_dtype)
-        updates.append(tf.assign_add(var, noise) if not use_resource
-                       else var.assign_add(noise))
-    self.train_op = tf.group(*updates)
+    self.train_op = change_op(self.variables.values(), use_resource)
 
   def randomize(self, sess, seed):
     """Loads random bit patterns into every variable (no new ops).

@@ -34,17 +34,7 @@ class _Mixed(object):
             key = "%s%d" % (name, d)
             self.variables[key] = tf.get_variable(
                 key, shape, dtype, initializer=tf.zeros_initializer())
-    updates = []
-    for var in self.variables.values():
-      if var.dtype.base_dtype == tf.bool:
-        updates.append(tf.assign(var, tf.logical_not(var)) if not use_resource
-                       else var.assign(tf.logical_not(var.read_value())))
-      else:
-        noise = tf.cast(tf.random.uniform(var.shape, 1, 100, dtype=tf.int32),
-                        var.dtype.base_dtype)
-        updates.append(tf.assign_add(var, noise) if not use_resource
-                       else var.assign_add(noise))
-    self.train_op = tf.group(*updates)
+    self.train_op = helpers.change_op(self.variables.values(), use_resource)
 
   def randomize(self, sess, seed):
     rng = np.random.RandomState(seed)
