@@ -7,7 +7,7 @@ thousands of variables, most of them small (biases, norms, scalars). Packed,
 such variables share one flat buffer per slot for each (device, dtype, kind)
 group, and the copies work on whole groups:
 
-    groups, loose = plan(primaries, limit=PACK_LIMIT_BYTES)
+    groups, loose = plan(primaries, "snapstore")   # the store's name scope
     flat = group.pack(reads)         # concat of the flattened reads, built once
     parts = group.unpack(buffer)     # split and reshape: one tensor per member
 
