@@ -129,7 +129,8 @@ class Ensemble(object):
     combine: "mean", "vote", a function of the stacked member values, or a
       structure like `outputs` with one of these per output.
     rewire: Build the rewired copies that run device members in one
-      `session.run`. Default: True for a device store, False otherwise.
+      `session.run`. Default: True for a device store with a shadow per
+      variable, False otherwise (a host or disk store, or `pack=True`).
       False evaluates one member at a time, also on a device store (less
       activation memory, one run per member).
 
@@ -140,7 +141,8 @@ class Ensemble(object):
       combine name (the valid ones are listed), "vote" on an output that
       holds no labels or scores; empty or repeated tags.
     GraphMismatchError: Outputs of another graph than the store's.
-    ModeError: `rewire=True` on a store that is not in device mode.
+    ModeError: `rewire=True` on a store that is not in device mode, or
+      packs its variables (`pack=True`).
     RewireError: The outputs cannot be rewired (the message names the op);
       pass `rewire=False` to evaluate the members one after another.
   """
@@ -151,7 +153,8 @@ class Ensemble(object):
     self._outputs = outputs
     self._combiners = _combiners(combine, outputs, leaves)
     self._tags = None if tags is None else _check_tags(tags)
-    if rewire is None:
+    automatic = rewire is None
+    if automatic:
       rewire = store.mode == "device"
     if rewire:
       if store.mode != "device":
@@ -162,6 +165,12 @@ class Ensemble(object):
       try:
         for slot in range(store.num_slots):
           store.past(outputs, slot)
+      except errors.ModeError as e:
+        if not automatic:  # a packed store has no shadow per variable
+          raise errors.ModeError(
+              "%s Or pass Ensemble(..., rewire=False) to evaluate the members "
+              "one after another, swapping them into the variables." % e) from e
+        rewire = False
       except errors.RewireError as e:
         raise errors.RewireError(
             "%s Ensemble(..., rewire=False) evaluates the members one after "

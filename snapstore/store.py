@@ -122,7 +122,7 @@ class SnapshotStore(object):
     self._places = places.Places(self._varset)  # where device snapshots live
     self._closed = False
     self._rewirer = None  # made by the first past() call
-    # train op from snapshot_before() -> (the slot it writes, its if_finite)
+    # train op from snapshot_before() -> its steps.InStep
     self._in_step = {}
 
   # -- what the store covers -----------------------------------------------------
@@ -270,7 +270,9 @@ class SnapshotStore(object):
       NoSessionError, GraphMismatchError: As for `snapshot`; also a closed
         session.
       RestoreError: TensorFlow failed part-way; the snapshot is intact and
-        calling `restore` again finishes the job.
+        calling `restore` again finishes the job. Or the snapshot's device
+        slot is not initialized in this session: nothing was written, and the
+        message names the initializer to run.
     """
     sess = self._session(session, "restore")
     with self._lock:
@@ -279,6 +281,11 @@ class SnapshotStore(object):
       try:
         self._mode.restore(tag, sess)
       except tf.errors.OpError as e:
+        unready = self._uninitialized(e, tag)
+        if unready:
+          raise errors.RestoreError(
+              "Restoring snapshot %r failed: %s Nothing was written."
+              % (tag, unready)) from e
         raise errors.RestoreError(
             "Restoring snapshot %r failed: %s. The variables may hold a mix of "
             "old and restored values; the snapshot is intact, call restore(%r) "
@@ -331,6 +338,9 @@ class SnapshotStore(object):
       RestoreError: Writing the current values back failed; the store keeps
         them and writes them back at the start of its next call (or
         `recover()`).
+      SnapshotError: The snapshot's device slot is not initialized in this
+        session (the message names the initializer to run); the current
+        values are back in place.
       Whatever `Session.run` raises for `fetches`, after the current values are
         back in place.
     """
@@ -350,7 +360,15 @@ class SnapshotStore(object):
             "evaluate_with could not set the current parameters aside: %s. "
             "Nothing was changed." % errors.first_line(e)) from e
       try:
-        self._mode.restore(tag, sess)
+        try:
+          self._mode.restore(tag, sess)
+        except tf.errors.OpError as e:
+          unready = self._uninitialized(e, tag)
+          if unready:
+            raise errors.SnapshotError(
+                "evaluate_with could not load snapshot %r: %s The current "
+                "parameters are put back." % (tag, unready)) from e
+          raise
         return sess.run(fetches, feed_dict=feed_dict)
       finally:
         self._put_back(token, sess)
@@ -476,12 +494,14 @@ class SnapshotStore(object):
     Raises:
       UnknownTagError: The store holds no snapshot `tag`.
       NoSessionError: Device mode needs a session to read its shadows.
+      SnapshotError: Reading a device slot failed (e.g. its shadows were
+        never initialized in this session: the message names the fix).
     """
     sess = self._session(session, "arrays", required=self._mode.data_needs_session)
     with self._lock:
       self._check_open()
       tag = self._existing(tag, sess, "arrays")
-      values = self._mode.arrays(tag, sess)
+      values = self._read(tag, sess, "arrays")
     for a in values:
       a.setflags(write=False)
     return collections.OrderedDict(zip(self._varset.keys, values))
@@ -537,12 +557,13 @@ class SnapshotStore(object):
     Raises:
       UnknownTagError: The store holds no snapshot `tag`.
       SnapshotFileError: The file cannot be written.
+      SnapshotError: Reading a device slot failed (see `arrays`).
     """
     sess = self._session(session, "save_npz", required=self._mode.data_needs_session)
     with self._lock:
       self._check_open()
       tag = self._existing(tag, sess, "save_npz")
-      values = self._mode.arrays(tag, sess)
+      values = self._read(tag, sess, "save_npz")
     npz.save(path, self._varset.keys, values, compress=compress)
     return tag
 
@@ -875,22 +896,26 @@ class SnapshotStore(object):
     """
     with self._lock:
       pin = self._check_pin("snapshot_before", slot, tag)
-      train_op = steps.build(update, self._mode, pin[1], self._varset.variables,
-                             name, if_finite)
-      self._in_step[train_op] = (pin[1], if_finite)
+      in_step = steps.build(update, self._mode, pin[1], self._varset.variables,
+                            name, if_finite)
+      self._in_step[in_step.train_op] = in_step
       self._pin(*pin)
-      return train_op
+      return in_step.train_op
 
   def in_step_ops(self, tag):
     """The train ops (from `snapshot_before`) that snapshot under `tag` in their run.
 
     An empty list if `tag` is not the tag of such a slot.
     """
+    return [entry.train_op for entry in self.in_steps(tag)]
+
+  def in_steps(self, tag):
+    """The `steps.InStep` of each train op snapshotting under `tag` in its run."""
     with self._lock:
       if tag not in self._catalog.pinned():
         return []
       slot = self._mode.slot_of(tag)
-      return [op for op, (s, _) in self._in_step.items() if s == slot]
+      return [entry for entry in self._in_step.values() if entry.slot == slot]
 
   def in_step_condition(self, train_op):
     """The `if_finite` tensor of a train op from `snapshot_before`, or None.
@@ -909,7 +934,7 @@ class SnapshotStore(object):
                              getattr(train_op, "name", train_op),
                              errors.names(sorted(op.name for op in self._in_step))
                              or "none"))
-      return entry[1]
+      return entry.condition
 
   def pinned(self):
     """The pinned tags (see `pin_slot`), oldest first."""
@@ -975,6 +1000,26 @@ class SnapshotStore(object):
           "written back: %s. The store keeps them; call recover() with a "
           "working session." % errors.first_line(e)) from e
     self._pending = _NOTHING
+
+  def _read(self, tag, sess, what):
+    """Snapshot `tag` as arrays, for `arrays` and `save_npz`."""
+    try:
+      return self._mode.arrays(tag, sess)
+    except tf.errors.OpError as e:
+      unready = self._uninitialized(e, tag)
+      raise errors.SnapshotError("%s could not read snapshot %r: %s" % (
+          what, tag, unready or errors.first_line(e) + ".")) from e
+
+  def _uninitialized(self, error, tag):
+    """What to tell when `error` is about an uninitialized device slot, or None."""
+    slot = self._mode.uninitialized(error)
+    if slot is None:
+      return None
+    return ("it is in device slot %d, whose shadow variables are not "
+            "initialized in this session: the local variable initializer has "
+            "not run. Run tf.local_variables_initializer() after the global "
+            "one (MonitoredTrainingSession, Estimators and tf.train.Scaffold "
+            "do), or store.initializer." % slot)
 
   def _rewired(self, fetches, feed_dict, tag):
     """(fetches, feed_dict) reading the tag's slot, or None to use the swap."""

@@ -53,13 +53,28 @@ def number(value, name):
 def tag(value):
   """`value` as a snapshot tag: an int (a numpy integer becomes one) or a non-empty str.
 
+  A string tag must be encodable as UTF-8: spill files and `.npz` archives
+  store tags as UTF-8, and a tag that cannot be written there could never
+  leave the store.
+
   Raises:
-    TypeError: Anything else (None, a bool, an empty string, ...).
+    TypeError: Anything else (None, a bool, an empty string, a string with a
+      lone surrogate, ...).
   """
   if isinstance(value, np.integer):
     value = int(value)
   if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
     raise TypeError("A tag must be an int or a non-empty string, got %r." % (value,))
+  if isinstance(value, str):
+    try:
+      value.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise TypeError(
+          "The tag %r cannot be encoded as UTF-8 (%s), so it could never be "
+          "written to a spill file: a lone surrogate, as os.fsdecode() makes "
+          "of bytes that are not UTF-8. Decode such bytes yourself (e.g. "
+          "name.decode('utf-8', 'replace')) or choose another tag."
+          % (value, e.reason)) from None
   return value
 
 

@@ -65,7 +65,7 @@ def read(var):
     return var.read_value()
 
 
-def copy(sources, targets, name, reads=read):
+def copy(sources, targets, name, reads=read, after=None):
   """One op assigning each of `sources` to the matching variable in `targets`.
 
   Args:
@@ -74,6 +74,8 @@ def copy(sources, targets, name, reads=read):
     name: Name of the returned group op.
     reads: How a source variable is read: `read` (a new read op), or a
       `SharedReads` whose reads several copies share.
+    after: None, or a function from a target to an op its assign waits for
+      (a check that must pass before anything is written), or to None.
 
   Returns:
     A grouped op; `tf.no_op` for empty lists.
@@ -81,8 +83,12 @@ def copy(sources, targets, name, reads=read):
   # A variable is read on its own device, whatever device scope surrounds the
   # store's construction, so that a copy between colocated variables never
   # leaves the device.
-  assigns = [assign(t, reads(s) if isinstance(s, tf_variables.Variable) else s)
-             for s, t in zip(sources, targets)]
+  assigns = []
+  for s, t in zip(sources, targets):
+    value = reads(s) if isinstance(s, tf_variables.Variable) else s
+    wait = after(t) if after is not None else None
+    with tf.control_dependencies([wait] if wait is not None else []):
+      assigns.append(assign(t, value))
   if not assigns:
     return tf.no_op(name=name)
   return tf.group(*assigns, name=name)
@@ -156,9 +162,12 @@ class Feeder(object):
 
     A callable, unlike `Session.run`, does not convert what it is fed. Arrays
     that already fit are passed as they are, so an aligned one is fed in place.
+    Others are converted by value (a non-native byte order becomes the native
+    one) keeping their shape: `np.ascontiguousarray` would make a 0-d array
+    1-d.
     """
     return [a if a.dtype == dtype and a.flags.c_contiguous
-            else np.ascontiguousarray(a, dtype=dtype)
+            else np.asarray(a, dtype=dtype, order="C")
             for a, dtype in zip(arrays, self._dtypes)]
 
   def assign_to(self, targets, name):

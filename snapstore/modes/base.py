@@ -128,6 +128,11 @@ class CopyMode(abc.ABC):
   def check(self):
     """Raises what went wrong in the background since the last call."""
 
+  def uninitialized(self, error):
+    """The device slot whose uninitialized variables `error` is about, or None."""
+    del error
+    return None
+
   def flush(self):
     """Waits for background work; raises as `check`."""
 

@@ -29,6 +29,9 @@ thousands of small variables is then built and first run in a fraction of the
 time, with a fraction of the ops. Such variables have no shadow of their own,
 so `shadows()` and `past()` are refused; everything else works the same.
 """
+import re
+
+from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.core import copies
 from snapstore.core import packing
@@ -36,6 +39,9 @@ from snapstore.core import shadows
 from snapstore.core import variables
 from snapstore import errors
 from snapstore.modes import base
+
+# The message of the check that a slot is initialized before a restore.
+UNINITIALIZED = "snapstore: device slot %d is not initialized"
 
 
 class DeviceMode(base.CopyMode):
@@ -79,7 +85,8 @@ class DeviceMode(base.CopyMode):
         self._reads)
     self._snapshot_ops = [self._copy_in(slot, "snapshot_%d" % k)
                           for k, slot in enumerate(self._slots)]
-    restores = [self._copy_out(slot, "restore_%d" % k)
+    restores = [self._copy_out(slot, "restore_%d" % k,
+                               self._initialized(shadowed, slot, k))
                 for k, slot in enumerate(self._slots)]
     self._restore_ops = [op for op, _ in restores]
     self._slot_reads = [values for _, values in restores]
@@ -204,15 +211,64 @@ class DeviceMode(base.CopyMode):
               + [g.pack(self._reads) for g in self._groups])
     return copies.copy(values, shadow_set, name)
 
-  def _copy_out(self, shadow_set, name):
-    """One op copying `shadow_set` into the variables, and the value of each."""
+  def _copy_out(self, shadow_set, name, gate=None):
+    """One op copying `shadow_set` into the variables, and the value of each.
+
+    With a `gate`, every write waits for it: nothing is written if it fails.
+    """
     values = [None] * len(self._primaries)
     for i, shadow in zip(self._loose, shadow_set):
       values[i] = self._reads(shadow)
     for group, buffer in zip(self._groups, shadow_set[len(self._loose):]):
       for i, value in zip(group.indices, group.unpack(self._reads(buffer))):
         values[i] = value
-    return copies.copy(values, self._primaries, name), values
+    wait = None if gate is None else lambda target: gate[target.device]
+    return copies.copy(values, self._primaries, name, after=wait), values
+
+  def _initialized(self, shadowed, shadow_set, slot):
+    """Ops that fail unless slot `slot` is initialized on every device.
+
+    A slot's shadows are initialized together per device (see
+    `shadows.make_slots`; a snapshot writes them all), so the first shadow on
+    each device tells. A restore waits for every device's check before
+    writing any variable: restoring a slot that a session never initialized
+    (the local initializer did not run; a parameter server restarted) writes
+    nothing, rather than the variables of the devices that still have it.
+    Each check runs on its own device and only control edges cross devices,
+    as for the copies themselves.
+
+    Returns:
+      A dict from a variable's device string to the op its restore waits for.
+    """
+    first = {}
+    for primary, shadow in zip(shadowed, shadow_set):
+      first.setdefault(getattr(primary, "anchor", primary).device, shadow)
+    with tf.name_scope("slot_%d_initialized" % slot):
+      checks = []
+      for shadow in first.values():
+        with ops.colocate_with(shadow):
+          check = tf.Assert(tf.is_variable_initialized(shadow),
+                            [UNINITIALIZED % slot], name="check")
+          with tf.control_dependencies([check]):  # what crosses: a NoOp's edge
+            checks.append(tf.no_op(name="checked_here"))
+      gates = {}
+      for device, shadow in first.items():
+        with ops.colocate_with(shadow), tf.control_dependencies(checks):
+          gates[device] = tf.no_op(name="checked")
+    return gates
+
+  def uninitialized(self, error):
+    """The slot whose uninitialized shadows `error` (a tf.errors.OpError) is about, or None."""
+    message = str(getattr(error, "message", error))
+    for slot, shadow_set in enumerate(self._slots):
+      if UNINITIALIZED % slot in message:
+        return slot
+      # A TF name is followed by a space or a "/" in TF's messages.
+      if "uninitialized" in message and any(
+          re.search(re.escape(s.op.name) + r"(?![\w.-])", message)
+          for s in shadow_set):
+        return slot
+    return None
 
   # -- slot bookkeeping ----------------------------------------------------------
 

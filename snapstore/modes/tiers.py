@@ -319,6 +319,12 @@ class TieredMode(base.CopyMode):
   def restore_op(self, slot):
     return self._inner.restore_op(slot)
 
+  def build_snapshot_op(self, slot, name):
+    return self._inner.build_snapshot_op(slot, name)
+
+  def uninitialized(self, error):
+    return self._inner.uninitialized(error)
+
   def shadows(self, slot, what="shadows"):
     return self._inner.shadows(slot, what)
 

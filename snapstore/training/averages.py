@@ -58,8 +58,11 @@ class _SlotAverage(object):
           "Create the store with mode='device'." % (what, store.mode))
     self._store = store
     self._slot = slot
+    # Every check first (shadows() refuses a packed store): a refused average
+    # must leave no pinned tag behind.
+    shadows = store.shadows(slot).values()
     self._tag = store.pin_slot(slot, tag)
-    self._pairs = list(zip(store.variables.values(), store.shadows(slot).values()))
+    self._pairs = list(zip(store.variables.values(), shadows))
 
   @property
   def store(self):

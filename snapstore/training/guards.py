@@ -89,11 +89,19 @@ class Guard(object):
   `T`, the snapshot is the step's: each attempt's first `run`, if it fetches
   that train op, takes it in the step's own run (with no `snapshot()` call);
   if it fetches something else, `snapshot()` runs first, as usual. Run the
-  block's steps through `run` then. A second run of that train op in one
-  attempt would replace the guard's snapshot: it is refused with a
-  ValueError, which propagates without a rollback. A train op built with
-  `if_finite=` is refused on entry (ValueError): it skips the snapshot when
-  its loss is not finite, so its slot need not hold the block's start.
+  block's steps through `run` then: the guard cannot see a run of the train
+  op made with your own `session.run`, and each such run writes the slot.
+  What it cannot vouch for is refused with a ValueError that propagates
+  without a rollback: a second run of that train op in one attempt (it would
+  replace the guard's snapshot); `check()`, or a failure, before the
+  attempt's first `run` (the guard holds no snapshot yet); a rollback after
+  the train op ran outside `run` since the guard's snapshot (the train op
+  counts its copies into the slot, and the guard compares the count, reading
+  it once when it rolls back). A train op built with `if_finite=` is refused
+  on entry: it skips the snapshot when its loss is not finite, so its slot
+  need not hold the block's start. Any other pinned tag (an average's,
+  Lookahead's, a target network's: a slot in-graph ops write) is refused on
+  entry too.
 
   When an attempt raises an exception of a `catch` type (including the
   `NonFiniteError` of a watched tensor), the store's variables are restored
@@ -136,8 +144,9 @@ class Guard(object):
     self._requested = self._tag = _check_tag(store, tag)
     self._session = session
     self._active = None  # the running attempt
-    self._in_step = []  # train ops snapshotting under the tag in their run
+    self._in_step = []  # steps.InStep of train ops snapshotting under the tag
     self._owed = False  # the attempt's snapshot is still to be taken
+    self._counts = None  # their copy counts when the attempt's snapshot was taken
     self._refused = None  # a run refused inside the block: no rollback
     self.failures = []
     self.failed = False
@@ -218,9 +227,12 @@ class Guard(object):
     """
     self._check_active("run")
     session = self._user_session()
-    self._snapshot_for(fetches)
-    result, watched = session.run((fetches, self._watch), feed_dict=feed_dict,
-                                  options=options, run_metadata=run_metadata)
+    counts = self._snapshot_for(fetches)
+    result, watched, counted = session.run(
+        (fetches, self._watch, counts or []), feed_dict=feed_dict,
+        options=options, run_metadata=run_metadata)
+    if counts:
+      self._counts = counted
     self._check([t.name for t in self._watch], watched)
     return result
 
@@ -234,6 +246,16 @@ class Guard(object):
       RuntimeError: Called outside the guarded block.
     """
     self._check_active("check")
+    if self._owed:
+      self._refused = ValueError(
+          "guard.check(): the guard of tag %r takes its snapshot in the "
+          "block's first guard.run (train op %s snapshots under that tag in "
+          "its run), and this block ran no step through guard.run, so the "
+          "guard cannot tell what the slot holds and cannot roll back. Run "
+          "the step as guard.run(train_op, feed_dict), then check; or give the "
+          "guard another tag, so that it snapshots on entry."
+          % (self._tag, errors.names([e.train_op.name for e in self._in_step])))
+      raise self._refused
     self._check(["value %d" % i for i in range(len(values))], values)
 
   # -- internals ----------------------------------------------------------------------
@@ -242,9 +264,11 @@ class Guard(object):
     self.failures = []
     self.failed = False
     own = _own_tag(self._store, self._requested)
-    self._in_step = self._store.in_step_ops(own)
-    conditional = [op.name for op in self._in_step
-                   if self._store.in_step_condition(op) is not None]
+    self._in_step = self._store.in_steps(own)
+    if not self._in_step:
+      _check_unpinned(self._store, own, "guard")
+    conditional = [e.train_op.name for e in self._in_step
+                   if e.condition is not None]
     if conditional:
       # After a step whose loss is not finite, such a slot holds an older
       # step's parameters, not the block's start: a rollback would undo more.
@@ -266,10 +290,16 @@ class Guard(object):
     With a train op from `store.snapshot_before(..., tag=<the guard's tag>)`,
     the attempt's first `run` takes the snapshot: in that train op's run if
     it fetches it, else with `store.snapshot()` first.
+
+    Returns:
+      For the attempt's first run: the tensors to fetch with it that count
+      the in-step copies into the slot as of the guard's snapshot (see
+      `_roll_back_to`). Otherwise None.
     """
     if not self._in_step:
-      return
-    in_step = steps.fetched(fetches, self._store.graph, self._in_step)
+      return None
+    in_step = steps.fetched(fetches, self._store.graph,
+                            [e.train_op for e in self._in_step])
     if in_step and not self._owed:
       self._refused = ValueError(
           "guard.run(): this is the second run of %s in the guarded block; it "
@@ -278,9 +308,13 @@ class Guard(object):
           "(one step per block), or run a train op built without "
           "snapshot_before() for the other steps." % (in_step[0].name, self._tag))
       raise self._refused
-    if self._owed and not in_step:
+    if not self._owed:
+      return None
+    if not in_step:
       self._store.snapshot(self._tag, session=self._session)
     self._owed = False
+    return [e.counted if e.train_op in in_step else e.count
+            for e in self._in_step]
 
   def _check_active(self, what):
     if self._active is None:
@@ -309,11 +343,37 @@ class Guard(object):
 
   def _rollback(self, exc):
     if self._owed:
-      return  # nothing ran through guard.run: nothing to undo
-    try:
-      self._store.restore(self._tag, session=self._session)
-    except errors.Error as e:
-      raise e from exc
+      # Only a guard of an in-step tag owes its snapshot: it had none to
+      # take, and the block may have run the train op in a session.run of
+      # its own, writing the slot with something other than the block's start.
+      raise ValueError(
+          "The guard of tag %r cannot roll back: it takes its snapshot in the "
+          "block's first guard.run (train op %s snapshots under that tag in "
+          "its run), and the block failed but ran no step through guard.run, "
+          "so the guard does not know what the slot holds. Run the "
+          "block's steps with guard.run, or give the guard another tag, so "
+          "that it snapshots on entry." % (
+              self._tag, errors.names([e.train_op.name for e in self._in_step])
+          )) from exc
+    self._check_counts(exc)
+    _roll_back(self._store, self._tag, self._session, exc)
+
+  def _check_counts(self, exc):
+    """Raises if an in-step train op wrote the slot since the guard's snapshot."""
+    if not self._in_step or self._counts is None:
+      return  # no in-step tag, or the first run failed: nothing ran after it
+    now = sessions.resolve(self._session, self._store.graph, "guard").run(
+        [e.count for e in self._in_step])
+    moved = ["%s ran %d time%s" % (e.train_op.name, n - c, "" if n - c == 1 else "s")
+             for e, c, n in zip(self._in_step, self._counts, now) if n != c]
+    if moved:
+      raise ValueError(
+          "The guard of tag %r cannot roll back: %s outside guard.run since "
+          "the guard's snapshot, and each run wrote the slot (snapshot_before), "
+          "so the slot holds the start of the last of them, not the block's. "
+          "Run every step of the block through guard.run (one run of the train "
+          "op per block), or give the guard another tag, so that its snapshot "
+          "is its own." % (self._tag, errors.names(moved))) from exc
 
 
 class _Attempt(object):
@@ -375,6 +435,11 @@ class Trial(object):
   After the block, `kept` says what happened. The metric runs in the raw
   session (a `MonitoredSession`'s hooks do not see it).
 
+  A pinned tag is refused on entry (ValueError): its slot is written by
+  in-graph ops (an average, Lookahead's slow weights, a train op from
+  `snapshot_before`, whose every run in the block would replace the trial's
+  snapshot), and a trial cannot see the block's runs.
+
       with store.trial(metric=loss, feed_dict=held_out, session=sess) as trial:
         sess.run(train_op, feed)
       if not trial.kept:
@@ -435,8 +500,9 @@ class Trial(object):
   def __enter__(self):
     self._decision = None
     self.before = self.after = self.kept = None
-    self._tag = _enter(self._store, _own_tag(self._store, self._requested),
-                       self._session)
+    own = _own_tag(self._store, self._requested)
+    _check_unpinned(self._store, own, "trial")
+    self._tag = _enter(self._store, own, self._session)
     try:
       if self._metric is not None:
         self.before = self._evaluate()
@@ -477,10 +543,7 @@ class Trial(object):
 
   def _roll_back(self, exc):
     self.kept = False
-    try:
-      self._store.restore(self._tag, session=self._session)
-    except errors.Error as e:
-      raise e from exc
+    _roll_back(self._store, self._tag, self._session, exc)
 
 
 _ACTIVE = attached.PerObject("active_guards")  # on each store: [tag, ...]
@@ -526,6 +589,43 @@ def _enter(store, own, session, snapshot=True):
     _ACTIVE.set(store, active)
   active.append(own)
   return own
+
+
+def _roll_back(store, tag, session, exc):
+  """Restores `tag`; a snapstore error is raised from `exc`, the block's failure."""
+  try:
+    store.restore(tag, session=session)
+  except errors.Error as e:
+    raise e from exc
+
+
+def _check_unpinned(store, tag, what):
+  """Refuses a guard's or trial's tag that is pinned to a slot ops write.
+
+  A pinned tag names a device slot that in-graph ops write (`pin_slot`): an
+  average, Lookahead's slow weights, a target network, or a train op's
+  in-step copy. A snapshot there would replace what they keep, and they
+  would overwrite it during the block. (A guard may take an in-step tag:
+  it takes its snapshot in `guard.run`, see `Guard`.)
+
+  Raises:
+    ValueError: `tag` is pinned.
+  """
+  if tag not in store.pinned():
+    return
+  writers = store.in_step_ops(tag)
+  if writers:
+    by = ("train op %s writes in each of its runs (snapshot_before), so the "
+          "block's steps would overwrite the %s's snapshot"
+          % (errors.names([op.name for op in writers]), what))
+  else:
+    by = ("in-graph ops write (pin_slot: an average, Lookahead's slow weights, "
+          "a target network): a snapshot there would replace what they keep, "
+          "and they could overwrite it")
+  raise ValueError(
+      "%s(tag=%r): that tag is pinned to slot %d, which %s. Give the %s "
+      "another tag (the default %r), which takes a snapshot of its own."
+      % (what, tag, store.slot_of(tag), by, what, what))
 
 
 def _leave(store, tag):

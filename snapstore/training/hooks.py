@@ -56,7 +56,10 @@ snapshot. With `in_step=` the hook uses it and takes no snapshot and no
     hook = snapstore.SnapshotHook(store, loss=loss, in_step="before_step")
 
 The slot is trusted after the first step whose loss is finite; a NaN or
-infinite loss before that raises `NonFiniteError`. Only runs that fetch the
+infinite loss before that raises `NonFiniteError`. That holds per session: a
+new session (the one MonitoredTrainingSession's recovery starts) has a slot
+of its own, holding what its initializer gave it, and trusts it only after
+its own first finite step. Only runs that fetch the
 train op count as steps (other runs write no slot) and have their loss
 checked. `SnapshotCallback` has no such mode: `model.fit` builds its own train
 function from the optimizer's updates, and there is no train op to hand it.
@@ -101,6 +104,11 @@ class _Keeper(object):
     self._consecutive = 0
     self.snapshots = 0
     self.rollbacks = 0
+
+  def distrust(self):
+    """Forgets the trusted snapshot and the one being checked."""
+    self.trusted = self._checking = None
+    self._consecutive = 0
 
   def before_step(self, session):
     if self._in_step is not None:
@@ -289,6 +297,14 @@ class SnapshotHook(_Protocol, tf.train.SessionRunHook):
     if self._in_step is not None:
       self._in_step_ops = _in_step_ops(store, self._in_step, self._loss)
     self._start(store, watching=self._loss is not None, in_step=self._in_step)
+
+  def after_create_session(self, session, coord):
+    del session, coord
+    if self._in_step is not None:
+      # A new session (MonitoredTrainingSession's recovery makes one) has a
+      # slot of its own, holding what its initializer gave it: no step of
+      # this session has vouched for it yet.
+      self._keeper.distrust()
 
   def before_run(self, run_context):
     # In-step, a run without the train op wrote no slot: nothing to vouch for.

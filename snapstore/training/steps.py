@@ -64,6 +64,10 @@ fetched in the same run) is computed from the values the step started from.
 The copy is the device mode's `build_snapshot_op(slot, name)`, a new grouped
 copy made under the gate's control input.
 """
+import collections
+
+import numpy as np
+
 from snapstore._tf import control_flow_context
 from snapstore._tf import control_flow_ops
 from snapstore._tf import create_slots as _create_slots
@@ -73,6 +77,9 @@ from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
+from snapstore.core import copies
+from snapstore.core import shadows
+from snapstore.core.variables import SHADOW_VARIABLES
 from snapstore import errors
 from snapstore.graph import subgraph
 
@@ -118,6 +125,21 @@ def create_slots(optimizer, var_list):
     return optimizer.variables()
 
 
+# A train op built by `build`, and what a guard needs to trust its slot.
+InStep = collections.namedtuple("InStep", "train_op slot condition count counted")
+InStep.__doc__ = """A train op that snapshots into a device slot in its own run.
+
+Attributes:
+  train_op: The grouped op the user runs.
+  slot: The device slot it copies into.
+  condition: The `if_finite` tensor, or None if it copies in every run.
+  count: (Copying in every run only; else None.) A tensor with how many runs
+    of the train op have copied into the slot (0 before the first). A guard
+    reads it to know whether the slot was written behind its back.
+  counted: The count after the copy, for fetching with the train op.
+"""
+
+
 def build(update, device, slot, variables, name, if_finite=None):
   """The train op copying the variables into `slot`, then running what `update()` builds.
 
@@ -133,7 +155,7 @@ def build(update, device, slot, variables, name, if_finite=None):
       only when all of it is finite (see `_copy_if_finite`).
 
   Returns:
-    A grouped op.
+    An `InStep`.
 
   Raises:
     TypeError: `update` is an op or tensor (already built) or not callable;
@@ -148,14 +170,18 @@ def build(update, device, slot, variables, name, if_finite=None):
   if if_finite is not None:
     check_if_finite(if_finite, graph)
   with graph.as_default():
+    count = counted = None
     if if_finite is None:
       after = device.snapshot_op(slot)
+      count, counted, counting = _count_copies(after, variables[0],
+                                               name + "_copies")
     else:
       # A copy that may be skipped must be an op of its own: the cached
       # snapshot_op(slot) has no control inputs and cannot gain any.
       after = _copy_if_finite(
           if_finite, lambda: device.build_snapshot_op(slot, "snapshot"),
           name + "_if_finite")
+      counting = None
     with tf.control_dependencies([after]):
       result = update()
       flat = [x for x in tf.nest.flatten(result) if x is not None]
@@ -163,10 +189,38 @@ def build(update, device, slot, variables, name, if_finite=None):
         raise ValueError("The update function returned %r: return the op(s) "
                          "the train step runs (what apply_gradients returns)."
                          % (result,))
-      train_op = tf.group(*flat, name=name)
+      train_op = tf.group(*(flat + ([counting] if counting else [])), name=name)
   check_ordered(train_op, after, variables)
   replace_train_op(flat, train_op)
-  return train_op
+  return InStep(train_op, slot, if_finite, count, counted)
+
+
+def _count_copies(copy, anchor, name):
+  """A count of the runs of `copy`, bumped after each: (count, counted, op).
+
+  A guard whose tag is the slot's can see the train op only in its own
+  `guard.run`; the count tells it whether the train op ran elsewhere (a
+  plain `session.run`) and wrote the slot it would roll back to. The count
+  is a variable of its own (in LOCAL_VARIABLES, so a default Saver never
+  sees it), colocated with `anchor`. Its value is read through
+  `value_at_init`, so the train op runs even where the local initializer
+  never ran (as the copy does: it writes the slot whole); its first run then
+  counts 1.
+
+  Returns:
+    `count`, the number of copies so far; `counted`, that number plus one,
+    which the bump writes after `copy`; and the bump op.
+  """
+  with ops.init_scope(), ops.colocate_with(anchor), tf.name_scope(name):
+    counter = tf.Variable(np.int64(0), trainable=False, use_resource=True,
+                          collections=[tf.GraphKeys.LOCAL_VARIABLES,
+                                       SHADOW_VARIABLES],
+                          name="count")
+    count = shadows.value_at_init(counter)
+    counted = tf.add(count, np.int64(1), name="counted")
+    with tf.control_dependencies([copy]):
+      bump = copies.assign(counter, counted)
+  return count, counted, bump
 
 
 def _check_update(update):
