@@ -1,15 +1,20 @@
-"""Packing: small variables share one shadow buffer per device and dtype.
+"""Units of a device store: a variable's own shadow, or small ones packed together.
 
 A store pays per shadow variable: ops to build (most of a device store's
 construction time), nodes for every run to execute, and a first run that
 grows with them. A model of a few hundred layers with an optimizer's slots is
-thousands of variables, most of them small (biases, norms, scalars). Packed,
-such variables share one flat buffer per slot for each (device, dtype, kind)
-group, and the copies work on whole groups:
+thousands of variables, most of them small (biases, norms, scalars). Packed
+(`pack=True`), such variables share one flat buffer per slot for each
+(device, dtype, kind) group, and the copies work on whole groups.
 
-    groups, loose = plan(primaries, "snapstore")   # the store's name scope
-    flat = group.pack(reads)         # concat of the flattened reads, built once
-    parts = group.unpack(buffer)     # split and reshape: one tensor per member
+Device mode sees only units: each unit has one shadow per slot and answers
+the same questions, whether it stands for one variable (`Loose`) or a packed
+group (`Group`):
+
+    units = plan(primaries, "snapstore", pack=True)   # the store's name scope
+    value = unit.pack(reads)        # what the unit's shadow holds, built once
+    parts = unit.unpack(buffer)     # one tensor per member, in its shape
+    unit.indices                    # the members' positions in `primaries`
 
 A snapshot is one concatenation per group (shared by every slot) and one
 assign per group and slot; a restore one split per group and slot and an
@@ -40,20 +45,23 @@ PACK_LIMIT_BYTES = 1 << 20
 PACKED_DTYPES = frozenset([tf.float16, tf.float32, tf.float64])
 
 
-def plan(primaries, scope, limit=PACK_LIMIT_BYTES):
-  """Splits `primaries` into groups to pack and variables left on their own.
+def plan(primaries, scope, pack, limit=PACK_LIMIT_BYTES):
+  """The units shadowing `primaries`: each variable alone, or small ones packed.
 
   Args:
     primaries: The store's variables.
     scope: The store's name scope; group `n`'s buffers are under
       `<scope>/packed_<n>/`.
+    pack: Whether to pack small variables; if False every unit is `Loose`.
     limit: Pack only variables of at most this many bytes (with a fully
       defined shape, of one of `PACKED_DTYPES`).
 
   Returns:
-    `(groups, loose)`: a list of `Group`s (with two or more variables each),
-    and the indices into `primaries` of the variables not packed, ascending.
+    A list of units: a `Loose` per variable not packed, in the order of
+    `primaries`, then a `Group` per packed group (of two or more).
   """
+  if not pack:
+    return [Loose(p, i) for i, p in enumerate(primaries)]
   members = collections.OrderedDict()  # key -> indices
   loose = []
   for i, p in enumerate(primaries):
@@ -69,15 +77,46 @@ def plan(primaries, scope, limit=PACK_LIMIT_BYTES):
       loose.extend(indices)
     else:
       groups.append(Group(len(groups), primaries, indices, scope))
-  return groups, sorted(loose)
+  return [Loose(primaries[i], i) for i in sorted(loose)] + groups
 
 
 def _nbytes(variable):
   return variable.shape.num_elements() * variable.dtype.base_dtype.size
 
 
+class Loose(object):
+  """A variable with a shadow of its own, as a unit (see module doc).
+
+  Args:
+    variable: The variable.
+    index: Its position in the store's variables.
+  """
+
+  packed = False
+
+  def __init__(self, variable, index):
+    self.members = [variable]
+    self.indices = [index]
+    self.anchor = variable
+    self.dtype = variable.dtype.base_dtype
+    self.is_resource = copies.is_resource(variable)
+    self.shape = variable.shape
+
+  def shadow_name(self, name):
+    """(scope, name) of the unit's shadow called `name`: under the variable."""
+    return self.anchor.op.name + "/", name
+
+  def pack(self, values):
+    """The variable's value from `values` (a function of it, or a 1-list)."""
+    return values[0] if isinstance(values, list) else values(self.anchor)
+
+  def unpack(self, value):
+    """`value` itself: the variable's value, in its shape."""
+    return [value]
+
+
 class Group(object):
-  """Variables on one device, of one dtype and kind, sharing a flat buffer.
+  """Variables on one device, of one dtype and kind, sharing a flat buffer (a unit).
 
   Args:
     number: The group's number in its store, for op names.
@@ -100,6 +139,13 @@ class Group(object):
     self.shape = tf.TensorShape([self.size])
     self._consts = None
     self._packed = {}  # id(reads) -> (reads, flat tensor)
+
+  packed = True
+
+  def shadow_name(self, name):
+    """(scope, name) of the group's buffer called `name` ("<store>/slot_0"):
+    the last part of `name`, under the group's scope."""
+    return self.scope, name.split("/")[-1]
 
   def pack(self, values):
     """The members' values, flattened and concatenated; built once per source.

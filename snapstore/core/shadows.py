@@ -16,9 +16,10 @@ and an initializer. Nothing else is built per shadow: the value a slot is
 initialized with is built once per primary (`value_at_init`), and whether a
 store's shadows still need initializing is decided once per device (`_gate`).
 
-A shadow may also stand for a `packing.Group` of small variables: one flat
-buffer, named `<store>/packed_<n>/<slot>` and colocated with the group's first
-variable, initialized with the members' `value_at_init`s packed.
+Shadows are made for units (`snapstore.core.packing`): a unit is one
+variable, or a group of small variables that share one flat buffer, named
+`<store>/packed_<n>/<slot>` and colocated with the group's first variable,
+initialized with the members' `value_at_init`s packed.
 """
 import functools
 
@@ -31,11 +32,10 @@ from snapstore._tf import tf
 from snapstore._tf import variable_handle_from_shape_and_dtype
 from snapstore._tf import variable_pb2
 from snapstore.core import copies
-from snapstore.core import packing
 
 
-def make_slots(primaries, slots):
-  """Shadow variables of `primaries`, one set per slot, initialized once.
+def make_slots(units, slots):
+  """Shadow variables of `units`, one set per slot, initialized once.
 
   Shadow `k` of a primary is named `<primary>/<slots[k][0]>`, not trainable,
   colocated with the primary, and initialized to the primary's value
@@ -56,39 +56,36 @@ def make_slots(primaries, slots):
   writes a shadow, which is what `Variable.load` does.
 
   Args:
-    primaries: The variables to shadow, and `packing.Group`s to shadow with
-      one buffer each.
-    slots: `(name, collections)` pairs, one per slot: the name under each
-      primary (e.g. "snapstore/slot_0"; a group's buffer takes the last part,
-      "slot_0", under the group's scope) and the graph collections to add that
+    units: The `packing` units to shadow: one shadow each per slot.
+    slots: `(name, collections)` pairs, one per slot: the name of the
+      shadows (e.g. "snapstore/slot_0", under each variable; see
+      `shadow_name` of the units) and the graph collections to add that
       slot's shadows to (not GLOBAL_VARIABLES unless a default Saver should
       save them).
 
   Returns:
     One list per slot of `tf.Variable`s (ResourceVariables for resource
-    primaries), in the order of `primaries`.
+    primaries), in the order of `units`.
   """
-  values = [p.pack([value_at_init(m) for m in p.members])
-            if isinstance(p, packing.Group) else value_at_init(p)
-            for p in primaries]
-  gates = {}  # primary's device -> the op gating the initializers there
-  gated = {}  # primary's index -> the value every slot's initializer assigns
+  values = [u.pack([value_at_init(m) for m in u.members]) for u in units]
+  gates = {}  # unit's device -> the op gating the initializers there
+  gated = {}  # unit's index -> the value every slot's initializer assigns
 
   def initial(variable, index):
     if index not in gated:
-      device = _anchor(primaries[index]).device
+      device = units[index].anchor.device
       if device not in gates:
         gates[device] = _gate(variable)
       with ops.control_dependencies([gates[device]]):
         gated[index] = tf.identity(values[index], name="value_at_init")
     return gated[index]
 
-  return [[_shadow(p, name, collections, functools.partial(initial, index=i))
-           for i, p in enumerate(primaries)]
+  return [[_shadow(u, name, collections, functools.partial(initial, index=i))
+           for i, u in enumerate(units)]
           for name, collections in slots]
 
 
-def make_scratch(primaries, name, collections, reads):
+def make_scratch(units, name, collections, reads):
   """Shadows whose initializer copies the primary's current value.
 
   Setting the variables aside is running these initializers (there is
@@ -96,26 +93,19 @@ def make_scratch(primaries, name, collections, reads):
   read), so they cost no ops beyond the shadow's own.
 
   Args:
-    primaries: The variables and `packing.Group`s to shadow (see `make_slots`).
-    name: The name under each primary (e.g. "snapstore/scratch").
+    units: The `packing` units to shadow (see `make_slots`).
+    name: The shadows' name (e.g. "snapstore/scratch").
     collections: The graph collections to add the shadows to.
-    reads: How a primary is read (`copies.SharedReads`).
+    reads: How a variable is read (`copies.SharedReads`).
 
   Returns:
-    A list of `tf.Variable`s, in the order of `primaries`.
+    A list of `tf.Variable`s, in the order of `units`.
   """
-  return [_shadow(p, name, collections,
-                  p.pack(reads) if isinstance(p, packing.Group) else reads(p))
-          for p in primaries]
+  return [_shadow(u, name, collections, u.pack(reads)) for u in units]
 
 
-def _anchor(primary):
-  """The variable a shadow of `primary` (a variable or group) is colocated with."""
-  return primary.anchor if isinstance(primary, packing.Group) else primary
-
-
-def _shadow(primary, name, collections, initial):
-  """A variable like `primary` under `<primary>/<name>`, from ops built here.
+def _shadow(unit, name, collections, initial):
+  """The shadow of `unit` called `name`, from ops built here.
 
   The variable constructors would also build an initializer that is replaced
   here, and rewrite the initial value with
@@ -125,31 +115,26 @@ def _shadow(primary, name, collections, initial):
   variables.
 
   Args:
-    primary: The variable to shadow, or a `packing.Group` (for its buffer).
-    name: The name under the primary.
+    unit: The `packing` unit to shadow.
+    name: The shadow's name (placed by `unit.shadow_name`).
     collections: The graph collections to add the shadow to.
     initial: The tensor its initializer assigns, or a function from the new
       variable's ref tensor or handle to that tensor.
   """
-  if isinstance(primary, packing.Group):
-    dtype, resource = primary.dtype, primary.is_resource
-    under, name = primary.scope, name.split("/")[-1]
-  else:
-    dtype = primary.dtype.base_dtype
-    resource = copies.is_resource(primary)
-    under = primary.op.name + "/"
+  dtype, resource = unit.dtype, unit.is_resource
+  under, name = unit.shadow_name(name)
   # The deprecation warning TF prints when a ResourceVariable is made is about
   # its own constructor's arguments, not the user's code.
-  with ops.colocate_with(_anchor(primary)), ops.name_scope(under), \
+  with ops.colocate_with(unit.anchor), ops.name_scope(under), \
       deprecation.silence(), ops.name_scope(name) as scope:
     if resource:
       # As the constructor: the handle's shared name is its op name, so that
       # every session on the cluster finds the same variable.
       variable = variable_handle_from_shape_and_dtype(
-          primary.shape, dtype, shared_name=ops.name_from_scope_name(scope),
+          unit.shape, dtype, shared_name=ops.name_from_scope_name(scope),
           name=scope, graph_mode=True)
     else:
-      variable = state_ops.variable_op_v2(primary.shape, dtype, name=scope)
+      variable = state_ops.variable_op_v2(unit.shape, dtype, name=scope)
     with ops.name_scope(scope):
       if callable(initial):
         initial = initial(variable)

@@ -70,23 +70,19 @@ class DeviceMode(base.CopyMode):
     primaries = self._primaries = varset.variables
     if not isinstance(pack, bool):
       raise TypeError("pack must be True or False, got %r." % (pack,))
-    if pack:
-      self._groups, self._loose = packing.plan(primaries, name)
-    else:
-      self._groups, self._loose = [], list(range(len(primaries)))
-    # What each shadow in a slot stands for: a variable, then each group.
-    shadowed = [primaries[i] for i in self._loose] + self._groups
+    # What each shadow in a slot stands for: a variable, or a packed group.
+    self._units = packing.plan(primaries, name, pack)
     self._reads = copies.SharedReads()
     self._slots = shadows.make_slots(
-        shadowed, [("%s/slot_%d" % (shadow_name, k), collections)
-                   for k in range(max_to_keep)])
+        self._units, [("%s/slot_%d" % (shadow_name, k), collections)
+                      for k in range(max_to_keep)])
     self._scratch = shadows.make_scratch(
-        shadowed, shadow_name + "/scratch", [variables.SHADOW_VARIABLES],
+        self._units, shadow_name + "/scratch", [variables.SHADOW_VARIABLES],
         self._reads)
     self._snapshot_ops = [self._copy_in(slot, "snapshot_%d" % k)
                           for k, slot in enumerate(self._slots)]
     restores = [self._copy_out(slot, "restore_%d" % k,
-                               self._initialized(shadowed, slot, k))
+                               self._initialized(slot, k))
                 for k, slot in enumerate(self._slots)]
     self._restore_ops = [op for op, _ in restores]
     self._slot_reads = [values for _, values in restores]
@@ -136,13 +132,14 @@ class DeviceMode(base.CopyMode):
     Raises:
       ModeError: The store packs variables: they have no shadow of their own.
     """
-    if self._groups:
-      packed = sum(len(g.members) for g in self._groups)
+    groups = [u for u in self._units if u.packed]
+    if groups:
       raise errors.ModeError(
           "%s() needs a shadow variable per variable; this store packs %d of "
           "its %d variables into %d buffers per slot (pack=True). Build the "
           "store with pack=False (the default) for per-variable shadows."
-          % (what, packed, len(self._primaries), len(self._groups)))
+          % (what, sum(len(g.members) for g in groups), len(self._primaries),
+             len(groups)))
     return list(self._slots[slot])
 
   def slot_of(self, tag):
@@ -207,9 +204,8 @@ class DeviceMode(base.CopyMode):
 
   def _copy_in(self, shadow_set, name):
     """One op copying the variables into `shadow_set` (a slot or the scratch)."""
-    values = ([self._reads(self._primaries[i]) for i in self._loose]
-              + [g.pack(self._reads) for g in self._groups])
-    return copies.copy(values, shadow_set, name)
+    return copies.copy([u.pack(self._reads) for u in self._units], shadow_set,
+                       name)
 
   def _copy_out(self, shadow_set, name, gate=None):
     """One op copying `shadow_set` into the variables, and the value of each.
@@ -217,15 +213,13 @@ class DeviceMode(base.CopyMode):
     With a `gate`, every write waits for it: nothing is written if it fails.
     """
     values = [None] * len(self._primaries)
-    for i, shadow in zip(self._loose, shadow_set):
-      values[i] = self._reads(shadow)
-    for group, buffer in zip(self._groups, shadow_set[len(self._loose):]):
-      for i, value in zip(group.indices, group.unpack(self._reads(buffer))):
+    for unit, shadow in zip(self._units, shadow_set):
+      for i, value in zip(unit.indices, unit.unpack(self._reads(shadow))):
         values[i] = value
     wait = None if gate is None else lambda target: gate[target.device]
     return copies.copy(values, self._primaries, name, after=wait), values
 
-  def _initialized(self, shadowed, shadow_set, slot):
+  def _initialized(self, shadow_set, slot):
     """Ops that fail unless slot `slot` is initialized on every device.
 
     A slot's shadows are initialized together per device (see
@@ -241,8 +235,8 @@ class DeviceMode(base.CopyMode):
       A dict from a variable's device string to the op its restore waits for.
     """
     first = {}
-    for primary, shadow in zip(shadowed, shadow_set):
-      first.setdefault(getattr(primary, "anchor", primary).device, shadow)
+    for unit, shadow in zip(self._units, shadow_set):
+      first.setdefault(unit.anchor.device, shadow)
     with tf.name_scope("slot_%d_initialized" % slot):
       checks = []
       for shadow in first.values():
