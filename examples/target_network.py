@@ -15,9 +15,10 @@ where Q_target is the same network with its parameters from a snapshot: a
 `SnapshotStore(mode="device")` slot pinned under the tag "target". By default
 the target is refreshed with a hard copy every `--sync` steps
 (`store.snapshot("target")`); with `--tau` it is a Polyak average updated in
-the train step (`snapstore.MovingAverage(store, tau)`). The targets are
-computed with `store.evaluate_with(..., tag="target")`, which leaves the online
-parameters exactly as they were.
+the train step (`snapstore.MovingAverage(store, tau, form="lerp")`: the
+`(1 - tau) * target + tau * online` of trfl and tf-agents, bit for bit). The
+targets are computed with `store.evaluate_with(..., tag="target")`, which
+leaves the online parameters exactly as they were.
 """
 import argparse
 import importlib.util
@@ -101,7 +102,8 @@ def main(argv=None):
       update = train_op
     else:  # the average is updated after every step, in the same run
       with tf.control_dependencies([train_op]):
-        average = snapstore.MovingAverage(store, tau=args.tau, tag="target")
+        average = snapstore.MovingAverage(store, tau=args.tau, form="lerp",
+                                          tag="target")
       update = average.update_op
     init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
   graph.finalize()  # no op is added from here on

@@ -44,10 +44,13 @@ class _Model(object):
 class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
-      ("ref", False, False), ("resource", True, False),
-      ("ref_num_updates", False, True), ("resource_num_updates", True, True))
+      ("ref", False, False, {}), ("resource", True, False, {}),
+      ("ref_num_updates", False, True, {}),
+      ("resource_num_updates", True, True, {}),
+      ("ref_form_ema", False, False, {"form": "ema"}),
+      ("resource_num_updates_form_ema", True, True, {"form": "ema"}))
   def test_equals_tf_exponential_moving_average_step_by_step(self, use_resource,
-                                                             warmup):
+                                                             warmup, kwargs):
     graph = tf.Graph()
     with graph.as_default():
       model = _Model(use_resource)
@@ -55,7 +58,8 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
       floats = [model.variables[name] for name, _, _ in FLOATS]
       num_updates = model.step if warmup else None
       with tf.control_dependencies([model.train_op]):
-        ema = snapstore.MovingAverage(store, decay=0.9, num_updates=num_updates)
+        ema = snapstore.MovingAverage(store, decay=0.9, num_updates=num_updates,
+                                      **kwargs)
         reference = tf.train.ExponentialMovingAverage(0.9, num_updates=num_updates)
         reference_op = reference.apply(floats)
     with tf.Session(graph=graph) as sess:
@@ -98,13 +102,113 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
                                    "%s step %d" % (name, step))
       self.assertEqual(store.tags(), ["polyak"])
 
-  @parameterized.named_parameters(*helpers.kind_cases())
-  def test_tau_one_is_an_exact_hard_copy(self, use_resource):
+  @parameterized.named_parameters(
+      ("ref", False, {}), ("resource", True, {}),
+      ("ref_tau_non_trainable", False, {"tau_non_trainable": 0.2517}),
+      ("resource_tau_non_trainable", True, {"tau_non_trainable": 0.2517}),
+      ("ref_num_updates", False, {"num_updates": True}),
+      ("resource_num_updates", True, {"num_updates": True}))
+  def test_lerp_form_is_the_rl_libraries_soft_update_bit_for_bit(
+      self, use_resource, kwargs):
+    # The soft target update of trfl's update_target_variables, tf-agents'
+    # soft_variables_update and OpenAI baselines: (1 - tau) * target + tau *
+    # source, tau a Python float; 1 - tau is taken in Python (float64), then
+    # both weights are rounded once to the variable's dtype.
+    tau = 0.0476
+    tau_nt = kwargs.get("tau_non_trainable", tau)
+    for rate in (tau, tau_nt):  # so taking 1 - tau in the dtype would show
+      self.assertNotEqual(np.float32(1 - rate), 1 - np.float32(rate))
+      self.assertNotEqual(np.float16(1 - rate), 1 - np.float16(rate))
     graph = tf.Graph()
     with graph.as_default():
       model = _Model(use_resource)
       store = model.store()
-      copy = snapstore.MovingAverage(store, tau=1.0)
+      # No train op: each step loads fresh values of every magnitude instead.
+      num_updates = model.step if kwargs.get("num_updates") else None
+      lerp = snapstore.MovingAverage(
+          store, tau=tau, form="lerp", num_updates=num_updates,
+          tau_non_trainable=kwargs.get("tau_non_trainable"))
+      # The libraries' expression itself, on variables of their own.
+      sources = [model.variables[name] for name, _, _ in FLOATS]
+      with tf.variable_scope("reference", use_resource=use_resource):
+        targets = [tf.get_variable(v.op.name.split("/")[-1], v.shape,
+                                   v.dtype.base_dtype, trainable=False)
+                   for v in sources]
+      reference_op = tf.group(*[
+          tf.assign(t, (1 - (tau if trainable else tau_nt)) * t
+                    + (tau if trainable else tau_nt) * s)
+          if not use_resource else
+          t.assign((1 - (tau if trainable else tau_nt)) * t
+                   + (tau if trainable else tau_nt) * s)
+          for t, s, (_, _, trainable) in zip(targets, sources, FLOATS)])
+      next_step = tf.assign_add(model.step, 1)
+    self.assertEqual(lerp.form, "lerp")
+    rng = np.random.RandomState(7)
+
+    def wide(shape, dtype):  # both signs, magnitudes 1e-3 to 1e3
+      return (rng.choice([-1, 1], shape) *
+              10.0 ** rng.uniform(-3, 3, shape)).astype(dtype)
+
+    with tf.Session(graph=graph) as sess:
+      helpers.init(sess)
+      for name, var in model.variables.items():
+        if name != "count":
+          var.load(wide([2, 3], var.dtype.base_dtype.as_numpy_dtype), sess)
+      sess.run(store.snapshot_op(lerp.slot))  # the average starts here
+      for target, source in zip(targets, sources):
+        target.load(sess.run(source), sess)
+      # The warm-up (d = (1 + n) / (10 + n)) ends at n = 180 for tau: the
+      # updates cover both sides.
+      model.step.load(165, sess)
+      expected = model.values(sess)
+      differs = {name: 0 for name, _, _ in FLOATS}
+      warming_up = set()
+      for step in range(30):
+        for name, var in model.variables.items():
+          if name != "count":
+            var.load(wide([2, 3], var.dtype.base_dtype.as_numpy_dtype), sess)
+        n = sess.run(model.step)
+        sess.run([lerp.update_op, reference_op])
+        values = model.values(sess)
+        for name, dtype, trainable in FLOATS:
+          t = dtype.as_numpy_dtype
+          rate = tau if trainable else tau_nt
+          keep, weight = t(1 - rate), t(rate)
+          if num_updates is not None:  # TF's warm-up, its decay in float32
+            decay = np.float32(1 + n) / np.float32(10 + n)
+            warming_up.add((trainable, t(decay) < keep))
+            if t(decay) < keep:
+              keep, weight = t(decay), t(np.float32(1) - decay)
+          average, value = expected[name], values[name]
+          ema_form = average - (average - value) * weight
+          expected[name] = keep * average + weight * value
+          differs[name] += np.sum(ema_form != expected[name])
+        expected["count"] = values["count"]
+        averages = sess.run(lerp.store.shadows(lerp.slot))
+        for name in expected:
+          helpers.assert_bit_equal(averages[name], expected[name],
+                                   "%s step %d" % (name, step))
+        if num_updates is None:  # the libraries have no warm-up
+          for (name, _, _), target in zip(FLOATS, targets):
+            helpers.assert_bit_equal(averages[name], sess.run(target),
+                                     "%s step %d, the libraries' op" % (name, step))
+        sess.run(next_step)
+      # The data tell the two forms apart, so the test would see the wrong one.
+      for name in ("w", "b"):
+        self.assertGreater(differs[name], 0, name)
+      if num_updates is not None:
+        self.assertEqual(warming_up, {(True, True), (True, False), (False, True),
+                                      (False, False)})
+
+  @parameterized.named_parameters(
+      ("ref", False, "ema"), ("resource", True, "ema"),
+      ("ref_lerp", False, "lerp"), ("resource_lerp", True, "lerp"))
+  def test_tau_one_is_an_exact_hard_copy(self, use_resource, form):
+    graph = tf.Graph()
+    with graph.as_default():
+      model = _Model(use_resource)
+      store = model.store()
+      copy = snapstore.MovingAverage(store, tau=1.0, form=form)
     with tf.Session(graph=graph) as sess:
       helpers.init(sess)
       rng = np.random.RandomState(0)
@@ -250,6 +354,11 @@ class AveragingErrorsTest(tf.test.TestCase):
       snapstore.MovingAverage(store, decay=1.0)
     with self.assertRaisesRegex(TypeError, "tau must be a number"):
       snapstore.MovingAverage(store, tau="0.1")
+    with self.assertRaisesRegex(
+        ValueError, r"form must be 'ema' \(.*\) or 'lerp' \(.*\), got 'polyak'"):
+      snapstore.MovingAverage(store, tau=0.1, form="polyak")
+    with self.assertRaisesRegex(ValueError, "form='lerp' takes the rate as tau="):
+      snapstore.MovingAverage(store, decay=0.9, form="lerp")
     with self.assertRaisesRegex(TypeError, "num_updates must be a scalar tensor"):
       snapstore.MovingAverage(store, tau=0.1, num_updates=3)
     with store.graph.as_default():

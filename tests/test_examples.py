@@ -22,9 +22,10 @@ class ExamplesTest(unittest.TestCase):
                      if f.endswith(".py"))
     self.assertEqual(scripts, sorted(EXPECTED))
 
-  def _run(self, script):
+  def _run(self, script, *args):
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, os.path.join("examples", script)],
+    result = subprocess.run([sys.executable, os.path.join("examples", script)]
+                            + list(args),
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, universal_newlines=True,
                             timeout=120)
@@ -34,6 +35,9 @@ class ExamplesTest(unittest.TestCase):
 
   def test_target_network(self):
     self._run("target_network.py")
+
+  def test_target_network_soft_update(self):
+    self._run("target_network.py", "--tau", "0.05")  # MovingAverage, lerp form
 
   def test_lookahead_classification(self):
     self._run("lookahead_classification.py")

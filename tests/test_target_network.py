@@ -5,6 +5,8 @@ parameters from before the previous optimizer step (past) and with its current
 parameters; after every optimizer step the past is refreshed. Only the current
 variables are trained.
 """
+import os
+
 from absl.testing import parameterized
 import numpy as np
 
@@ -62,6 +64,58 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
             helpers.assert_bit_equal(sess.run(shadow), current[key], key)
         previous = current
       self.assertLess(losses[-1], losses[0])
+
+  @parameterized.named_parameters(
+      ("ref_saveable", False, "saveable"),
+      ("resource_saveable", True, "saveable"),
+      ("ref_own_saver", False, "own_saver"),
+      ("resource_own_saver", True, "own_saver"),
+      ("ref_not_saved", False, "not_saved"),
+      ("resource_not_saved", True, "not_saved"))
+  def test_soft_target_across_a_checkpoint(self, use_resource, how):
+    # The README's recipe: a soft-updated target network in a device slot,
+    # checkpointed by a default Saver (saveable=True), by a Saver of the
+    # trainable variables plus store.shadows(slot) (a library's own saver),
+    # or not at all (then a reload gives the shadows' initial value).
+    graph = tf.Graph()
+    with graph.as_default():
+      x, y = helpers.dense_net_placeholders()
+      out = helpers.dense_net(x, scope="online", use_resource=use_resource,
+                              seed=1)
+      loss = tf.reduce_mean(tf.square(out - y))
+      train = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
+      store = snapstore.SnapshotStore(scope="online", mode="device",
+                                      saveable=how == "saveable")
+      with tf.control_dependencies([train]):
+        soft = snapstore.MovingAverage(store, tau=0.05, form="lerp",
+                                       tag="target")
+      shadows = list(store.shadows(soft.slot).values())
+      if how == "own_saver":
+        saver = tf.train.Saver(tf.trainable_variables() + shadows)
+      else:
+        saver = tf.train.Saver()
+    x_value, y_value = helpers.dense_net_data()
+    path = os.path.join(self.get_temp_dir(), "model_%s" % how)
+    with tf.Session(graph=graph) as sess:
+      helpers.init(sess)
+      for _ in range(5):
+        sess.run(soft.update_op, {x: x_value, y: y_value})
+      online = sess.run(store.variables)
+      target = sess.run(store.shadows(soft.slot))
+      for key in online:
+        helpers.assert_bits_differ(target[key], online[key], key)
+      saver.save(sess, path)
+    with tf.Session(graph=graph) as sess:
+      helpers.init(sess)  # a fresh start, then the checkpoint
+      initial = sess.run(store.variables)
+      saver.restore(sess, path)
+      helpers.assert_state(sess.run(store.variables), online)
+      reloaded = sess.run(store.shadows(soft.slot))
+      if how == "not_saved":
+        # Lost: the online network's values when the shadows were initialized.
+        helpers.assert_state(reloaded, initial)
+      else:
+        helpers.assert_state(reloaded, target)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,19 @@ Two kinds, each one grouped op built once, that writes one device slot of a
 `store.restore(tag)` and `store.save_npz(path, tag)` use the average:
 
 - `MovingAverage`: the exponential (Polyak) moving average with rate tau,
+  in one of two forms that are equal in exact arithmetic but round
+  differently:
 
-      average <- average - tau * (average - variable)
+      form="ema":   average <- average - (average - variable) * tau
+      form="lerp":  average <- (1 - tau) * average + tau * variable
 
-  as `tf.train.ExponentialMovingAverage(decay=1 - tau)` computes it, with its
+  "ema" (the default) is `tf.train.ExponentialMovingAverage(decay=1 - tau)`'s
+  arithmetic, "lerp" the soft target update of the RL libraries (trfl's
+  `update_target_variables`, tf-agents' `soft_variables_update`, OpenAI
+  baselines); each is bit-identical to its model. Both take TF's
   `num_updates` warm-up if given, and a separate rate for non-trainable
-  variables (batch-norm statistics). `tau=1.0` is a hard copy (a target
-  network's periodic update).
+  variables (batch-norm statistics). `tau=1.0` is a hard copy in both (a
+  target network's periodic update).
 - `RunningMean`: the running mean of stochastic weight averaging (Izmailov et
   al. 2018, "Averaging Weights Leads to Wider Optima and Better
   Generalization") with its count n:
@@ -46,6 +52,9 @@ from snapstore.core import checks
 from snapstore.core import copies
 from snapstore.core import variables
 from snapstore import errors
+
+# The arithmetic `MovingAverage` can use (see its docstring).
+FORMS = ("ema", "lerp")
 
 
 class _SlotAverage(object):
@@ -91,20 +100,45 @@ class _SlotAverage(object):
 class MovingAverage(_SlotAverage):
   """An exponential moving average in a device slot (see module docstring).
 
-  Give the rate as `tau` or, in TF's terms, as `decay = 1 - tau`. With
-  `decay`, the arithmetic is exactly that of
-  `tf.train.ExponentialMovingAverage(decay, num_updates)` (the rate is
-  computed in float32 as `1 - decay`), so both give bit-identical averages;
-  with `tau`, the rate is `tau` itself, rounded once to the variable's dtype.
+  Two forms, because the two families of code a user replaces with this one
+  round differently, and a run that must reproduce one of them (a checkpoint's
+  averages, an RL agent's actions step for step) needs its arithmetic, not
+  merely the same average up to rounding: after one update the forms differ
+  in the last bit of about a quarter of float32 elements, and over thousands
+  of updates these differences grow.
+
+  - `form="ema"` (the default): `average - (average - variable) * rate`,
+    the arithmetic of `tf.train.ExponentialMovingAverage` and
+    `assign_moving_average`. Give the rate as `tau` or, in TF's terms, as
+    `decay = 1 - tau`. With `decay`, the arithmetic is exactly that of
+    `tf.train.ExponentialMovingAverage(decay, num_updates)` (the rate is
+    computed in float32 as `1 - decay`), so both give bit-identical averages;
+    with `tau`, the rate is `tau` itself, rounded once to the variable's
+    dtype.
+  - `form="lerp"`: `(1 - tau) * average + tau * variable`, the soft (Polyak)
+    target update of trfl's `update_target_variables`, tf-agents'
+    `soft_variables_update` and OpenAI baselines' DDPG/SAC, bit-identical to
+    it: `1 - tau` is computed in Python from the `tau` given, then `1 - tau`
+    and `tau` are each rounded once to the variable's dtype, as converting
+    those Python floats does in the libraries. Takes `tau`, not `decay`.
 
   With `num_updates` (e.g. the global step), the rate early in training is
-  larger, as in TF's EMA: `rate = max(tau, 1 - (1 + n) / (10 + n))`, i.e.
-  `decay = min(decay, (1 + n) / (10 + n))`.
+  larger, as in TF's EMA: with `d = (1 + n) / (10 + n)` computed in float32,
+  the "ema" form uses `rate = max(tau, 1 - d)` (i.e. `decay = min(decay,
+  d)`); the "lerp" form uses `d * average + (1 - d) * variable` while `d`
+  (in the variable's dtype) is below `1 - tau`, and its exact `1 - tau`,
+  `tau` weights afterwards. `tau_non_trainable` takes the same form as
+  `tau` (tf-agents' `soft_variables_update` has the same argument), with
+  its own warm-up. A rate of exactly 1.0 is a hard copy in both forms
+  (exact also for inf and NaN, which `0 * average` would not keep), as the
+  libraries special-case `tau == 1.0`. Variables that are not floats are
+  copied.
 
   Args:
     store: A device-mode `SnapshotStore`; the average lives in its `slot`.
     tau: The rate, 0 < tau <= 1; 1.0 makes each update a hard copy.
-    decay: Instead of `tau`: 0 <= decay < 1, as for TF's EMA.
+    decay: Instead of `tau`: 0 <= decay < 1, as for TF's EMA ("ema" form
+      only).
     tau_non_trainable: The rate for covered variables that are not in
       TRAINABLE_VARIABLES (batch-norm moving statistics, optimizer state).
       Default: the same rate.
@@ -112,20 +146,34 @@ class MovingAverage(_SlotAverage):
     slot: The device slot holding the average.
     tag: The tag the slot is pinned under.
     name: Name scope of the ops.
+    form: "ema" or "lerp": which arithmetic the update uses (see above).
 
   Raises:
     ModeError: The store is not in device mode.
     ValueError: Both or neither of `tau` and `decay`; a rate out of range;
+      a `form` other than "ema" and "lerp"; `decay` with `form="lerp"`;
       the slot holds another snapshot (see `pin_slot`).
     TypeError: A `num_updates` that is not a numeric scalar tensor.
     GraphMismatchError: `num_updates` of another graph.
   """
 
   def __init__(self, store, tau=None, decay=None, tau_non_trainable=None,
-               num_updates=None, slot=0, tag="ema", name="moving_average"):
+               num_updates=None, slot=0, tag="ema", name="moving_average",
+               form="ema"):
+    if form not in FORMS:
+      raise ValueError(
+          "form must be 'ema' (average - (average - variable) * tau, as "
+          "tf.train.ExponentialMovingAverage) or 'lerp' ((1 - tau) * average "
+          "+ tau * variable, the RL libraries' soft target update), got %r."
+          % (form,))
     if (tau is None) == (decay is None):
       raise ValueError("Give the rate as tau= or as decay= (decay = 1 - tau), "
                        "not %s." % ("both" if tau is not None else "neither"))
+    if form == "lerp" and decay is not None:
+      raise ValueError(
+          "form='lerp' takes the rate as tau= (the weight of the variable in "
+          "(1 - tau) * average + tau * variable), not decay=; decay= is for "
+          "form='ema', TF's EMA arithmetic.")
     if tau is not None:
       _check_rate(tau, "tau")
     else:
@@ -137,6 +185,7 @@ class MovingAverage(_SlotAverage):
     super(MovingAverage, self).__init__(store, slot, tag, "MovingAverage")
     self._tau = tau
     self._decay = decay
+    self._form = form
     trainable = set(id(v) for v in
                     store.graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES))
     with store.graph.as_default(), tf.name_scope(name) as scope:
@@ -161,9 +210,14 @@ class MovingAverage(_SlotAverage):
           updates.append(_copy(var, shadow))
           continue
         if key not in rates:
-          rates[key] = (_rate_from_decay(decay, warmup, dtype) if key[0] == "decay"
-                        else _rate(key[1], warmup, dtype))
-        updates.append(_ema_update(var, shadow, rates[key]))
+          if form == "lerp":
+            rates[key] = _lerp_weights(key[1], warmup, dtype)
+          elif key[0] == "decay":
+            rates[key] = _rate_from_decay(decay, warmup, dtype)
+          else:
+            rates[key] = _rate(key[1], warmup, dtype)
+        updates.append(_lerp_update(var, shadow, *rates[key]) if form == "lerp"
+                       else _ema_update(var, shadow, rates[key]))
       self._update_op = tf.group(*updates, name=scope)
 
   @property
@@ -175,6 +229,11 @@ class MovingAverage(_SlotAverage):
   def decay(self):
     """The rate given as decay, or None when given as tau."""
     return self._decay
+
+  @property
+  def form(self):
+    """"ema" or "lerp": the arithmetic of the update (see the class doc)."""
+    return self._form
 
 
 class RunningMean(_SlotAverage):
@@ -283,6 +342,35 @@ def _rate_from_decay(decay, warmup, dtype):
 def _ema_update(var, shadow, rate):
   with ops.colocate_with(var):
     return copies.assign_sub(shadow, (copies.read(shadow) - copies.read(var)) * rate)
+
+
+def _lerp_weights(tau, warmup, dtype):
+  """`(1 - tau, tau)` as the RL libraries' soft update rounds them.
+
+  `1 - tau` is taken on the `tau` given (a Python float: in float64), and
+  each weight is rounded once to `dtype`, as `(1 - tau) * target` and
+  `tau * source` convert their Python floats. With the warm-up, while
+  `d = (1 + n) / (10 + n)` is below `1 - tau`, the weights are `d` and
+  `1 - d` (in float32, as TF's EMA computes them).
+  """
+  keep = tf.constant(1 - tau, dtype, name="one_minus_tau")
+  rate = tf.constant(tau, dtype, name="tau")
+  if warmup is not None:
+    # One condition picks both weights, so they always come from one pair.
+    early_keep = tf.cast(warmup, dtype)
+    early = tf.less(early_keep, keep, name="warming_up")
+    keep = tf.where(early, early_keep, keep)
+    rate = tf.where(early, tf.cast(1.0 - warmup, dtype), rate)
+  return keep, rate
+
+
+def _lerp_update(var, shadow, keep, rate):
+  # (1 - tau) * target + tau * source: two products, each rounded, then their
+  # sum, as the libraries' expression runs (IEEE products and sums commute,
+  # so trfl's tau * source + (1 - tau) * target gives the same bits).
+  with ops.colocate_with(var):
+    return copies.assign(shadow, keep * copies.read(shadow)
+                         + rate * copies.read(var))
 
 
 def _check_rate(value, name, decay=False):
