@@ -35,6 +35,7 @@ from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import catalog
 from snapstore.core import checks
+from snapstore.core import failures
 from snapstore.core import places
 from snapstore.core import sessions
 from snapstore.core.variables import VariableSet
@@ -236,13 +237,8 @@ class SnapshotStore(object):
       tag = self._catalog.new_tag(tag)
       victim = self._victim(tag)
       place = self._place(sess)
-      try:
+      with failures.translated("snapshot", tag, note=self._lost_note):
         self._mode.take(tag, sess, victim)
-      except tf.errors.OpError as e:
-        lost = self._catalog.keep_only(set(self._mode.tags()))
-        raise errors.SnapshotError(
-            "Taking snapshot %r failed: %s. The variables are unchanged.%s"
-            % (tag, errors.first_line(e), catalog.lost_note(lost))) from e
       return self._record(tag, victim, place)
 
   def restore(self, tag=None, session=None):
@@ -278,18 +274,8 @@ class SnapshotStore(object):
     with self._lock:
       self._prepare(sess)
       tag = self._existing(tag, sess, "restore")
-      try:
+      with failures.translated("restore", tag, self._mode.uninitialized):
         self._mode.restore(tag, sess)
-      except tf.errors.OpError as e:
-        unready = self._uninitialized(e, tag)
-        if unready:
-          raise errors.RestoreError(
-              "Restoring snapshot %r failed: %s Nothing was written."
-              % (tag, unready)) from e
-        raise errors.RestoreError(
-            "Restoring snapshot %r failed: %s. The variables may hold a mix of "
-            "old and restored values; the snapshot is intact, call restore(%r) "
-            "again." % (tag, errors.first_line(e), tag)) from e
       return tag
 
   def delete(self, tag):
@@ -353,22 +339,11 @@ class SnapshotStore(object):
       rewired = self._rewired(fetches, feed_dict, tag)
       if rewired is not None:
         return sess.run(rewired[0], feed_dict=rewired[1])
-      try:
+      with failures.translated("set_aside"):
         token = self._mode.stash(sess)
-      except tf.errors.OpError as e:
-        raise errors.SnapshotError(
-            "evaluate_with could not set the current parameters aside: %s. "
-            "Nothing was changed." % errors.first_line(e)) from e
       try:
-        try:
+        with failures.translated("load", tag, self._mode.uninitialized):
           self._mode.restore(tag, sess)
-        except tf.errors.OpError as e:
-          unready = self._uninitialized(e, tag)
-          if unready:
-            raise errors.SnapshotError(
-                "evaluate_with could not load snapshot %r: %s The current "
-                "parameters are put back." % (tag, unready)) from e
-          raise
         return sess.run(fetches, feed_dict=feed_dict)
       finally:
         self._put_back(token, sess)
@@ -709,12 +684,8 @@ class SnapshotStore(object):
       self._catalog.check_unpinned(
           tag, "it cannot leave the slot. Snapshot it under another tag and "
           "spill that", lambda t: self._mode.slot_of(t))
-      try:
+      with failures.translated("spill", tag, self._mode.uninitialized):
         tiered.spill(tag, self._catalog.info(tag), sess)
-      except tf.errors.OpError as e:
-        raise errors.SnapshotError(
-            "Spilling snapshot %r failed: reading it failed: %s. It stays where "
-            "it was." % (tag, errors.first_line(e))) from e
       return tag
 
   def flush(self):
@@ -992,34 +963,18 @@ class SnapshotStore(object):
     self._check_open()
     if self._pending is _NOTHING:
       return
-    try:
+    with failures.translated("pending"):
       self._mode.unstash(self._pending, sess)
-    except tf.errors.OpError as e:
-      raise errors.RestoreError(
-          "The current parameters that evaluate_with set aside are still not "
-          "written back: %s. The store keeps them; call recover() with a "
-          "working session." % errors.first_line(e)) from e
     self._pending = _NOTHING
 
   def _read(self, tag, sess, what):
     """Snapshot `tag` as arrays, for `arrays` and `save_npz`."""
-    try:
+    with failures.translated("read", tag, self._mode.uninitialized, what):
       return self._mode.arrays(tag, sess)
-    except tf.errors.OpError as e:
-      unready = self._uninitialized(e, tag)
-      raise errors.SnapshotError("%s could not read snapshot %r: %s" % (
-          what, tag, unready or errors.first_line(e) + ".")) from e
 
-  def _uninitialized(self, error, tag):
-    """What to tell when `error` is about an uninitialized device slot, or None."""
-    slot = self._mode.uninitialized(error)
-    if slot is None:
-      return None
-    return ("it is in device slot %d, whose shadow variables are not "
-            "initialized in this session: the local variable initializer has "
-            "not run. Run tf.local_variables_initializer() after the global "
-            "one (MonitoredTrainingSession, Estimators and tf.train.Scaffold "
-            "do), or store.initializer." % slot)
+  def _lost_note(self):
+    """After a failed write into the mode: drops the tags it lost, and says so."""
+    return catalog.lost_note(self._catalog.keep_only(set(self._mode.tags())))
 
   def _rewired(self, fetches, feed_dict, tag):
     """(fetches, feed_dict) reading the tag's slot, or None to use the swap."""
@@ -1028,14 +983,11 @@ class SnapshotStore(object):
     return self._rewirer.lookup(fetches, feed_dict, self._mode.slot_of(tag))
 
   def _put_back(self, token, sess):
-    try:
-      self._mode.unstash(token, sess)
-    except tf.errors.OpError as e:
+    def keep():  # written back by the next call's _prepare, or recover()
       self._pending = token
-      raise errors.RestoreError(
-          "evaluate_with could not write the current parameters back: %s. The "
-          "store keeps them and writes them back at the start of its next call, "
-          "or call recover()." % errors.first_line(e)) from e
+      return ""
+    with failures.translated("put_back", note=keep):
+      self._mode.unstash(token, sess)
 
   def _load(self, what, open_source, names, allow_extra, tag, session):
     """Stores the snapshot a file holds: `load_npz`, `load_checkpoint`, `load_spill`.
@@ -1058,12 +1010,8 @@ class SnapshotStore(object):
       tag = self._catalog.new_tag(tag)
       victim = self._victim(tag)
       place = self._place(sess)
-      try:
+      with failures.translated("store", tag, note=self._lost_note):
         self._mode.put(tag, values, sess, victim)
-      except tf.errors.OpError as e:
-        lost = self._catalog.keep_only(set(self._mode.tags()))
-        raise errors.SnapshotError("Storing snapshot %r failed: %s.%s" % (
-            tag, errors.first_line(e), catalog.lost_note(lost))) from e
       return self._record(tag, victim, place)
 
   def _victim(self, tag):
