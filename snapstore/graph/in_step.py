@@ -8,7 +8,7 @@ instead, it is one more group of copies in the run the step makes anyway:
     snapstore.create_slots(opt, [v for g, v in grads if g is not None])
     store = snapstore.SnapshotStore(scope="net", optimizer=opt,
                                     include_global_step=True)
-    train_op = store.snapshot_before(                    # with the copy
+    train_op = store.slots.snapshot_before(                    # with the copy
         lambda: opt.apply_gradients(grads, global_step=step), tag="before_step")
     ...
     sess.run(train_op, feed)             # copy into slot 0, then the update
@@ -19,7 +19,7 @@ built, and the train op is built after the store: `create_slots(opt,
 var_list)` makes them first, as `apply_gradients` would.
 
 The rule: the update is built by a function called under
-`tf.control_dependencies([store.snapshot_op(slot)])`, so every op it creates
+`tf.control_dependencies([store.slots.snapshot_op(slot)])`, so every op it creates
 waits until every copy into the slot is done; then the finished train op is
 checked: every op it runs that writes a variable of the store must come after
 the snapshot (by data or control edges). An op built before the call (a train
@@ -39,7 +39,7 @@ A copy only when the loss is finite. With `if_finite=loss` the slot holds the
 parameters of the newest step whose loss was finite, a rollback point for
 every step at the cost of the copy alone:
 
-    train_op = store.snapshot_before(
+    train_op = store.slots.snapshot_before(
         lambda: opt.apply_gradients(grads, global_step=step), if_finite=loss)
     _, value = sess.run([train_op, loss], feed)
     if not np.isfinite(value):               # the copy was skipped
@@ -92,7 +92,7 @@ def create_slots(optimizer, var_list):
   """Creates `optimizer`'s state for `var_list` now, as `apply_gradients` would.
 
   So that a `SnapshotStore(optimizer=optimizer)` covering that state can be
-  built before the train op (for `store.snapshot_before`). Every optimizer in
+  built before the train op (for `store.slots.snapshot_before`). Every optimizer in
   `tf.train` creates its slots and non-slot variables (Adam's beta powers)
   this way; building the train op later reuses them.
 
