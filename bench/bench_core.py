@@ -20,7 +20,7 @@ ResourceVariable):
 
 and, as references that explain the figures (no targets):
 
-  sess.run(store.snapshot_op(0)) / sess.run(store.restore_op(0))
+  sess.run(store.slots.snapshot_op(0)) / sess.run(store.slots.restore_op(0))
                                  snapstore's device ops run by hand: device
                                  mode without its Python layer
   update (steady)                one in-place write of every variable
@@ -109,8 +109,8 @@ NAIVE_FETCH = "naive fetch (sess.run)"
 NAIVE_LOAD = "naive load (Variable.load)"
 SAVER_SAVE = "Saver save"
 SAVER_RESTORE = "Saver restore"
-RAW_SNAPSHOT = "sess.run(store.snapshot_op(0))"
-RAW_RESTORE = "sess.run(store.restore_op(0))"
+RAW_SNAPSHOT = "sess.run(store.slots.snapshot_op(0))"
+RAW_RESTORE = "sess.run(store.slots.restore_op(0))"
 UPDATE = "update (steady)"
 UPDATE_AFTER_DEV_SNAP = "update after device snapshot"
 UPDATE_AFTER_DEV_REST = "update after device restore"
@@ -244,8 +244,8 @@ class Bench(object):
                                   name="bench_saver")
       self.no_op = tf.no_op(name="bench_no_op")
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
-      self.dev_snapshot_op = self.dev.snapshot_op(0)
-      self.dev_restore_op = self.dev.restore_op(0)
+      self.dev_snapshot_op = self.dev.slots.snapshot_op(0)
+      self.dev_restore_op = self.dev.slots.restore_op(0)
     self.graph.finalize()
     self.sess = tf.Session(graph=self.graph)
     self.sess.run(init)

@@ -122,8 +122,8 @@ def _store(path, graph, name, snapshots, keys, keep):
   for i in range(len(snapshots)):
     if keep and i >= keep:
       store.delete(i - keep)
-    store.spill(i)
-    store.flush()  # as the h5py baseline flushes after each snapshot
+    store.files.spill(i)
+    store.files.flush()  # as the h5py baseline flushes after each snapshot
   written = time.perf_counter() - start
   _fsync(path)
   synced = time.perf_counter() - start
@@ -206,7 +206,7 @@ def bench_stall(mib, steps, every, reps, workdir):
         store = snapstore.SnapshotStore(scope="net", mode=mode, **options)
         init = tf.global_variables_initializer()
       if mode == "disk":
-        _time_calls(store._mode, ("check", "settle"), extra)  # pylint: disable=protected-access
+        _time_calls(store._h.mode, ("check", "settle"), extra)  # pylint: disable=protected-access
       with tf.Session(graph=graph) as sess:
         sess.run(init)
         sess.run(train)

@@ -5,7 +5,7 @@ N separately initialized checkpoints of one classifier (an MLP, written with
 probabilities averaged, for N = 2, 4, 8, in these ways:
 
   ensemble (one run)     `snapstore.Ensemble` over a device store with N
-                         slots, each loaded once with `store.load_checkpoint`:
+                         slots, each loaded once with `store.files.load_checkpoint`:
                          every member in one `session.run` of the rewired
                          copies.
   sequential restore+run what users do with one graph: for each member,
@@ -115,7 +115,7 @@ class OneRun(_Way):
     self.sess.run(init)
     loading = time.perf_counter()
     for i, path in enumerate(paths):
-      store.load_checkpoint(path, tag=i, session=self.sess)
+      store.files.load_checkpoint(path, tag=i, session=self.sess)
     self.setup = (loading - start, time.perf_counter() - loading)
 
   def evaluate(self, batch):

@@ -5,7 +5,7 @@ evaluated with its current parameters and with the parameters of a snapshot
 in device slot 0, in seven ways:
 
   forward             current only: `sess.run(out)`; the unit of the ratios.
-  rewired past        `sess.run(store.past(out))`: reads the slot directly.
+  rewired past        `sess.run(store.slots.past(out))`: reads the slot directly.
   rewired both        `sess.run([out, past])`: past and current in one run.
   evaluate_with       `store.evaluate_with(out)` when `out` has a rewired
                       version (the rewired path, one run).
@@ -89,7 +89,7 @@ def run(batch, width, depth, repeats):
     x = tf.placeholder(tf.float32, [None, width])
     out = _network(x, "net", width, depth)
     store = snapstore.SnapshotStore(scope="net")
-    past = store.past(out)
+    past = store.slots.past(out)
     swap_fetch = tf.identity(out)  # no rewired version: evaluate_with swaps
     current_vars = list(store.variables.values())
     with tf.variable_scope("by_hand"):

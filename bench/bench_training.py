@@ -11,7 +11,7 @@ step. Measured, as time per training step:
   device, every 10 steps        the same before every 10th step
   host, every step / 10 steps   the same with a host-mode store
   in-step, every step           one sess.run of the train op from
-                                store.snapshot_before(lambda:
+                                store.slots.snapshot_before(lambda:
                                 opt.apply_gradients(grads, ...)) (issue 14): the
                                 copy, then the update, in the step's run; the
                                 gradients, computed outside, run in parallel
@@ -22,10 +22,10 @@ step. Measured, as time per training step:
   in-step if finite, every step snapshot_before(..., if_finite=loss), what
                                 SnapshotHook(in_step=...) runs: the copy only
                                 after a finite loss
-  in-step, minimize inside      store.snapshot_before(lambda: opt.minimize(loss)):
+  in-step, minimize inside      store.slots.snapshot_before(lambda: opt.minimize(loss)):
                                 the gradients are built inside, so they wait
                                 for the copy too (what not to do)
-  guard, every step             `with store.guard(watch=loss) as g:
+  guard, every step             `with snapstore.Guard(store, watch=loss) as g:
                                 g.run(train_op, feed)` (device store): the
                                 snapshot, the run, the loss check
   guard, in-step, every step    the same with the in-step train op and the
@@ -136,22 +136,22 @@ class Loop(object):
       self.in_step = snapstore.SnapshotStore(mode="device", name="in_step_store",
                                              **common)
       grads = model.optimizer.compute_gradients(model.loss)
-      self.train_in_step = self.in_step.snapshot_before(
+      self.train_in_step = self.in_step.slots.snapshot_before(
           lambda: model.optimizer.apply_gradients(
               grads, global_step=model.global_step))
       self.packed = snapstore.SnapshotStore(mode="device", name="packed_store",
                                             pack=True, **common)
-      self.train_packed = self.packed.snapshot_before(
+      self.train_packed = self.packed.slots.snapshot_before(
           lambda: model.optimizer.apply_gradients(
               grads, global_step=model.global_step))
       self.guarded_store = snapstore.SnapshotStore(
           mode="device", name="if_finite_store", **common)
-      self.train_if_finite = self.guarded_store.snapshot_before(
+      self.train_if_finite = self.guarded_store.slots.snapshot_before(
           lambda: model.optimizer.apply_gradients(
               grads, global_step=model.global_step), if_finite=model.loss)
       self.inside = snapstore.SnapshotStore(mode="device", name="inside_store",
                                             **common)
-      self.train_minimize_inside = self.inside.snapshot_before(
+      self.train_minimize_inside = self.inside.slots.snapshot_before(
           lambda: model.optimizer.minimize(model.loss,
                                            global_step=model.global_step))
       # The same bytes in one variable: one assign instead of one per variable.
@@ -164,7 +164,7 @@ class Loop(object):
               flat.initializer, flat_shadow.initializer]
       no_op = tf.no_op()
     self.graph.finalize()
-    self.snapshot_op = self.device.snapshot_op(0)
+    self.snapshot_op = self.device.slots.snapshot_op(0)
     self.model = model
     self.sess = tf.Session(graph=self.graph)
     self.sess.run(init)
@@ -204,12 +204,12 @@ class Loop(object):
 
     def guarded(feed, i):
       del i
-      with self.device.guard(watch=loss, session=sess) as guard:
+      with snapstore.Guard(self.device, watch=loss, session=sess) as guard:
         guard.run(train, feed)
 
     def guarded_in_step(feed, i):
       del i
-      with self.in_step.guard(watch=loss, tag="before_step",
+      with snapstore.Guard(self.in_step, watch=loss, tag="before_step",
                               session=sess) as guard:
         guard.run(self.train_in_step, feed)
 
@@ -242,7 +242,7 @@ class Loop(object):
     snapshot_op = sess.make_callable(self.snapshot_op)
     pieces = [("store.snapshot() (device)",
                lambda: self.device.snapshot(0, session=sess)),
-              ("callable(store.snapshot_op(0))", snapshot_op),
+              ("callable(store.slots.snapshot_op(0))", snapshot_op),
               ("callable(one assign of the same bytes)",
                sess.make_callable(self.flat_copy)),
               ("callable(tf.no_op())", self.no_op)]

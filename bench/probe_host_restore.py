@@ -137,7 +137,7 @@ def main():
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
     graph.finalize()
     # The mode's own restore op and placeholders (read only, for this probe).
-    mode = store._mode  # pylint: disable=protected-access
+    mode = store._h.mode  # pylint: disable=protected-access
     load_op = mode._load_op  # pylint: disable=protected-access
     placeholders = mode._feeder.placeholders  # pylint: disable=protected-access
     with tf.Session(graph=graph) as sess:

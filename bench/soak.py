@@ -112,7 +112,7 @@ def soak(mode, cycles, kib=256, workdir=None, check_every=100, use_resource=Fals
       start = None
       for i in range(cycles):
         if i == warmup:
-          store.flush()  # no write in progress: its journal is closed
+          store.files.flush()  # no write in progress: its journal is closed
           gc.collect()
           baseline = (_rss(), _fds(), threading.active_count(),
                       len(gc.get_objects()))
@@ -136,7 +136,7 @@ def soak(mode, cycles, kib=256, workdir=None, check_every=100, use_resource=Fals
             raise AssertionError("cycle %d: evaluate_with changed the variables" % i)
         if i >= warmup and (i - warmup) % max(1, (cycles - warmup) // samples) == 0:
           trace.append((i, _rss()))
-      store.flush()
+      store.files.flush()
       seconds = time.perf_counter() - start
       gc.collect()
       end = (_rss(), _fds(), threading.active_count(), len(gc.get_objects()))

@@ -10,7 +10,7 @@ copy of the model:
 - a device-mode store with one slot per member, and a `snapstore.Ensemble`
   over the classifier's probabilities (mean) and labels (majority vote),
   built with the graph: it rewires the outputs to every slot;
-- each checkpoint is loaded into a slot with `store.load_checkpoint` (TF's
+- each checkpoint is loaded into a slot with `store.files.load_checkpoint` (TF's
   checkpoint reader: no graph is built for it, no op added; the Adam slots and
   global step it also holds are skipped with `allow_extra=True`);
 - `ensemble.evaluate` runs every member in one `session.run` and leaves the
@@ -108,7 +108,7 @@ def main(argv=None):
       sess.run(init)
       own = sess.run(list(store.variables.values()))
       for tag, path in zip(tags, checkpoints):
-        store.load_checkpoint(path, tag=tag, allow_extra=True, session=sess)
+        store.files.load_checkpoint(path, tag=tag, allow_extra=True, session=sess)
       result = ensemble.evaluate({x: test_x}, session=sess)
       # The ensemble left the graph's own parameters as they were.
       for before, after in zip(own, sess.run(list(store.variables.values()))):

@@ -10,12 +10,12 @@ to survive it with snapstore:
   loss on the same batch; a step that made it rise is undone in the graph
   (parameters and momentum, bit for bit) and the learning rate variable is
   halved. A step may raise the loss by `RELATIVE_TOLERANCE` of it.
-- `store.trial(metric=loss, feed_dict=batch)`: the same decision made in
+- `snapstore.Trial(store, metric=loss, feed_dict=batch)`: the same decision made in
   Python: the store snapshots the model and the optimizer's state, the step
   runs, and the snapshot is restored (and the learning rate halved) when the
   loss on the batch rose by more than the tolerance.
 
-Watching only for a non-finite loss (`store.guard(watch=loss)`) would not be
+Watching only for a non-finite loss (`snapstore.Guard(store, watch=loss)`) would not be
 enough here: a diverging loss grows through large finite values for several
 steps before it overflows, and by then the state the guard took at the start
 of the step is already ruined. For that, roll back further, to a snapshot from
@@ -73,7 +73,7 @@ class Model(object):
 
 
 def not_worse(before, after):
-  """RollbackOptimizer's criterion, for store.trial."""
+  """RollbackOptimizer's criterion, for snapstore.Trial."""
   return np.isfinite(after) and after - before <= RELATIVE_TOLERANCE * abs(before)
 
 
@@ -107,7 +107,7 @@ def run(mode, data, steps, lr, out):
         sess.run(model.train_op, feed)
         summary["rollbacks"] += int(sess.run(model.optimizer.check, feed))
       else:
-        with store.trial(metric=model.loss, feed_dict=feed, accept=not_worse,
+        with snapstore.Trial(store, metric=model.loss, feed_dict=feed, accept=not_worse,
                          session=sess) as trial:
           sess.run(model.train_op, feed)
         if not trial.kept:  # the store restored the snapshot: go slower

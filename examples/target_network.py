@@ -98,7 +98,7 @@ def main(argv=None):
     train_op = tf.train.AdamOptimizer(0.01).minimize(loss)
     store = snapstore.SnapshotStore(scope="q", mode="device")
     if args.tau is None:
-      store.pin_slot(0, "target")
+      store.slots.pin(0, "target")
       update = train_op
     else:  # the average is updated after every step, in the same run
       with tf.control_dependencies([train_op]):

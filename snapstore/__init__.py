@@ -7,9 +7,9 @@ parameters next to current ones, without writing a checkpoint every step.
     tag = store.snapshot(session=sess)
     ...
     store.restore(tag, session=sess)
-    q_past = store.past(q, slot=0)          # q from the slot's parameters, one run
+    q_past = store.slots.past(q, slot=0)          # q from the slot's parameters, one run
     copy = snapstore.clone(q, inputs=[x], scope="copy")   # with new variables
-    store.load_checkpoint(path, tag="run_2", allow_extra=True)   # a Saver checkpoint
+    store.files.load_checkpoint(path, tag="run_2", allow_extra=True)   # a Saver checkpoint
     ensemble = snapstore.Ensemble(store, probs, tags=["run_1", "run_2"])
     ensemble.evaluate({x: batch}).combined  # mean probability, in one run
 """
@@ -50,7 +50,7 @@ from snapstore.training.hooks import SnapshotCallback
 from snapstore.training.hooks import SnapshotHook
 from snapstore.training.lookahead import Lookahead
 from snapstore.training.rollback_optimizer import RollbackOptimizer
-from snapstore.training.steps import create_slots
+from snapstore.graph.in_step import create_slots
 
 __all__ = [
     "__version__",

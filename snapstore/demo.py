@@ -156,7 +156,7 @@ def _run_mode(mode, steps, data, spikes, out, spill_dir=None):
                                          [model.accuracy, model.loss], test_feed,
                                          tag=tag, session=sess)
         out("[%s] held-out data: snapshot %r (step %d, %s) accuracy %.3f loss %.3f"
-            % (mode, tag, step_of[tag], store.tier(tag), past_acc, past_loss))
+            % (mode, tag, step_of[tag], store.files.tier(tag), past_acc, past_loss))
       out("[%s] held-out data: current (step %d)    accuracy %.3f loss %.3f"
           % (mode, sess.run(model.global_step), current_acc, current_loss))
       # evaluate_with left the current parameters as they were.

@@ -1,8 +1,8 @@
 """Ensembles: a model's outputs for several snapshots of its parameters, combined.
 
 The members of an ensemble are snapshots of one store: separately trained
-checkpoints loaded with `store.load_checkpoint`, `.npz` archives loaded with
-`store.load_npz`, or snapshots taken during training. `Ensemble` evaluates the
+checkpoints loaded with `store.files.load_checkpoint`, `.npz` archives loaded
+with `store.files.load_npz`, or snapshots taken during training. `Ensemble` evaluates the
 model's outputs with each member's parameters and combines them:
 
     x = tf.placeholder(tf.float32, [None, 20])
@@ -15,7 +15,8 @@ model's outputs with each member's parameters and combines them:
     with tf.Session() as sess:
       sess.run(tf.local_variables_initializer())
       for tag, path in zip(["a", "b", "c"], checkpoint_paths):
-        store.load_checkpoint(path, tag=tag, allow_extra=True, session=sess)
+        store.files.load_checkpoint(path, tag=tag, allow_extra=True,
+                                    session=sess)
       result = ensemble.evaluate({x: batch}, session=sess)
       result.combined["label"]       # majority vote of the three members
       result.members["b"]["probs"]   # member b's own probabilities
@@ -23,7 +24,7 @@ model's outputs with each member's parameters and combines them:
 How the members run:
 
 - Device store (`mode="device"`): when the ensemble is built, its outputs are
-  rewired to every device slot of the store (`store.past(outputs, slot)`,
+  rewired to every device slot of the store (`store.slots.past(outputs, slot)`,
   built once and cached by the store). `evaluate` then runs every member held
   in a slot in one `session.run`, each copy reading its slot's shadows. The
   live variables are neither written nor read for the covered parameters.
@@ -153,24 +154,24 @@ class Ensemble(object):
     self._outputs = outputs
     self._combiners = _combiners(combine, outputs, leaves)
     self._tags = None if tags is None else _check_tags(tags)
-    automatic = rewire is None
-    if automatic:
-      rewire = store.mode == "device"
+    try:
+      slots = store.slots
+    except errors.ModeError as e:
+      slots, no_slots = None, e
+    if rewire is None:  # rewire where every variable has a shadow to read
+      rewire = slots is not None and slots.per_variable
     if rewire:
-      if store.mode != "device":
+      if slots is None:
         raise errors.ModeError(
-            "Ensemble(rewire=True) runs the members from device slots; this "
-            "store uses mode %r. Use a store with mode='device', or "
-            "rewire=False." % store.mode)
+            "Ensemble(rewire=True) runs the members from device slots. %s Or "
+            "pass rewire=False." % no_slots)
       try:
-        for slot in range(store.num_slots):
-          store.past(outputs, slot)
-      except errors.ModeError as e:
-        if not automatic:  # a packed store has no shadow per variable
-          raise errors.ModeError(
-              "%s Or pass Ensemble(..., rewire=False) to evaluate the members "
-              "one after another, swapping them into the variables." % e) from e
-        rewire = False
+        for slot in range(len(slots)):
+          slots.past(outputs, slot)
+      except errors.ModeError as e:  # a packed store has no shadow per variable
+        raise errors.ModeError(
+            "%s Or pass Ensemble(..., rewire=False) to evaluate the members "
+            "one after another, swapping them into the variables." % e) from e
       except errors.RewireError as e:
         raise errors.RewireError(
             "%s Ensemble(..., rewire=False) evaluates the members one after "
@@ -199,7 +200,7 @@ class Ensemble(object):
   def device_nbytes(self):
     """Device bytes the members take: `store.param_nbytes` per member in a slot.
 
-    Counts the members the store holds now, by where each is (`store.tier`):
+    Counts the members the store holds now, by where each is (`store.files.tier`):
     members in device slots take device memory; the others take none while
     not evaluated.
     """
@@ -239,7 +240,7 @@ class Ensemble(object):
     if self._tags is None and not self._store.tags():
       raise errors.UnknownTagError(
           "The ensemble's store holds no snapshots yet; load the members with "
-          "store.load_checkpoint / load_npz, or take snapshots, first.")
+          "store.files.load_checkpoint / load_npz, or take snapshots, first.")
     members = self._store.evaluate_each(self._outputs, feed_dict, tags=self._tags,
                                         together=self._rewire, session=session)
     return EnsembleResult(self._combine(list(members.values())), members)
@@ -259,7 +260,7 @@ class Ensemble(object):
 
   def _tier(self, tag):
     try:
-      return self._store.tier(tag)
+      return self._store.files.tier(tag)
     except errors.UnknownTagError:  # deleted by another thread meanwhile
       return None
 

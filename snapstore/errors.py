@@ -144,14 +144,14 @@ class CloneError(Error):
 class NonFiniteError(Error):
   """Raised when a watched tensor (a loss) is NaN or infinite.
 
-  Raised by `store.guard()` when it re-raises, and by `SnapshotHook` /
+  Raised by `snapstore.Guard(store)` when it re-raises, and by `SnapshotHook` /
   `SnapshotCallback` when rolling back does not help. The message names the
   tensors and the snapshot the variables were rolled back to.
   """
 
 
 class TrialError(Error):
-  """Raised when a `store.trial()` block ends without a decision.
+  """Raised when a `snapstore.Trial(store)` block ends without a decision.
 
   The block neither called `keep()` nor `reject()` and the trial has no
   `metric` to decide by; the trial's update is rolled back.

@@ -9,7 +9,7 @@
 `write` builds `helpers.Model` (float16/32/64, int32/64 and bool ref variables
 under "net"), loads random bit patterns into it (NaN payloads, signed zeros,
 infinities, denormals), and writes
-  DIR/model.npz   `store.save_npz` of the snapshot of seed 1,
+  DIR/model.npz   `store.files.save_npz` of the snapshot of seed 1,
   DIR/spill.h5    a disk-mode store's spill file holding the snapshots of
                   seeds 1 and 2 under tags "a" and "b",
   DIR/writer.txt  the writer's stack and a digest of the values it loaded.
@@ -68,9 +68,9 @@ def write(directory):
       helpers.assert_state(loaded[tag], expected(seed), "written %s" % tag)
       disk.snapshot(tag, session=sess)
       if tag == "a":
-        host.save_npz(os.path.join(directory, "model.npz"),
+        host.files.save_npz(os.path.join(directory, "model.npz"),
                       host.snapshot(session=sess), session=sess)
-    disk.flush()
+    disk.files.flush()
   with open(os.path.join(directory, "writer.txt"), "w") as f:
     f.write("%s\n%s\n" % (_tf.stack(), digest(loaded["a"]) + digest(loaded["b"])))
   print("wrote on %s" % _tf.stack())
@@ -89,9 +89,9 @@ def check(directory):
     store = snapstore.SnapshotStore(scope="net", mode="host", max_to_keep=0)
   with tf.Session(graph=graph) as sess, store:
     helpers.init(sess)
-    store.load_npz(os.path.join(directory, "model.npz"), tag="npz", session=sess)
+    store.files.load_npz(os.path.join(directory, "model.npz"), tag="npz", session=sess)
     for tag in sorted(SEEDS):
-      store.load_spill(spill, tag, tag=tag, session=sess)
+      store.files.load_spill(spill, tag, tag=tag, session=sess)
     for tag, values in (("npz", want["a"]), ("a", want["a"]), ("b", want["b"])):
       model.randomize(sess, 99)  # the restore must change every variable back
       helpers.assert_state_differs(model.values(sess), values)

@@ -96,7 +96,7 @@ class HostileFileCase(tf.test.TestCase):
       for tag in store.tags():
         if tag != "good":
           store.delete(tag)
-      store.flush()
+      store.files.flush()
 
   @classmethod
   def load(cls, state):

@@ -66,7 +66,7 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
       helpers.init(sess)
       for step in range(15):
         sess.run([ema.update_op, reference_op])
-        averages = sess.run(ema.store.shadows(ema.slot))
+        averages = sess.run(ema.store.slots.shadows(ema.slot))
         for var in floats:
           key = var.op.name[len("net/"):]
           helpers.assert_bit_equal(averages[key], sess.run(reference.average(var)),
@@ -96,7 +96,7 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
           rate = dtype.as_numpy_dtype(0.1 if trainable else 0.5)
           expected[name] = expected[name] - (expected[name] - values[name]) * rate
         expected["count"] = values["count"]
-        averages = sess.run(ema.store.shadows(ema.slot))
+        averages = sess.run(ema.store.slots.shadows(ema.slot))
         for name in expected:
           helpers.assert_bit_equal(averages[name], expected[name],
                                    "%s step %d" % (name, step))
@@ -154,7 +154,7 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
       for name, var in model.variables.items():
         if name != "count":
           var.load(wide([2, 3], var.dtype.base_dtype.as_numpy_dtype), sess)
-      sess.run(store.snapshot_op(lerp.slot))  # the average starts here
+      sess.run(store.slots.snapshot_op(lerp.slot))  # the average starts here
       for target, source in zip(targets, sources):
         target.load(sess.run(source), sess)
       # The warm-up (d = (1 + n) / (10 + n)) ends at n = 180 for tau: the
@@ -184,7 +184,7 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
           expected[name] = keep * average + weight * value
           differs[name] += np.sum(ema_form != expected[name])
         expected["count"] = values["count"]
-        averages = sess.run(lerp.store.shadows(lerp.slot))
+        averages = sess.run(lerp.store.slots.shadows(lerp.slot))
         for name in expected:
           helpers.assert_bit_equal(averages[name], expected[name],
                                    "%s step %d" % (name, step))
@@ -216,7 +216,7 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
         var.load(helpers.random_value(rng, var.shape.as_list(),
                                       var.dtype.base_dtype.as_numpy_dtype), sess)
       sess.run(copy.update_op)
-      averages = sess.run(copy.store.shadows(copy.slot))
+      averages = sess.run(copy.store.slots.shadows(copy.slot))
       for name, value in model.values(sess).items():
         helpers.assert_bit_equal(averages[name], value, name)
 
@@ -235,7 +235,7 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
       for _ in range(5):
         sess.run(ema.update_op)
       live = model.values(sess)
-      average = sess.run(ema.store.shadows(ema.slot)["w"])
+      average = sess.run(ema.store.slots.shadows(ema.slot)["w"])
       self.assertAllClose(ema.evaluate_with(out, {x: x_value}, session=sess),
                           x_value.dot(average))
       self.assertAllClose(store.evaluate_with(out, {x: x_value}, tag="ema",
@@ -308,7 +308,7 @@ class RunningMeanTest(tf.test.TestCase, parameterized.TestCase):
             t = dtype.as_numpy_dtype
             expected[name] = expected[name] + (values[name] - expected[name]) / t(n + 1)
           expected["count"] = values["count"]
-        averages = sess.run(swa.store.shadows(swa.slot))
+        averages = sess.run(swa.store.slots.shadows(swa.slot))
         for name in expected:
           helpers.assert_bit_equal(averages[name], expected[name],
                                    "%s update %d" % (name, n))
@@ -318,7 +318,7 @@ class RunningMeanTest(tf.test.TestCase, parameterized.TestCase):
       sess.run(swa.reset_op)
       sess.run(model.train_op)
       sess.run(swa.update_op)  # a new mean: a copy
-      helpers.assert_bit_equal(sess.run(swa.store.shadows(swa.slot)["w"]),
+      helpers.assert_bit_equal(sess.run(swa.store.slots.shadows(swa.slot)["w"]),
                                sess.run(model.variables["w"]))
       self.assertEqual(sess.run(swa.count), 1)
 
@@ -329,7 +329,7 @@ class RunningMeanTest(tf.test.TestCase, parameterized.TestCase):
       swa = snapstore.RunningMean(model.store(saveable=True))
       saved = tf.train.Saver()._var_list  # pylint: disable=protected-access
     self.assertIn(swa.count, graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES))
-    self.assertIn(swa.store.shadows(swa.slot)["w"], saved)
+    self.assertIn(swa.store.slots.shadows(swa.slot)["w"], saved)
     self.assertIn(swa.count, saved)
     self.assertNotIn(swa.count, graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES))
 
@@ -398,7 +398,7 @@ class PinSlotTest(tf.test.TestCase, parameterized.TestCase):
       self.model = helpers.Model(use_resource=use_resource, dtypes=(tf.float32,))
       self.store = snapstore.SnapshotStore(scope="net", mode=mode,
                                            max_to_keep=max_to_keep)
-      self.refresh = self.store.snapshot_op(0) if mode == "device" else None
+      self.refresh = self.store.slots.snapshot_op(0) if mode == "device" else None
     self.sess = tf.Session(graph=graph)
     self.addCleanup(self.sess.close)
     helpers.init(self.sess)
@@ -407,8 +407,8 @@ class PinSlotTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*helpers.kind_cases())
   def test_pinned_tag_names_what_in_graph_ops_wrote(self, use_resource):
     store, sess = self._setup(use_resource=use_resource)
-    self.assertEqual(store.pin_slot(0, "target"), "target")
-    self.assertEqual(store.pin_slot(0, "target"), "target")  # idempotent
+    self.assertEqual(store.slots.pin(0, "target"), "target")
+    self.assertEqual(store.slots.pin(0, "target"), "target")  # idempotent
     self.model.randomize(sess, seed=1)
     sess.run(self.refresh)  # e.g. inside the train step
     refreshed = self.model.values(sess)
@@ -416,23 +416,23 @@ class PinSlotTest(tf.test.TestCase, parameterized.TestCase):
     store.restore("target", session=sess)
     helpers.assert_state(self.model.values(sess), refreshed)
     self.model.randomize(sess, seed=2)
-    self.assertEqual(store.slot_of("target"), 0)
-    self.assertEqual(store.pinned(), ["target"])
+    self.assertEqual(store.slots.slot_of("target"), 0)
+    self.assertEqual(store.slots.pinned(), ["target"])
     helpers.assert_state(self.model.values(sess), live)
 
   def test_pinned_slots_are_never_evicted(self):
     store, sess = self._setup(max_to_keep=3)
-    store.pin_slot(1, "average")
+    store.slots.pin(1, "average")
     for _ in range(5):
       store.snapshot(session=sess)
     self.assertEqual(store.tags(), ["average", 3, 4])
-    self.assertEqual(store.slot_of("average"), 1)
-    self.assertNotIn(1, [store.slot_of(t) for t in (3, 4)])
+    self.assertEqual(store.slots.slot_of("average"), 1)
+    self.assertNotIn(1, [store.slots.slot_of(t) for t in (3, 4)])
 
   def test_every_slot_pinned(self):
     store, sess = self._setup(max_to_keep=2)
-    store.pin_slot(0, "a")
-    store.pin_slot(1, "b")
+    store.slots.pin(0, "a")
+    store.slots.pin(1, "b")
     with self.assertRaisesRegex(snapstore.PinnedTagError,
                                 r"every slot of the store is pinned \('a', 'b'\)"):
       store.snapshot(session=sess)
@@ -445,7 +445,7 @@ class PinSlotTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_pinned_tag_cannot_be_deleted(self):
     store, _ = self._setup()
-    store.pin_slot(2, "slow")
+    store.slots.pin(2, "slow")
     with self.assertRaisesRegex(snapstore.PinnedTagError,
                                 "Snapshot 'slow' is pinned to device slot 2"):
       store.delete("slow")
@@ -455,17 +455,18 @@ class PinSlotTest(tf.test.TestCase, parameterized.TestCase):
     store, sess = self._setup()
     store.snapshot("held", session=sess)
     with self.assertRaisesRegex(ValueError, "Slot 0 holds snapshot 'held'"):
-      store.pin_slot(0, "x")
+      store.slots.pin(0, "x")
     with self.assertRaisesRegex(ValueError, "Tag 'held' is held in slot 0, not slot 1"):
-      store.pin_slot(1, "held")
+      store.slots.pin(1, "held")
     with self.assertRaisesRegex(ValueError, "slot must be <= 2"):
-      store.pin_slot(3, "x")
-    with self.assertRaisesRegex(TypeError, r"pin_slot\(\) needs a tag"):
-      store.pin_slot(1, None)
-    self.assertEqual(store.pin_slot(0, "held"), "held")  # pins it in place
+      store.slots.pin(3, "x")
+    with self.assertRaisesRegex(TypeError, r"pin\(\) needs a tag"):
+      store.slots.pin(1, None)
+    self.assertEqual(store.slots.pin(0, "held"), "held")  # pins it in place
     host, _ = self._setup(mode="host")
-    with self.assertRaisesRegex(snapstore.ModeError, r"pin_slot\(\) is for device mode"):
-      host.pin_slot(0, "x")
+    with self.assertRaisesRegex(snapstore.ModeError,
+                                r"store\.slots: this store uses mode 'host'"):
+      host.slots.pin(0, "x")
 
 
 if __name__ == "__main__":

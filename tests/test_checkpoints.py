@@ -1,4 +1,4 @@
-"""store.load_checkpoint (and load_npz's name mapping): values, names, every error."""
+"""store.files.load_checkpoint (and load_npz's name mapping): values, names, every error."""
 import os
 
 from absl.testing import parameterized
@@ -86,7 +86,7 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
       good = model.values(sess)
       live = model.randomize(sess, 2)
       helpers.assert_state_differs(live, written)
-      self.assertEqual(store.load_checkpoint(path, tag="ckpt", strip_prefix="member",
+      self.assertEqual(store.files.load_checkpoint(path, tag="ckpt", strip_prefix="member",
                                              session=sess), "ckpt")
       helpers.assert_state(store.arrays("ckpt", session=sess), written, "loaded")
       helpers.assert_state(model.values(sess), live, "live after the load")
@@ -114,8 +114,8 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
       w.load([7.0, 7.0], sess)
       with self.assertRaisesRegex(snapstore.IncompatibleSnapshotError,
                                   r"variables the store does not have: global_step"):
-        store.load_checkpoint(directory, session=sess)
-      tag = store.load_checkpoint(directory, allow_extra=True, session=sess)
+        store.files.load_checkpoint(directory, session=sess)
+      tag = store.files.load_checkpoint(directory, allow_extra=True, session=sess)
       self.assertAllEqual(store.arrays(tag, session=sess)["w"], [2.0, 2.0])
       self.assertAllEqual(sess.run(w), [7.0, 7.0])
 
@@ -133,7 +133,7 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
     with tf.Session(graph=graph) as sess:
       sess.run(init)
-      store.load_checkpoint(path, tag="t", session=sess,
+      store.files.load_checkpoint(path, tag="t", session=sess,
                             mapping={"first": "a", "second": "b", "net/junk": None})
       arrays = store.arrays("t", session=sess)
     self.assertAllEqual(arrays["a"], [1, 2])
@@ -158,7 +158,7 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
       with tf.variable_scope("net"):
         tf.get_variable("kernel", [2])
       store = snapstore.SnapshotStore(scope="net", mode="host")
-    store.load_checkpoint(path, tag="obj", mapping=from_object_names)
+    store.files.load_checkpoint(path, tag="obj", mapping=from_object_names)
     self.assertAllEqual(store.arrays("obj")["kernel"], [1.5, 2.5])
 
   def test_add_prefix_for_a_store_keyed_by_full_names(self):
@@ -170,7 +170,7 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
         w = tf.get_variable("w", [2])
       store = snapstore.SnapshotStore(var_list=[w], mode="host")  # key "net/w"
     self.assertEqual(store.keys, ("net/w",))
-    store.load_checkpoint(path, tag="t", strip_prefix="member", add_prefix="net",
+    store.files.load_checkpoint(path, tag="t", strip_prefix="member", add_prefix="net",
                           allow_extra=True)
     self.assertAllEqual(store.arrays("t")["net/w"], [4, 5])
 
@@ -191,10 +191,10 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
     with tf.Session(graph=graph) as sess:
       sess.run(init)
-      parts.load_checkpoint(path, tag="p", session=sess)
-      parts.load_checkpoint(path, tag="mapped", mapping={"net/emb": "emb"},
+      parts.files.load_checkpoint(path, tag="p", session=sess)
+      parts.files.load_checkpoint(path, tag="mapped", mapping={"net/emb": "emb"},
                             strip_prefix="", session=sess)
-      whole.load_checkpoint(path, tag="w", strip_prefix="net", session=sess)
+      whole.files.load_checkpoint(path, tag="w", strip_prefix="net", session=sess)
       self.assertEqual(parts.keys, ("emb/part_0", "emb/part_1"))
       arrays = parts.arrays("p", session=sess)
       self.assertAllEqual(arrays["emb/part_0"], full[:5])
@@ -218,8 +218,8 @@ class LoadTest(tf.test.TestCase, parameterized.TestCase):
           self, snapstore.IncompatibleSnapshotError,
           r"variables the store does not have: step\b", r"strip_prefix='member'",
           r"allow_extra=True"):
-        store.load_npz(path, strip_prefix="member", session=sess)
-      store.load_npz(path, tag="n", strip_prefix="member", allow_extra=True,
+        store.files.load_npz(path, strip_prefix="member", session=sess)
+      store.files.load_npz(path, tag="n", strip_prefix="member", allow_extra=True,
                      session=sess)
       self.assertAllEqual(store.arrays("n", session=sess)["w"], [3, 4])
 
@@ -236,7 +236,7 @@ class CheckpointErrorsTest(_StoreCase):
             "net/v1_int32": np.full([3, 5], 7, np.int32)}
 
   def _load(self, path, **kwargs):
-    return self.store.load_checkpoint(path, tag="new", session=self.sess, **kwargs)
+    return self.store.files.load_checkpoint(path, tag="new", session=self.sess, **kwargs)
 
   @parameterized.named_parameters(*CASES)
   def test_no_checkpoint_at_path(self, mode, use_resource):
@@ -409,7 +409,7 @@ class PartitionedErrorsTest(tf.test.TestCase, parameterized.TestCase):
         self, snapstore.CheckpointError,
         r"Reading 'net/emb' .*stored in slices by a V1 checkpoint",
         r"save the checkpoint again in the V2 format"):
-      store.load_checkpoint(path)
+      store.files.load_checkpoint(path)
     self.assertEqual(store.tags(), [])
 
   def test_v1_dtype_the_reader_cannot_read(self):
@@ -424,7 +424,7 @@ class PartitionedErrorsTest(tf.test.TestCase, parameterized.TestCase):
         self, snapstore.CheckpointError,
         r"Reading 'net/h' .*cannot read dtype float16 from a V1 checkpoint",
         r"save the checkpoint again in the V2 format"):
-      store.load_checkpoint(path)
+      store.files.load_checkpoint(path)
     self.assertEqual(store.tags(), [])
 
   def test_whole_of_another_shape(self):
@@ -434,7 +434,7 @@ class PartitionedErrorsTest(tf.test.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(
         snapstore.IncompatibleSnapshotError,
         r"emb has shape \(12, 4\), the partitioned variable has shape \(10, 4\)"):
-      store.load_checkpoint(path)
+      store.files.load_checkpoint(path)
     self.assertEqual(store.tags(), [])
 
 

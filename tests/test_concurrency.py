@@ -184,7 +184,7 @@ class DiskWriterTest(_Case):
         self.store.restore(older, session=self.sess)
         self.assertEqual(self._pattern(self._live(), known, "restored %d" % older),
                          older)
-        self.assertEqual(self.store.tier(older) in ("host", "file"), True)
+        self.assertEqual(self.store.files.tier(older) in ("host", "file"), True)
 
     def snapshots_from_another_thread():
       for i in range(30):
@@ -192,15 +192,15 @@ class DiskWriterTest(_Case):
         self._pattern(self.store.arrays(tag), known, tag)
     _run_threads([training, snapshots_from_another_thread])
     self.assertTrue(any(overlapped), "no restore overlapped a write")
-    self.store.flush()
+    self.store.files.flush()
     for tag in range(60):
       self.assertEqual(self._pattern(self.store.arrays(tag), known, tag), tag)
 
   def test_restore_from_the_file_waits_for_a_write_in_progress(self):
     self._setup("disk", False)
     self.store.load_arrays(self._state(1), tag="old", session=self.sess)
-    self.store.flush()
-    self.assertEqual(self.store.tier("old"), "file")
+    self.store.files.flush()
+    self.assertEqual(self.store.files.tier("old"), "file")
     gate = threading.Event()
     entered = threading.Event()
     real_write = spill_file.SpillFile._write  # pylint: disable=protected-access
@@ -218,8 +218,8 @@ class DiskWriterTest(_Case):
     self.store.restore("old", session=self.sess)  # waits for the file
     self.assertGreater(time.time() - started, 0.2)
     self.assertEqual(self._pattern(self._live(), {1.0}, "old"), 1)
-    self.store.flush()
-    self.assertEqual(self.store.tier("new"), "file")
+    self.store.files.flush()
+    self.assertEqual(self.store.files.tier("new"), "file")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       model = helpers.Model(use_resource=use_resource)
       store = snapstore.SnapshotStore(scope="net", max_to_keep=2)
       for slot in range(2):
-        shadows = store.shadows(slot)
+        shadows = store.slots.shadows(slot)
         self.assertEqual(list(shadows), list(store.keys))
         for key, shadow in shadows.items():
           primary = model.variables[key]
@@ -29,7 +29,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
           self.assertEqual(type(shadow), type(primary))
           self.assertIn(("loc:@" + primary.op.name).encode(),
                         shadow.op.colocation_groups())
-      shadow_set = set(v.name for slot in range(2) for v in store.shadows(slot).values())
+      shadow_set = set(v.name for slot in range(2) for v in store.slots.shadows(slot).values())
       self.assertFalse(shadow_set & set(v.name for v in tf.trainable_variables()))
       self.assertFalse(shadow_set & set(v.name for v in tf.global_variables()))
       self.assertTrue(shadow_set <= set(v.name for v in tf.local_variables()))
@@ -41,7 +41,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       snapstore.SnapshotStore(scope="net")
       second = snapstore.SnapshotStore(scope="net")
       self.assertEqual(second.name, "snapstore_1")
-      self.assertEqual(second.shadows()["v1_float32"].op.name,
+      self.assertEqual(second.slots.shadows()["v1_float32"].op.name,
                        "net/v1_float32/snapstore_1/slot_0")
 
   def test_shadows_never_become_covered_variables(self):
@@ -66,7 +66,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       helpers.Model(use_resource=use_resource)
       store = snapstore.SnapshotStore(scope="net", saveable=True)
       saved = set(v.name for v in tf.train.Saver()._var_list)  # pylint: disable=protected-access
-      self.assertTrue(set(v.name for v in store.shadows().values()) <= saved)
+      self.assertTrue(set(v.name for v in store.slots.shadows().values()) <= saved)
 
   @parameterized.named_parameters(*KINDS)
   def test_checkpoint_without_store_restores_into_graph_with_store(self, use_resource):
@@ -85,7 +85,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       with tf.train.MonitoredSession(session_creator=creator) as sess:
         helpers.assert_state(model.values(sess), expected)
         # Local init ran after the restore: the shadows hold the restored values.
-        shadows = store.shadows()
+        shadows = store.slots.shadows()
         raw = sess._tf_sess()  # pylint: disable=protected-access
         for key, value in expected.items():
           helpers.assert_bit_equal(raw.run(shadows[key]), value, key)
@@ -99,12 +99,12 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       with tf.Session() as sess:
         # Both initializers in one run: the random initial value is drawn once.
         sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
-        helpers.assert_bit_equal(sess.run(store.shadows()["w"]), sess.run(w))
+        helpers.assert_bit_equal(sess.run(store.slots.shadows()["w"]), sess.run(w))
       with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         sess.run(w.assign(tf.ones_like(w)) if use_resource else tf.assign(w, tf.ones_like(w)))
-        sess.run(store.initializer)
-        helpers.assert_bit_equal(sess.run(store.shadows()["w"]), np.ones([50, 4], np.float32))
+        sess.run(store.slots.initializer)
+        helpers.assert_bit_equal(sess.run(store.slots.shadows()["w"]), np.ones([50, 4], np.float32))
 
   @parameterized.named_parameters(*KINDS)
   def test_rerunning_initializers_keeps_snapshots(self, use_resource):
@@ -123,11 +123,11 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
         sess.run(model.train_op)
         sess.run(update_mean)
         sess.run(reset)
-        sess.run(store.initializer)
+        sess.run(store.slots.initializer)
         store.restore("a", session=sess)
         helpers.assert_state(model.values(sess), expected)
         # Loading a shadow through its initializer still works.
-        shadow = store.shadows(1)["v1_float32"]
+        shadow = store.slots.shadows(1)["v1_float32"]
         shadow.load(np.full([3, 5], 7, np.float32), sess)
         helpers.assert_bit_equal(sess.run(shadow), np.full([3, 5], 7, np.float32))
 
@@ -161,15 +161,15 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
         helpers.init(sess)
         expected = model.randomize(sess, seed=0)
         tag = store.snapshot(session=sess)
-        ops = [store.snapshot_op(0), store.snapshot_op(1), store.restore_op(0),
-               store.restore_op(1)]
+        ops = [store.slots.snapshot_op(0), store.slots.snapshot_op(1), store.slots.restore_op(0),
+               store.slots.restore_op(1)]
         placed = {}
         for op in ops:  # one run each: the copies must not race each other
           placed.update(helpers.placements(sess, op))
         self.assertEqual(len(set(placed[v.op.name] for v in model.variables.values())), 3)
         for key, primary in model.variables.items():
           for slot in range(2):
-            shadow = store.shadows(slot)[key]
+            shadow = store.slots.shadows(slot)[key]
             self.assertEqual(shadow.device, primary.device)
             self.assertEqual(placed[shadow.op.name], placed[primary.op.name], key)
         # Every assign, and the read feeding it, ran on its variable's device:
@@ -209,7 +209,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
                   for v in model.variables.values())
     for v in model.variables.values():
       self.assertEqual(tf.DeviceSpec.from_string(v.device).device_type, "GPU")
-    copies = [c for k in range(2) for group in (store.snapshot_op(k), store.restore_op(k))
+    copies = [c for k in range(2) for group in (store.slots.snapshot_op(k), store.slots.restore_op(k))
               for c in group.control_inputs]
     self.assertEqual(len(copies), 4 * len(model.variables))
     # Besides the grouping no-ops and the placeholders that take host arrays
@@ -220,7 +220,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
                  and op.colocation_groups()[0] in groups)]
     self.assertEqual(loose, [])
     for slot in range(2):
-      for key, shadow in store.shadows(slot).items():
+      for key, shadow in store.slots.shadows(slot).items():
         self.assertEqual(shadow.op.colocation_groups(),
                          model.variables[key].op.colocation_groups())
     for op in copies:  # the copy and the value it copies share a group
@@ -234,7 +234,7 @@ class ShadowVariableTest(tf.test.TestCase, parameterized.TestCase):
       tag = store.snapshot(session=sess)
       if gpus:
         placed = {}
-        for op in (store.snapshot_op(0), store.restore_op(0)):
+        for op in (store.slots.snapshot_op(0), store.slots.restore_op(0)):
           placed.update(helpers.placements(sess, op))
         for op in copies[:len(model.variables)]:
           self.assertIn("GPU:0", placed[op.name], op.name)
@@ -252,7 +252,7 @@ class SlotOpsTest(tf.test.TestCase, parameterized.TestCase):
       with tf.variable_scope("net", use_resource=use_resource):
         w = tf.get_variable("w", [4], initializer=tf.zeros_initializer())
       store = snapstore.SnapshotStore(scope="net")
-      with tf.control_dependencies([store.snapshot_op(0)]):
+      with tf.control_dependencies([store.slots.snapshot_op(0)]):
         # Copies w into slot 0, then increments it.
         train = (w.assign_add(tf.ones([4]), read_value=False) if use_resource
                  else tf.assign_add(w, tf.ones([4])).op)
@@ -260,8 +260,8 @@ class SlotOpsTest(tf.test.TestCase, parameterized.TestCase):
         helpers.init(sess)
         for step in range(3):
           sess.run(train)
-          self.assertAllEqual(sess.run(store.shadows()["w"]), np.full([4], step))
-        sess.run(store.restore_op(0))
+          self.assertAllEqual(sess.run(store.slots.shadows()["w"]), np.full([4], step))
+        sess.run(store.slots.restore_op(0))
         self.assertAllEqual(sess.run(w), np.full([4], 2.0))
 
   def test_slot_of_follows_the_ring(self):
@@ -270,11 +270,11 @@ class SlotOpsTest(tf.test.TestCase, parameterized.TestCase):
       store = snapstore.SnapshotStore(scope="net", max_to_keep=3)
       with tf.Session() as sess:
         helpers.init(sess)
-        slots = [store.slot_of(store.snapshot(session=sess)) for _ in range(3)]
+        slots = [store.slots.slot_of(store.snapshot(session=sess)) for _ in range(3)]
         self.assertEqual(slots, [0, 1, 2])
         store.snapshot(session=sess)  # evicts tag 0 and reuses its slot
-        self.assertEqual(store.slot_of(3), 0)
-        self.assertEqual(store.num_slots, 3)
+        self.assertEqual(store.slots.slot_of(3), 0)
+        self.assertEqual(len(store.slots), 3)
 
   def test_nbytes_counts_slots_and_scratch(self):
     with tf.Graph().as_default():

@@ -61,7 +61,7 @@ class _FullDiskCase(tf.test.TestCase):
         raised.append(str(e))
         self.assertLess(len(raised), 3, raised)
     self.states[tag] = state
-    self.store._mode._writer.flush()  # pylint: disable=protected-access
+    self.store._h.mode._writer.flush()  # pylint: disable=protected-access
     return raised
 
   def _assert_restores(self, tags):
@@ -88,7 +88,7 @@ class _FullDiskCase(tf.test.TestCase):
       messages.extend(self._take(tag))
     self.assertTrue(messages, "the disk never filled; the test proves nothing")
     with self.assertRaises(snapstore.SpillError) as caught:
-      self.store.flush()  # every write tried again, and reported
+      self.store.files.flush()  # every write tried again, and reported
     messages.append(str(caught.exception))
     for message in messages:
       self.assertRegex(message, r"no space left")
@@ -97,7 +97,7 @@ class _FullDiskCase(tf.test.TestCase):
                        r"\d+ bytes of snapshots, \d+ over memory_budget=0\)")
     every = before + fill_tags
     self.assertEqual(self.store.tags(), every)
-    in_memory = [t for t in every if self.store.tier(t) == "host"]
+    in_memory = [t for t in every if self.store.files.tier(t) == "host"]
     self.assertTrue(in_memory)
     self._assert_restores(every)  # every tier, still usable
     with helpers.assert_raises_naming(
@@ -149,8 +149,8 @@ class FaultInjectionTest(_FullDiskCase):
     self._setup(os.path.join(self.get_temp_dir(), "spill.h5"))
     self._take(0)
     self._take(1)
-    self.store.flush()
-    self.assertEqual(self.store.tier(1), "file")
+    self.store.files.flush()
+    self.assertEqual(self.store.files.tier(1), "file")
     free = self._fail_every_write()
     self._assert_full_then_freed(free, [2, 3, 4])
 
@@ -207,7 +207,7 @@ def _close_quietly(store):
   finally:
     # A store that could not write keeps its file open; release it so that
     # the tmpfs can be unmounted.
-    store._mode._release()  # pylint: disable=protected-access
+    store._h.mode._release()  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":

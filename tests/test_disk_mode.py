@@ -65,11 +65,11 @@ class TiersTest(_Case):
     self._setup(mode, use_resource, max_to_keep=3,
                 **({"memory_budget": 10 ** 9} if mode == "disk" else {}))
     states = dict(self._take(seed) for seed in range(3))
-    self.assertEqual(self.store.spill(0, session=self.sess), 0)
-    self.store.spill(1, session=self.sess)
-    self.store.flush()
+    self.assertEqual(self.store.files.spill(0, session=self.sess), 0)
+    self.store.files.spill(1, session=self.sess)
+    self.store.files.flush()
     in_memory = "host" if mode == "disk" else mode
-    self.assertEqual([self.store.tier(t) for t in (0, 1, 2)],
+    self.assertEqual([self.store.files.tier(t) for t in (0, 1, 2)],
                      ["file", "file", in_memory])
     self.sess.run(self.model.train_op)
     for tag in (2, 0, 1, 0):
@@ -88,9 +88,9 @@ class TiersTest(_Case):
     self._setup(mode, use_resource, dtypes=(tf.float32,))
     w = self.model.variables["v0_float32"]
     tag, past = self._take(1)
-    self.store.spill(tag, session=self.sess)
-    self.store.flush()
-    self.assertEqual(self.store.tier(tag), "file")
+    self.store.files.spill(tag, session=self.sess)
+    self.store.files.flush()
+    self.assertEqual(self.store.files.tier(tag), "file")
     self.model.randomize(self.sess, 2)
     current = self.sess.run(w)
     got = self.store.evaluate_with(w, tag=tag, session=self.sess)
@@ -101,8 +101,8 @@ class TiersTest(_Case):
     self._setup(dtypes=(tf.float32,), memory_budget=2 * 60 + 30)  # 2.5 snapshots
     self.assertEqual(self.store.param_nbytes, 60)
     states = dict(self._take(seed) for seed in range(5))
-    self.store.flush()
-    self.assertEqual([self.store.tier(t) for t in range(5)],
+    self.store.files.flush()
+    self.assertEqual([self.store.files.tier(t) for t in range(5)],
                      ["file", "file", "file", "host", "host"])
     self.assertEqual(self.store.nbytes, 2 * 60)
     with self.assertRaisesRegex(snapstore.SnapshotFileError,
@@ -122,8 +122,8 @@ class TiersTest(_Case):
     self._setup(dtypes=(tf.float32,), memory_budget=0)
     for seed in range(3):
       self._take(seed)
-    self.store.flush()
-    self.assertEqual([self.store.tier(t) for t in range(3)], ["file"] * 3)
+    self.store.files.flush()
+    self.assertEqual([self.store.files.tier(t) for t in range(3)], ["file"] * 3)
     self.assertEqual(self.store.nbytes, 0)
 
   def test_max_to_keep_bounds_all_tiers_and_deletes_from_file(self):
@@ -139,35 +139,35 @@ class TiersTest(_Case):
   def test_spilled_snapshots_do_not_count_in_fast_tier(self, mode):
     self._setup(mode, dtypes=(tf.float32,), max_to_keep=1)
     first, state = self._take(0)
-    self.store.spill(first, session=self.sess)
+    self.store.files.spill(first, session=self.sess)
     for seed in (1, 2):
       self._take(seed)  # the fast tier keeps one: 1 is evicted, 0 stays
     self.assertEqual(self.store.tags(), [0, 2])
-    self.store.flush()
-    self.assertEqual([self.store.tier(0), self.store.tier(2)], ["file", mode])
+    self.store.files.flush()
+    self.assertEqual([self.store.files.tier(0), self.store.files.tier(2)], ["file", mode])
     self.store.restore(0, session=self.sess)
     helpers.assert_state(self.model.values(self.sess), state)
     if mode == "device":
       with self.assertRaisesRegex(snapstore.ModeError,
                                   "Snapshot 0 is in the spill file .*not in a device slot"):
-        self.store.slot_of(0)
-      self.assertEqual(self.store.slot_of(2), 0)
+        self.store.slots.slot_of(0)
+      self.assertEqual(self.store.slots.slot_of(2), 0)
 
   @parameterized.named_parameters(*_SPILL_CASES)
   def test_replacing_and_deleting_spilled_snapshots(self, mode, use_resource):
     self._setup(mode, use_resource, dtypes=(tf.float32,), max_to_keep=2)
     self._take(0, tag="a")
-    self.store.spill("a", session=self.sess)
-    self.store.flush()
+    self.store.files.spill("a", session=self.sess)
+    self.store.files.flush()
     _, newer = self._take(1, tag="a")  # replaces the spilled one
-    self.store.flush()
-    self.assertEqual(self.store.tier("a"), "file" if mode == "disk" else mode)
+    self.store.files.flush()
+    self.assertEqual(self.store.files.tier("a"), "file" if mode == "disk" else mode)
     self.store.restore("a", session=self.sess)
     helpers.assert_state(self.model.values(self.sess), newer)
     self._take(2, tag="b")
-    self.store.spill("b", session=self.sess)
+    self.store.files.spill("b", session=self.sess)
     self.store.delete("b")
-    self.store.flush()
+    self.store.files.flush()
     self.assertEqual(self.store.tags(), ["a"])
     self.store.close()
     with snapstore.open_spill(self._path()) as f:
@@ -214,8 +214,8 @@ class TiersTest(_Case):
   def test_compression_round_trip(self, compression, level):
     self._setup(compression=compression, compression_opts=level)
     tag, state = self._take(3)
-    self.store.flush()
-    self.assertEqual(self.store.tier(tag), "file")
+    self.store.files.flush()
+    self.assertEqual(self.store.files.tier(tag), "file")
     self.store.restore(tag, session=self.sess)
     helpers.assert_state(self.model.values(self.sess), state)
     self.store.close()
@@ -236,7 +236,7 @@ class TiersTest(_Case):
         self.store.evaluate_with(self.model.train_op, tag=self.store.tags()[0],
                                  session=self.sess)
         if seed % 10 == 0:
-          self.store.flush()
+          self.store.files.flush()
 
 
 class ReopenTest(_Case):
@@ -246,7 +246,7 @@ class ReopenTest(_Case):
     self._setup(mode, use_resource, max_to_keep=3)
     states = dict(self._take(seed) for seed in range(3))
     for tag in (0, 1):
-      self.store.spill(tag, session=self.sess)
+      self.store.files.spill(tag, session=self.sess)
     self.store.close()
     other = self._store(mode, name="again", max_to_keep=3,
                         **({"memory_budget": 0} if mode == "disk" else {}))
@@ -337,7 +337,7 @@ class WriterFaultTest(_Case):
     self._setup(dtypes=(tf.float32, tf.int64))
     self._fail_writes(1, after=1)  # mid-spill: the second dataset fails
     tag, state = self._take(0, tag="precious")
-    self.store._mode._writer.flush()  # pylint: disable=protected-access
+    self.store._h.mode._writer.flush()  # pylint: disable=protected-access
     with helpers.assert_raises_naming(
         self, snapstore.SpillError,
         r"writing snapshot 'precious' failed \(no space left on the device: "
@@ -345,14 +345,14 @@ class WriterFaultTest(_Case):
         r"kept in host memory"):
       self.store.snapshot(session=self.sess)
     self.assertEqual(self.store.tags(), ["precious"])
-    self.assertEqual(self.store.tier(tag), "host")
+    self.assertEqual(self.store.files.tier(tag), "host")
     self.sess.run(self.model.train_op)
     self.store.restore(tag, session=self.sess)  # reported once: works now
     helpers.assert_state(self.model.values(self.sess), state)
     # Later snapshots still work and spill, the failed one is written again.
     later, later_state = self._take(1)
-    self.store.flush()
-    self.assertEqual([self.store.tier(t) for t in ("precious", later)],
+    self.store.files.flush()
+    self.assertEqual([self.store.files.tier(t) for t in ("precious", later)],
                      ["file", "file"])
     self.store.close()
     with snapstore.open_spill(self._path()) as f:
@@ -364,16 +364,16 @@ class WriterFaultTest(_Case):
   def test_failure_in_hdf5_metadata_rolls_back(self):
     self._setup(dtypes=(tf.float32,))
     self._take(0)
-    self.store.flush()
+    self.store.files.flush()
     # The disk fails once, at the first write of HDF5's metadata.
     self._fail_os_writes(lambda fd, data, offset: offset < 4096, errno.EIO)
     tag, state = self._take(1)
     with self.assertRaisesRegex(snapstore.SpillError,
                                 r"writing snapshot 1 failed \(.*Input/output"):
-      self.store.flush()
-    self.assertEqual(self.store.tier(tag), "host")
-    self.store.flush()  # written again
-    self.assertEqual(self.store.tier(tag), "file")
+      self.store.files.flush()
+    self.assertEqual(self.store.files.tier(tag), "host")
+    self.store.files.flush()  # written again
+    self.assertEqual(self.store.files.tier(tag), "file")
     self.store.restore(tag, session=self.sess)
     helpers.assert_state(self.model.values(self.sess), state)
 
@@ -392,7 +392,7 @@ class WriterFaultTest(_Case):
     self.store.close()  # the disk has room again: written, then closed
     self.store.close()  # safe twice
     with self.assertRaises(snapstore.StoreClosedError):
-      self.store.flush()
+      self.store.files.flush()
     with snapstore.open_spill(self._path()) as f:
       helpers.assert_state(f.read("kept"), state)
 
@@ -418,8 +418,8 @@ class WriterFaultTest(_Case):
     gate.set()
     self.assertTrue(finished.wait(10))
     thread.join()
-    self.store.flush()
-    self.assertEqual([self.store.tier(t) for t in (0, 1)], ["file", "file"])
+    self.store.files.flush()
+    self.assertEqual([self.store.files.tier(t) for t in (0, 1)], ["file", "file"])
 
 
 class CloseAndReopenTest(_Case):
@@ -427,7 +427,7 @@ class CloseAndReopenTest(_Case):
   def test_close_writes_the_snapshots_held_in_memory(self):
     self._setup(dtypes=(tf.float32, tf.int64), memory_budget=1 << 20)
     states = dict(self._take(seed) for seed in range(3))
-    self.assertEqual([self.store.tier(t) for t in range(3)], ["host"] * 3)
+    self.assertEqual([self.store.files.tier(t) for t in range(3)], ["host"] * 3)
     self.store.close()
     reopened = self._store(name="reopened")
     self.assertEqual(reopened.tags(), [0, 1, 2])
@@ -523,8 +523,8 @@ class OptionErrorsTest(_Case):
     with helpers.assert_raises_naming(
         self, snapstore.ModeError, r"spill\(\) needs a spill file",
         r"spill_path=", r"mode='disk'"):
-      store.spill("t")
-    store.flush()  # nothing to wait for
+      store.files.spill("t")
+    store.files.flush()  # nothing to wait for
 
 
 class CorruptFileTest(_Case):

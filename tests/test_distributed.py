@@ -132,7 +132,7 @@ class Replica(object):
         self.store = snapstore.SnapshotStore(scope=scope, optimizer=opt,
                                              mode=mode, max_to_keep=2, **options)
         if mode == "device" and not pack:
-          self.past = self.store.past(self.out, slot=0)
+          self.past = self.store.slots.past(self.out, slot=0)
       if extra_after_store:  # placed after the store: must not shift
         with tf.variable_scope(scope + "_after", use_resource=use_resource):
           self.after = [tf.get_variable("a%d" % i, [2]) for i in range(3)]
@@ -218,7 +218,7 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
     sess = self._session(replica)
     sess.run(replica.init)
     traced = TracingSession(sess)
-    for copy in (store.snapshot_op(1), store.restore_op(1)):
+    for copy in (store.slots.snapshot_op(1), store.slots.restore_op(1)):
       traced.run(copy)
       ran = _ran_on(traced.runs[-1])
       by_target = _assigns(copy)
@@ -256,7 +256,7 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
     sess.run(replica.init)
     expected = replica.load(sess, seed=1, finite=False)
     traced = TracingSession(sess)
-    for copy in (store.snapshot_op(1), store.restore_op(1)):
+    for copy in (store.slots.snapshot_op(1), store.slots.restore_op(1)):
       traced.run(copy)
       # Only control edges cross tasks (one per task: grappler drops a
       # grouping no-op with one input), no parameter data.
@@ -343,7 +343,7 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
     feed = other.feed(7)
     good_out = chief_sess.run(chief.out, {chief.x: feed[other.x]})
     chief.store.snapshot("good", session=chief_sess)
-    self.assertEqual(chief.store.slot_of("good"), 0)
+    self.assertEqual(chief.store.slots.slot_of("good"), 0)
     chief.load(chief_sess, seed=8)  # training went on
 
     # The other worker starts as a MonitoredTrainingSession worker does: it
@@ -358,7 +358,7 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
         raw = worker_sess._tf_sess()  # pylint: disable=protected-access
         self.assertEqual(other.store.tags(), [])  # its store holds no tags
         # It reads the chief's snapshot: the shadows are shared ps variables.
-        shadows = other.store.shadows(0)
+        shadows = other.store.slots.shadows(0)
         helpers.assert_state(dict(zip(shadows, raw.run(list(shadows.values())))),
                              good)
         helpers.assert_bit_equal(raw.run(other.past, feed), good_out)

@@ -79,7 +79,7 @@ class SeparateProcessesTest(tf.test.TestCase, parameterized.TestCase):
       w.load(100.0, sess)
       live = sess.run(w)
       for i, m in enumerate(MEMBERS):
-        tag = store.load_checkpoint(_written[m["tag"]]["linear"], tag=m["tag"],
+        tag = store.files.load_checkpoint(_written[m["tag"]]["linear"], tag=m["tag"],
                                     session=sess, **m["load"])
         self.assertEqual(tag, m["tag"])
         # No load overwrote the live variable or an earlier member.
@@ -124,8 +124,8 @@ class SeparateProcessesTest(tf.test.TestCase, parameterized.TestCase):
     with store:
       for m in MEMBERS:
         store.load_arrays({"w": np.float32(m["w"])}, tag=m["tag"])
-      store.flush()
-      self.assertEqual([store.tier(t) for t in TAGS], ["file", "file", "host"])
+      store.files.flush()
+      self.assertEqual([store.files.tier(t) for t in TAGS], ["file", "file", "host"])
       self.assertEqual(ensemble.host_nbytes, 4)
       self.assertEqual(ensemble.device_nbytes, 0)
 
@@ -162,7 +162,7 @@ class ClassifierTest(tf.test.TestCase, parameterized.TestCase):
       sess.run(init)
       live = sess.run(list(store.variables.values()))
       for m in MEMBERS:  # the checkpoints hold Adam's slots and the step too
-        store.load_checkpoint(_written[m["tag"]]["classifier"], tag=m["tag"],
+        store.files.load_checkpoint(_written[m["tag"]]["classifier"], tag=m["tag"],
                               allow_extra=True, session=sess, **m["load"])
       runs = helpers.CountingSession(sess, with_callables=False)
       result = ensemble.evaluate({x: test_x}, session=runs)

@@ -132,7 +132,7 @@ class NpzErrorsTest(_StoreCase):
         r"variables the store does not have: other/extra, surplus\b",
         r"v0_float32 has shape \(5, 3\), the variable has shape \(3, 5\)",
         r"v0_float32 has dtype float64, the variable has dtype float32"):
-      self.store.load_npz(path, session=self.sess)
+      self.store.files.load_npz(path, session=self.sess)
     self.assertUnchanged()
 
   @parameterized.named_parameters(*CASES)
@@ -148,7 +148,7 @@ class NpzErrorsTest(_StoreCase):
     }
     for message, arrays in cases.items():
       with self.assertRaisesRegex(snapstore.IncompatibleSnapshotError, message):
-        self.store.load_npz(self._npz(arrays), session=self.sess)
+        self.store.files.load_npz(self._npz(arrays), session=self.sess)
     self.assertUnchanged()
 
   @parameterized.named_parameters(*CASES)
@@ -159,7 +159,7 @@ class NpzErrorsTest(_StoreCase):
     path = self._npz(arrays)
     with self.assertRaisesRegex(snapstore.SnapshotFileError,
                                 r"holds pickled Python objects in v1_int32"):
-      self.store.load_npz(path, session=self.sess)
+      self.store.files.load_npz(path, session=self.sess)
     self.assertUnchanged()
 
   @parameterized.named_parameters(*CASES)
@@ -170,10 +170,10 @@ class NpzErrorsTest(_StoreCase):
       f.write(b"this is not a zip archive" * 10)
     with self.assertRaisesRegex(snapstore.SnapshotFileError,
                                 r"junk\.npz is not an \.npz archive"):
-      self.store.load_npz(path, session=self.sess)
+      self.store.files.load_npz(path, session=self.sess)
     with self.assertRaisesRegex(snapstore.SnapshotFileError,
                                 r"junk\.npz\.missing: no such file"):
-      self.store.load_npz(path + ".missing", session=self.sess)
+      self.store.files.load_npz(path + ".missing", session=self.sess)
     self.assertUnchanged()
 
   @parameterized.named_parameters(*CASES)
@@ -188,7 +188,7 @@ class NpzErrorsTest(_StoreCase):
       f.write(bytes(data))
     with self.assertRaisesRegex(snapstore.SnapshotFileError,
                                 r"flipped\.npz: array '\w+' (is truncated or corrupt|has no valid)"):
-      self.store.load_npz(path, session=self.sess)
+      self.store.files.load_npz(path, session=self.sess)
     self.assertUnchanged()
 
   @parameterized.named_parameters(*CASES)
@@ -202,7 +202,7 @@ class NpzErrorsTest(_StoreCase):
       zf.writestr("README.txt", "hello")
     with self.assertRaisesRegex(snapstore.SnapshotFileError,
                                 r"holds 'README\.txt', which is not a \.npy array"):
-      self.store.load_npz(path, session=self.sess)
+      self.store.files.load_npz(path, session=self.sess)
     self.assertUnchanged()
 
   @parameterized.named_parameters(*CASES)
@@ -218,7 +218,7 @@ class NpzErrorsTest(_StoreCase):
     self._setup("host", False)
     with self.assertRaisesRegex(snapstore.SnapshotFileError,
                                 r"Cannot write .*: directory .*nowhere does not exist"):
-      self.store.save_npz(os.path.join(self.get_temp_dir(), "nowhere", "x.npz"))
+      self.store.files.save_npz(os.path.join(self.get_temp_dir(), "nowhere", "x.npz"))
     self.assertUnchanged()
 
 
@@ -336,19 +336,20 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       helpers.Model()
       store = snapstore.SnapshotStore(mode="host")
-      for call in (store.snapshot_op, store.restore_op, store.shadows):
-        with self.assertRaisesRegex(snapstore.ModeError,
-                                    r"%s\(\) is for device mode" % call.__name__):
-          call()
+      with helpers.assert_raises_naming(
+          self, snapstore.ModeError, r"store\.slots", "mode 'host'",
+          "no device slots", r"snapshot_op, restore_op, shadows, past",
+          "mode='device' has them"):
+        store.slots  # pylint: disable=pointless-statement
 
   def test_slot_out_of_range(self):
     with tf.Graph().as_default():
       helpers.Model()
       store = snapstore.SnapshotStore(max_to_keep=2)
       with self.assertRaisesRegex(ValueError, r"slot must be <= 1\b.*got 2"):
-        store.snapshot_op(2)
+        store.slots.snapshot_op(2)
       with self.assertRaisesRegex(TypeError, r"slot must be an int"):
-        store.snapshot_op(True)
+        store.slots.snapshot_op(True)
 
 
 if __name__ == "__main__":

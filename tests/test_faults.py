@@ -113,7 +113,7 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
     live = self.sess.run(self.w)
     # Full: the next snapshot reuses the slot of "a", the oldest.
     self.flaky.should_fail = fetching(
-        self.store.snapshot_op(self.store.slot_of("a")).name)
+        self.store.slots.snapshot_op(self.store.slots.slot_of("a")).name)
     with helpers.assert_raises_naming(
         self, snapstore.SnapshotError, r"Taking snapshot 0 failed: injected fault",
         r"'a' were being overwritten and are dropped"):
@@ -147,7 +147,7 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
     saved = self.sess.run(self.w)
     self.store.snapshot("s", session=self.sess)
     self.sess.run(self.model.train_op)
-    restore = (self.store.restore_op(self.store.slot_of("s")).name
+    restore = (self.store.slots.restore_op(self.store.slots.slot_of("s")).name
                if mode == "device" else self._op("restore"))
     self.flaky.should_fail = fetching(restore)
     with helpers.assert_raises_naming(

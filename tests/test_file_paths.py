@@ -23,7 +23,7 @@ class FilePathsTest(tf.test.TestCase):
     helpers.init(self.sess)
     self.state = self.model.randomize(self.sess, 0)
     self.store.snapshot(0, session=self.sess)
-    self.store.flush()
+    self.store.files.flush()
 
   def _disk_store(self, spill_path):
     with self.graph.as_default():
@@ -35,7 +35,7 @@ class FilePathsTest(tf.test.TestCase):
         self, snapstore.SnapshotFileError,
         r"Refusing to write an \.npz archive over .*live\.h5: it is an HDF5 "
         r"file", r"Choose another path"):
-      self.store.save_npz(self.spill)
+      self.store.files.save_npz(self.spill)
     later = self.model.randomize(self.sess, 1)
     self.store.snapshot(1, session=self.sess)  # the store still writes its file
     self.store.close()
@@ -45,13 +45,13 @@ class FilePathsTest(tf.test.TestCase):
 
   def test_save_npz_refuses_a_symlink(self):
     target = os.path.join(self.dir, "target.npz")
-    self.store.save_npz(target)
+    self.store.files.save_npz(target)
     link = os.path.join(self.dir, "link.npz")
     os.symlink(target, link)
     with helpers.assert_raises_naming(
         self, snapstore.SnapshotFileError, r"link\.npz: it is a symbolic link",
         r"Write to the file it names \(.*target\.npz\)"):
-      self.store.save_npz(link)
+      self.store.files.save_npz(link)
     self.assertTrue(os.path.islink(link))
 
   def test_save_npz_refuses_a_special_file(self):
@@ -62,23 +62,23 @@ class FilePathsTest(tf.test.TestCase):
     with helpers.assert_raises_naming(
         self, snapstore.SnapshotFileError,
         r"pipe\.npz: it is not a regular file", r"Choose another path"):
-      self.store.save_npz(fifo)
+      self.store.files.save_npz(fifo)
     self.assertFalse(os.path.isfile(fifo))
 
   def test_save_npz_none(self):
     with helpers.assert_raises_naming(
         self, TypeError, r"The \.npz path must be a string or os\.PathLike, got None"):
-      self.store.save_npz(None)
+      self.store.files.save_npz(None)
 
   def test_save_npz_directory(self):
     with helpers.assert_raises_naming(
         self, ValueError, r"The \.npz path .* is a directory; name a file"):
-      self.store.save_npz(self.dir)
+      self.store.files.save_npz(self.dir)
 
   def test_load_npz_directory(self):
     with helpers.assert_raises_naming(
         self, ValueError, r"The \.npz path .* is a directory; name a file"):
-      self.store.load_npz(self.dir)
+      self.store.files.load_npz(self.dir)
 
   def test_empty_spill_path(self):
     with helpers.assert_raises_naming(self, ValueError,

@@ -1,4 +1,4 @@
-"""store.guard() and store.trial(): what they restore, retries, re-raise, errors."""
+"""snapstore.Guard(store) and snapstore.Trial(store): what they restore, retries, re-raise, errors."""
 from absl.testing import parameterized
 import numpy as np
 
@@ -34,7 +34,7 @@ class GuardTest(_GuardCase):
     model, store, sess = self._setup(mode, use_resource, tf.train.AdamOptimizer)
     start = self._state()
     feeds = model.feeds(1, 4)
-    with store.guard(watch=model.loss, reraise=False, session=sess) as guard:
+    with snapstore.Guard(store, watch=model.loss, reraise=False, session=sess) as guard:
       for feed in feeds:
         guard.run(model.train_op, feed)
       after_k = self._state()
@@ -55,7 +55,7 @@ class GuardTest(_GuardCase):
     start = self._state()
     feed = model.feeds(1, 1)[0]
     seen = []
-    guard = store.guard(watch=model.loss, retries=3, session=sess)
+    guard = snapstore.Guard(store, watch=model.loss, retries=3, session=sess)
     for attempt in guard:
       with attempt:
         seen.append((attempt.number, self._state()))
@@ -77,7 +77,7 @@ class GuardTest(_GuardCase):
     model, store, sess = self._setup(mode, use_resource)
     start = self._state()
     feed = model.feeds(1, 1)[0]
-    guard = store.guard(watch=[model.loss], retries=1, session=sess)
+    guard = snapstore.Guard(store, watch=[model.loss], retries=1, session=sess)
     attempts = []
     with self.assertRaisesRegex(snapstore.NonFiniteError,
                                 r"Watched tensor loss:0 is inf \(attempt 2 of 2\)"):
@@ -95,7 +95,7 @@ class GuardTest(_GuardCase):
     model, store, sess = self._setup()
     start = self._state()
     with self.assertRaisesRegex(ValueError, "user code failed"):
-      with store.guard(session=sess):
+      with snapstore.Guard(store, session=sess):
         sess.run(model.train_op, model.feeds(1, 1)[0])
         raise ValueError("user code failed")
     helpers.assert_state(self._state(), start)
@@ -104,7 +104,7 @@ class GuardTest(_GuardCase):
     model, store, sess = self._setup()
     start = self._state()
     with self.assertRaises(tf.errors.InvalidArgumentError):
-      with store.guard(session=sess) as guard:
+      with snapstore.Guard(store, session=sess) as guard:
         guard.run(model.train_op, model.feeds(1, 1)[0])
         guard.run(model.train_op)  # x not fed
     helpers.assert_state(self._state(), start)
@@ -112,13 +112,13 @@ class GuardTest(_GuardCase):
   def test_exception_outside_catch_is_not_rolled_back(self):
     model, store, sess = self._setup()
     with self.assertRaisesRegex(KeyError, "not caught"):
-      with store.guard(catch=tf.errors.OpError, session=sess):
+      with snapstore.Guard(store, catch=tf.errors.OpError, session=sess):
         sess.run(model.train_op, model.feeds(1, 1)[0])
         changed = self._state()
         raise KeyError("not caught")
     helpers.assert_state(self._state(), changed)
     # A watched tensor's failure always rolls back.
-    with store.guard(catch=tf.errors.OpError, reraise=False, session=sess) as guard:
+    with snapstore.Guard(store, catch=tf.errors.OpError, reraise=False, session=sess) as guard:
       sess.run(model.train_op, model.feeds(1, 1)[0])
       guard.check(np.inf)
     self.assertTrue(guard.failed)
@@ -127,7 +127,7 @@ class GuardTest(_GuardCase):
   def test_success_keeps_the_update_and_the_snapshot(self):
     model, store, sess = self._setup()
     start = self._state()
-    with store.guard(watch=model.loss, session=sess) as guard:
+    with snapstore.Guard(store, watch=model.loss, session=sess) as guard:
       guard.run(model.train_op, model.feeds(1, 1)[0])
     self.assertFalse(guard.failed)
     helpers.assert_state_differs(self._state(), start)
@@ -140,7 +140,7 @@ class GuardTest(_GuardCase):
     start = self._state()
     with self.assertRaisesRegex(snapstore.NonFiniteError,
                                 r"Value 1 is 2 of 3 elements not finite \(first: nan\)"):
-      with store.guard(session=sess) as guard:
+      with snapstore.Guard(store, session=sess) as guard:
         _, value = sess.run([model.train_op, model.loss], model.feeds(1, 1)[0])
         guard.check(value, np.array([1.0, np.nan, np.inf]))
     helpers.assert_state(self._state(), start)
@@ -148,13 +148,13 @@ class GuardTest(_GuardCase):
   def test_check_rejects_non_float_values(self):
     _, store, sess = self._setup()
     with self.assertRaisesRegex(TypeError, "Value 0 is not a float value"):
-      with store.guard(session=sess, catch=snapstore.Error) as guard:
+      with snapstore.Guard(store, session=sess, catch=snapstore.Error) as guard:
         guard.check(np.array([1, 2]))
 
   def test_call_retries_a_function(self):
     model, store, sess = self._setup()
     feed = model.feeds(1, 1)[0]
-    guard = store.guard(watch=model.loss, retries=2, session=sess)
+    guard = snapstore.Guard(store, watch=model.loss, retries=2, session=sess)
     lrs = iter([BLOW_UP, 0.01])
 
     def step():
@@ -164,7 +164,7 @@ class GuardTest(_GuardCase):
     value = guard.call(step)
     self.assertTrue(np.isfinite(value))
     self.assertLen(guard.failures, 1)
-    swallowed = store.guard(watch=model.loss, reraise=False, session=sess)
+    swallowed = snapstore.Guard(store, watch=model.loss, reraise=False, session=sess)
 
     def blow_up():
       swallowed.run(model.train_op, model.with_lr(feed, BLOW_UP))
@@ -175,7 +175,7 @@ class GuardTest(_GuardCase):
 
   def test_one_guard_serves_every_step_without_new_ops(self):
     model, store, sess = self._setup()
-    guard = store.guard(watch=model.loss, retries=1, session=sess)
+    guard = snapstore.Guard(store, watch=model.loss, retries=1, session=sess)
     self.graph.finalize()
     with helpers.assert_no_new_ops(self.graph):
       for i, feed in enumerate(model.feeds(1, 20)):
@@ -184,7 +184,7 @@ class GuardTest(_GuardCase):
             lr = BLOW_UP if i % 5 == 0 and attempt.number == 0 else 0.01
             attempt.run(model.train_op, model.with_lr(feed, lr))
             attempt.run(model.loss, feed)
-        with store.trial(metric=model.loss, feed_dict=feed, session=sess):
+        with snapstore.Trial(store, metric=model.loss, feed_dict=feed, session=sess):
           sess.run(model.train_op, feed)
     self.assertTrue(np.isfinite(sess.run(model.loss, feed)))
 
@@ -195,7 +195,7 @@ class GuardTest(_GuardCase):
       counter = helpers.CountingHook()
       with tf.train.MonitoredTrainingSession(hooks=[counter]) as sess:
         start = th.state(store, sess._tf_sess())  # pylint: disable=protected-access
-        with store.guard(watch=model.loss, reraise=False, session=sess) as guard:
+        with snapstore.Guard(store, watch=model.loss, reraise=False, session=sess) as guard:
           guard.run(model.train_op, model.with_lr(model.feeds(1, 1)[0], BLOW_UP))
           guard.run(model.loss, model.feeds(1, 1)[0])
         self.assertTrue(guard.failed)
@@ -209,57 +209,57 @@ class GuardErrorsTest(_GuardCase):
   def test_watch_must_be_float_tensors_of_the_store_graph(self):
     model, store, _ = self._setup()
     with self.assertRaisesRegex(TypeError, "watch takes float tensors"):
-      store.guard(watch=model.loss.op)
+      snapstore.Guard(store, watch=model.loss.op)
     with self.graph.as_default():
       step_read = tf.identity(model.step)
     with self.assertRaisesRegex(TypeError, "Watched tensor .*has dtype int64"):
-      store.guard(watch=step_read)
+      snapstore.Guard(store, watch=step_read)
     with tf.Graph().as_default():
       other = tf.constant(1.0)
     with self.assertRaisesRegex(snapstore.GraphMismatchError,
                                 "Const:0 belongs to another graph"):
-      store.guard(watch=[model.loss, other])
+      snapstore.Guard(store, watch=[model.loss, other])
 
   def test_bad_arguments(self):
     _, store, _ = self._setup()
     with self.assertRaisesRegex(ValueError, "retries must be >= 0, got -1"):
-      store.guard(retries=-1)
+      snapstore.Guard(store, retries=-1)
     with self.assertRaisesRegex(TypeError, "retries must be an int"):
-      store.guard(retries=1.5)
+      snapstore.Guard(store, retries=1.5)
     with self.assertRaisesRegex(TypeError, "reraise must be a bool"):
-      store.guard(reraise="no")
+      snapstore.Guard(store, reraise="no")
     with self.assertRaisesRegex(TypeError, "catch must be an exception type"):
-      store.guard(catch=(ValueError, "x"))
+      snapstore.Guard(store, catch=(ValueError, "x"))
     with self.assertRaisesRegex(TypeError, "needs a fixed tag"):
-      store.guard(tag=None)
+      snapstore.Guard(store, tag=None)
     with self.assertRaisesRegex(TypeError, "A tag must be an int or a non-empty"):
-      store.trial(tag="")
+      snapstore.Trial(store, tag="")
 
   def test_with_statement_cannot_retry(self):
     _, store, sess = self._setup()
     with self.assertRaisesRegex(ValueError,
                                 "retries=2 needs the block to run again.*for attempt in"):
-      with store.guard(retries=2, session=sess):
+      with snapstore.Guard(store, retries=2, session=sess):
         pass
 
   def test_run_and_check_outside_the_block(self):
     model, store, sess = self._setup()
     with self.assertRaisesRegex(RuntimeError, r"guard.run\(\) runs inside"):
-      store.guard(session=sess).run(model.loss, model.feeds(1, 1)[0])
+      snapstore.Guard(store, session=sess).run(model.loss, model.feeds(1, 1)[0])
     with self.assertRaisesRegex(RuntimeError, r"guard.check\(\) runs inside"):
-      store.guard(session=sess).check(np.nan)
+      snapstore.Guard(store, session=sess).check(np.nan)
 
   def test_attempts_must_be_entered(self):
     _, store, sess = self._setup()
     with self.assertRaisesRegex(RuntimeError, "as a context manager"):
-      for _ in store.guard(retries=1, session=sess):
+      for _ in snapstore.Guard(store, retries=1, session=sess):
         pass
 
   def test_guard_without_session(self):
     _, store, _ = self._setup()
     with self.assertRaisesRegex(snapstore.NoSessionError,
                                 r"snapshot\(\) needs a session"):
-      with store.guard():
+      with snapstore.Guard(store):
         pass
 
 
@@ -269,12 +269,12 @@ class TrialTest(_GuardCase):
   def test_metric_decides(self, mode, use_resource):
     model, store, sess = self._setup(mode, use_resource)
     feed = model.feeds(1, 1)[0]
-    with store.trial(metric=model.loss, feed_dict=feed, session=sess) as trial:
+    with snapstore.Trial(store, metric=model.loss, feed_dict=feed, session=sess) as trial:
       sess.run(model.train_op, feed)
     self.assertTrue(trial.kept)
     self.assertLess(trial.after, trial.before)
     kept = self._state()
-    with store.trial(metric=model.loss, feed_dict=feed, session=sess) as trial:
+    with snapstore.Trial(store, metric=model.loss, feed_dict=feed, session=sess) as trial:
       sess.run(model.train_op, model.with_lr(feed, 5.0))
     self.assertFalse(trial.kept)
     self.assertGreater(trial.after, trial.before)
@@ -284,7 +284,7 @@ class TrialTest(_GuardCase):
     model, store, sess = self._setup()
     start = self._state()
     feed = model.feeds(1, 1)[0]
-    with store.trial(metric=model.loss, feed_dict=feed, session=sess) as trial:
+    with snapstore.Trial(store, metric=model.loss, feed_dict=feed, session=sess) as trial:
       sess.run(model.train_op, model.with_lr(feed, BLOW_UP))
     self.assertFalse(trial.kept)
     self.assertFalse(np.isfinite(trial.after))
@@ -299,7 +299,7 @@ class TrialTest(_GuardCase):
       calls.append((before, after))
       return after < before - 1e6  # an improvement no step makes
     start = self._state()
-    with store.trial(metric=model.loss, feed_dict=feed, accept=accept,
+    with snapstore.Trial(store, metric=model.loss, feed_dict=feed, accept=accept,
                      session=sess) as trial:
       sess.run(model.train_op, feed)
     self.assertFalse(trial.kept)
@@ -311,18 +311,18 @@ class TrialTest(_GuardCase):
     model, store, sess = self._setup()
     feed = model.feeds(1, 1)[0]
     start = self._state()
-    with store.trial(session=sess) as trial:
+    with snapstore.Trial(store, session=sess) as trial:
       sess.run(model.train_op, feed)
       trial.reject()
     self.assertFalse(trial.kept)
     helpers.assert_state(self._state(), start)
-    with store.trial(metric=model.loss, feed_dict=feed, session=sess) as trial:
+    with snapstore.Trial(store, metric=model.loss, feed_dict=feed, session=sess) as trial:
       sess.run(model.train_op, model.with_lr(feed, 5.0))
       trial.keep()  # wins over the metric
     self.assertTrue(trial.kept)
     self.assertIsNone(trial.after)
     helpers.assert_state_differs(self._state(), start)
-    with store.trial(session=sess) as trial:
+    with snapstore.Trial(store, session=sess) as trial:
       trial.decide(np.bool_(False))
     self.assertFalse(trial.kept)
 
@@ -330,7 +330,7 @@ class TrialTest(_GuardCase):
     model, store, sess = self._setup()
     start = self._state()
     with self.assertRaisesRegex(snapstore.TrialError, "without a decision"):
-      with store.trial(session=sess):
+      with snapstore.Trial(store, session=sess):
         sess.run(model.train_op, model.feeds(1, 1)[0])
     helpers.assert_state(self._state(), start)
 
@@ -338,7 +338,7 @@ class TrialTest(_GuardCase):
     model, store, sess = self._setup()
     start = self._state()
     with self.assertRaisesRegex(ZeroDivisionError, "division"):
-      with store.trial(session=sess) as trial:
+      with snapstore.Trial(store, session=sess) as trial:
         sess.run(model.train_op, model.feeds(1, 1)[0])
         trial.keep()
         1 / 0  # pylint: disable=pointless-statement
@@ -348,14 +348,14 @@ class TrialTest(_GuardCase):
   def test_bad_arguments(self):
     model, store, _ = self._setup()
     with self.assertRaisesRegex(ValueError, "pass metric= too"):
-      store.trial(accept=lambda b, a: True)
+      snapstore.Trial(store, accept=lambda b, a: True)
     with self.assertRaisesRegex(TypeError, "accept must be a function"):
-      store.trial(metric=model.loss, accept=1)
+      snapstore.Trial(store, metric=model.loss, accept=1)
     with tf.Graph().as_default():
       other = tf.constant(1.0)
     with self.assertRaisesRegex(snapstore.GraphMismatchError,
                                 "Const:0 belongs to another graph"):
-      store.trial(metric=other)
+      snapstore.Trial(store, metric=other)
 
 
 if __name__ == "__main__":

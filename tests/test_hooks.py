@@ -145,7 +145,7 @@ def _in_step_model(use_resource=False, if_finite=True):
   """A `th.Linear` model, its store and a train op snapshotting in its run."""
   model = th.Linear(use_resource)
   store = model.store()
-  train_op = store.snapshot_before(
+  train_op = store.slots.snapshot_before(
       model.apply, if_finite=model.loss if if_finite else None)
   return model, store, train_op
 

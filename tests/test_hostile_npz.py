@@ -68,7 +68,7 @@ def good_members(state=None):
 
 
 def _load(path, varset):
-  """The arrays of `path` for `varset`, read as `SnapshotStore.load_npz` reads them."""
+  """The arrays of `path` for `varset`, read as `store.files.load_npz` reads them."""
   with npz.Archive(path) as source:
     arrays = sources.read(source, varset, sources.NameMap(varset))
   return dict(zip(varset.keys, arrays))
@@ -194,7 +194,7 @@ class HostileNpzTest(hostile.HostileFileCase, parameterized.TestCase):
     for mode, store in sorted(self.stores.items()):
       live = hostile.values(3)
       self.load(live)
-      self.assert_refused(lambda: store.load_npz(path, session=self.sess),  # pylint: disable=cell-var-from-loop
+      self.assert_refused(lambda: store.files.load_npz(path, session=self.sess),  # pylint: disable=cell-var-from-loop
                           error, message)
       helpers.assert_state(self.current(), live, mode)
       self.assert_usable(store)
@@ -214,7 +214,7 @@ class HostileNpzTest(hostile.HostileFileCase, parameterized.TestCase):
                ("b/c.npy", npy(state["b/c"]))]
     path = self._write("non_finite", archive(members))
     for mode, store in sorted(self.stores.items()):
-      store.load_npz(path, tag="nan", session=self.sess)
+      store.files.load_npz(path, tag="nan", session=self.sess)
       store.restore("nan", session=self.sess)
       helpers.assert_state(self.current(), state, mode)
       store.delete("nan")

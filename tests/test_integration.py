@@ -21,7 +21,7 @@ class SpillTierWithDeviceFeaturesTest(tf.test.TestCase, parameterized.TestCase):
       self.store = snapstore.SnapshotStore(
           scope="net", mode="device", max_to_keep=2,
           spill_path=os.path.join(self.get_temp_dir(), "s.h5"))
-      self.y_past = [self.store.past(self.y, slot=k) for k in range(2)]
+      self.y_past = [self.store.slots.past(self.y, slot=k) for k in range(2)]
     self.sess = tf.Session(graph=graph)
     self.addCleanup(self.sess.close)
     self.addCleanup(self.store.close)
@@ -34,9 +34,9 @@ class SpillTierWithDeviceFeaturesTest(tf.test.TestCase, parameterized.TestCase):
     self.w.load(np.ones([3, 2], np.float32), self.sess)
     expected = self.sess.run(self.y, self.feed)
     self.store.snapshot("old", session=self.sess)
-    self.store.spill("old", session=self.sess)
-    self.store.flush()
-    self.assertEqual(self.store.tier("old"), "file")
+    self.store.files.spill("old", session=self.sess)
+    self.store.files.flush()
+    self.assertEqual(self.store.files.tier("old"), "file")
     self.w.load(np.full([3, 2], 7, np.float32), self.sess)
     current = self.sess.run(self.w)
     past = self.store.evaluate_with(self.y, self.feed, tag="old", session=self.sess)
@@ -44,7 +44,7 @@ class SpillTierWithDeviceFeaturesTest(tf.test.TestCase, parameterized.TestCase):
     helpers.assert_bit_equal(self.sess.run(self.w), current)
     # A snapshot in a slot still uses the rewired tensors.
     self.store.snapshot("slot", session=self.sess)
-    self.assertEqual(self.store.tier("slot"), "device")
+    self.assertEqual(self.store.files.tier("slot"), "device")
     helpers.assert_bit_equal(
         self.store.evaluate_with(self.y, self.feed, tag="slot", session=self.sess),
         self.sess.run(self.y, self.feed))
@@ -52,15 +52,15 @@ class SpillTierWithDeviceFeaturesTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*helpers.kind_cases())
   def test_pinned_slot_on_a_spilling_store(self, use_resource):
     self._setup(use_resource)
-    self.store.pin_slot(0, "target")
-    self.assertEqual(self.store.pinned(), ["target"])
-    self.sess.run(self.store.snapshot_op(0))
+    self.store.slots.pin(0, "target")
+    self.assertEqual(self.store.slots.pinned(), ["target"])
+    self.sess.run(self.store.slots.snapshot_op(0))
     helpers.assert_bit_equal(
         self.store.evaluate_with(self.y, self.feed, tag="target", session=self.sess),
         self.sess.run(self.y, self.feed))
     with self.assertRaisesRegex(snapstore.PinnedTagError, r"'target' is pinned to device slot 0"):
-      self.store.spill("target", session=self.sess)
-    self.assertEqual(self.store.tier("target"), "device")
+      self.store.files.spill("target", session=self.sess)
+    self.assertEqual(self.store.files.tier("target"), "device")
 
 
 if __name__ == "__main__":

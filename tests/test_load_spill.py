@@ -32,7 +32,7 @@ class _SpillCase(tf.test.TestCase, parameterized.TestCase):
       for i, value in enumerate(values):
         w.load(value, sess)
         store.snapshot("w%d" % i, session=sess)
-      store.flush()
+      store.files.flush()
 
   def _store(self, mode, use_resource):
     graph = tf.Graph()
@@ -54,7 +54,7 @@ class LoadSpillTest(_SpillCase):
     self._write_run(path, values)
     store, sess, _, w, _ = self._store(mode, use_resource)
     for i, value in enumerate(values):
-      self.assertEqual(store.load_spill(path, "w%d" % i, tag=i, session=sess), i)
+      self.assertEqual(store.files.load_spill(path, "w%d" % i, tag=i, session=sess), i)
     self.assertEqual(sess.run(w), -5.0)  # loading changes no variable
     for i, value in enumerate(values):
       store.restore(i, session=sess)
@@ -77,9 +77,9 @@ class LoadSpillTest(_SpillCase):
       store, sess, x, w, y = self._store(mode, use_resource)
       with store.graph.as_default():
         ensemble = snapstore.Ensemble(store, y, tags=["ckpt", "npz", "spill"])
-      store.load_checkpoint(ckpt, tag="ckpt", strip_prefix="other", session=sess)
-      store.load_npz(npz_path, tag="npz", session=sess)
-      store.load_spill(spill_path, "w0", tag="spill", session=sess)
+      store.files.load_checkpoint(ckpt, tag="ckpt", strip_prefix="other", session=sess)
+      store.files.load_npz(npz_path, tag="npz", session=sess)
+      store.files.load_spill(spill_path, "w0", tag="spill", session=sess)
       result = ensemble.evaluate({x: np.array([10.0], np.float32)}, session=sess)
       self.assertEqual([float(v[0]) for v in result.members.values()], [11.0, 12.0, 13.0])
       self.assertEqual(float(result.combined[0]), 12.0)
@@ -101,14 +101,14 @@ class LoadSpillErrorsTest(_SpillCase):
 
   def test_unknown_snapshot_lists_the_file_s_tags(self):
     with self.assertRaisesRegex(snapstore.UnknownTagError, r"'w9'.*'w0', 'w1'"):
-      self.store.load_spill(self.path, "w9", session=self.sess)
+      self.store.files.load_spill(self.path, "w9", session=self.sess)
     self.assertUnchanged()
 
   def test_incompatible_variables_are_named(self):
     with helpers.assert_raises_naming(
         self, snapstore.IncompatibleSnapshotError, r"Snapshot 'w0' in \S*run1\.h5",
         r"missing variables: w\b", r"variables the store does not have: x\b"):
-      self.store.load_spill(self.path, "w0", mapping=lambda name: "x",
+      self.store.files.load_spill(self.path, "w0", mapping=lambda name: "x",
                             session=self.sess)
     self.assertUnchanged()
 
@@ -123,16 +123,16 @@ class LoadSpillErrorsTest(_SpillCase):
       f.write(bytes([byte[0] ^ 0xFF]))
     with self.assertRaisesRegex(snapstore.SnapshotFileError,
                                 r"checksum mismatch in variable 'w' of snapshot 'w1'"):
-      self.store.load_spill(self.path, "w1", session=self.sess)
+      self.store.files.load_spill(self.path, "w1", session=self.sess)
     self.assertUnchanged()
-    self.store.load_spill(self.path, "w0", tag="good", session=self.sess)  # still usable
+    self.store.files.load_spill(self.path, "w0", tag="good", session=self.sess)  # still usable
 
   def test_not_a_spill_file(self):
     npz_path = os.path.join(self.get_temp_dir(), "x.npz")
     np.savez(npz_path, w=np.float32(1))
     with self.assertRaisesRegex(snapstore.SnapshotFileError,
                                 r"x\.npz is not an HDF5 file"):
-      self.store.load_spill(npz_path, "w0", session=self.sess)
+      self.store.files.load_spill(npz_path, "w0", session=self.sess)
     self.assertUnchanged()
 
 

@@ -209,8 +209,8 @@ class SlowWeightsTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(opt.get_slot_names(), ["momentum", "slow"])
       w = model.variables["w"]
       self.assertIs(opt.get_slot(w, "momentum"), opt.optimizer.get_slot(w, "momentum"))
-      self.assertIs(opt.get_slot(w, "slow"), opt.store().shadows(0)["net/w"])
-      self.assertEqual(opt.store().pinned(), ["slow"])
+      self.assertIs(opt.get_slot(w, "slow"), opt.store().slots.shadows(0)["net/w"])
+      self.assertEqual(opt.store().slots.pinned(), ["slow"])
       # The whole Lookahead step is the graph's train op, not the inner step.
       self.assertEqual(tf.get_collection(tf.GraphKeys.TRAIN_OP), [model.train_op])
       # The slow weights are saved by a default Saver, like optimizer slots.
@@ -313,7 +313,7 @@ class LookaheadErrorsTest(tf.test.TestCase):
     with tf.Graph().as_default():  # another graph: a train op of its own
       w = tf.get_variable("w", [2])
       opt.minimize(tf.reduce_sum(w))
-      self.assertEqual(list(opt.store().shadows(0)), ["w"])
+      self.assertEqual(list(opt.store().slots.shadows(0)), ["w"])
 
 
 if __name__ == "__main__":

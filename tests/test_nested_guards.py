@@ -54,9 +54,9 @@ class NestedGuardsTest(_Case):
       self, mode, use_resource):
     a = self._setup(mode, use_resource)
     b = _step(a)
-    with self.store.guard(reraise=False, session=self.sess) as outer:
+    with snapstore.Guard(self.store, reraise=False, session=self.sess) as outer:
       self.run_step()
-      with self.store.guard(reraise=False, session=self.sess) as inner:
+      with snapstore.Guard(self.store, reraise=False, session=self.sess) as inner:
         self.run_step()
         self.run_step()
         raise ValueError("inner step failed")
@@ -68,7 +68,7 @@ class NestedGuardsTest(_Case):
     self.assertTrue(outer.failed)
     self.assertState(a, "outer rollback")
     # Both are done: the next guard is a top-level one again.
-    with self.store.guard(session=self.sess) as again:
+    with snapstore.Guard(self.store, session=self.sess) as again:
       self.assertEqual(again.tag, "guard")
 
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
@@ -76,11 +76,11 @@ class NestedGuardsTest(_Case):
     a = self._setup(mode, use_resource, max_to_keep=4)
     b = _step(a)
     c = _step(b)
-    with self.store.trial(session=self.sess) as outer:        # at a
+    with snapstore.Trial(self.store, session=self.sess) as outer:        # at a
       self.run_step()
-      with self.store.trial(session=self.sess) as middle:     # at b
+      with snapstore.Trial(self.store, session=self.sess) as middle:     # at b
         self.run_step()
-        with self.store.guard(reraise=False, session=self.sess) as inner:  # at c
+        with snapstore.Guard(self.store, reraise=False, session=self.sess) as inner:  # at c
           self.run_step()
           raise ValueError
         self.assertState(c, "guard in trial")
@@ -95,9 +95,9 @@ class NestedGuardsTest(_Case):
   def test_retries_inside_a_guard(self, mode, use_resource):
     a = self._setup(mode, use_resource)
     b = _step(a)
-    with self.store.guard(reraise=False, session=self.sess):
+    with snapstore.Guard(self.store, reraise=False, session=self.sess):
       self.run_step()
-      for attempt in self.store.guard(retries=2, session=self.sess):
+      for attempt in snapstore.Guard(self.store, retries=2, session=self.sess):
         with attempt:
           self.run_step()
           self.assertState(_step(b), "attempt %d from b" % attempt.number)
@@ -116,13 +116,13 @@ class NestedGuardsTest(_Case):
         self, ValueError, r"keeps max_to_keep=1 snapshots",
         r"taking 'guard/1' would evict 'guard'",
         r"an enclosing guard or trial rolls back to", r"larger max_to_keep"):
-      with self.store.guard(session=self.sess):
+      with snapstore.Guard(self.store, session=self.sess):
         self.run_step()
-        with self.store.guard(session=self.sess):
+        with snapstore.Guard(self.store, session=self.sess):
           self.fail("the inner guard must not start")
     self.assertState(a, "the outer guard rolled back")  # its snapshot was kept
     self.assertEqual(self.store.tags(), ["guard"])
-    with self.store.guard(session=self.sess) as again:
+    with snapstore.Guard(self.store, session=self.sess) as again:
       self.assertEqual(again.tag, "guard")
 
   def test_evicts_tells_which_snapshot_would_go(self):

@@ -33,8 +33,8 @@ class FinalizedGraphTest(tf.test.TestCase, parameterized.TestCase):
         store.restore(tag, session=sess)
         np.testing.assert_array_equal(past, sess.run(y, feed))
         if i % 100 == 0:
-          store.save_npz(path, session=sess)
-          store.load_npz(path, session=sess)
+          store.files.save_npz(path, session=sess)
+          store.files.load_npz(path, session=sess)
           store.arrays(session=sess)
           store.delete(store.tags()[0])
       self.assertLen(store.tags(), 3)

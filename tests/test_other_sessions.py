@@ -64,7 +64,7 @@ class AnotherLocalSessionTest(_Case):
         "evaluate_with": lambda: self.store.evaluate_with(self.w, tag="a",
                                                           session=second),
         "evaluate_each": lambda: self.store.evaluate_each(self.w, session=second),
-        "save_npz": lambda: self.store.save_npz(
+        "save_npz": lambda: self.store.files.save_npz(
             os.path.join(self.get_temp_dir(), "a.npz"), "a", session=second),
     }
     for what, call in calls.items():
@@ -147,11 +147,11 @@ class AnotherLocalSessionTest(_Case):
       self, use_resource):
     # pin_slot names a slot that in-graph ops write, in any session.
     self._build("device", use_resource)
-    self.store.pin_slot(0, "target")
+    self.store.slots.pin(0, "target")
     for seed in (1, 2):
       sess = self._session()
       taken = self.model.randomize(sess, seed=seed)
-      sess.run(self.store.snapshot_op(0))
+      sess.run(self.store.slots.snapshot_op(0))
       self.model.randomize(sess, seed=seed + 10)
       self.store.restore("target", session=sess)
       helpers.assert_state(self.model.values(sess), taken)
@@ -164,7 +164,7 @@ class AnotherLocalSessionTest(_Case):
     first = self._session()
     taken = self.model.randomize(first, seed=1)
     self.store.snapshot("a", session=first)
-    self.store.spill("a", session=first)
+    self.store.files.spill("a", session=first)
     first.close()
     second = self._session()
     self.assertEqual(self.store.tags(), ["a"])

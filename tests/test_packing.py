@@ -123,7 +123,7 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
         expected = model.randomize(sess, seed=0)
         tag = store.snapshot(session=sess)
         placed = {}
-        for op in (store.snapshot_op(1), store.restore_op(0)):
+        for op in (store.slots.snapshot_op(1), store.slots.restore_op(0)):
           placed.update(helpers.placements(sess, op))
         # Every op the copies ran (concat, split, reshape, assign) ran on the
         # device of the variables it copies.
@@ -181,7 +181,7 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
         sess.run(change)
         after = sess.run([w, b])
         sess.run(tf.local_variables_initializer())  # e.g. resetting tf.metrics
-        sess.run(store.restore_op(1))
+        sess.run(store.slots.restore_op(1))
         for got, want in zip(sess.run([w, b]), initial):
           helpers.assert_bit_equal(got, want)
         store.restore("a", session=sess)
@@ -198,8 +198,8 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
       loss = tf.reduce_sum(w) + tf.reduce_sum(b)
       opt = tf.train.GradientDescentOptimizer(-1.0)  # adds 1 per step
       store = snapstore.SnapshotStore(scope="net", max_to_keep=2, pack=True)
-      train = store.snapshot_before(lambda: opt.minimize(loss))
-      with tf.control_dependencies([store.snapshot_op(1)]):
+      train = store.slots.snapshot_before(lambda: opt.minimize(loss))
+      with tf.control_dependencies([store.slots.snapshot_op(1)]):
         marker = tf.no_op()
       with tf.Session() as sess:
         helpers.init(sess)
@@ -211,7 +211,7 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(sess.run(b), np.full([2, 2], 2.0))
         sess.run(marker)
         sess.run(train)
-        sess.run(store.restore_op(1))
+        sess.run(store.slots.restore_op(1))
         self.assertAllEqual(sess.run(b), np.full([2, 2], 2.0))
 
   @parameterized.named_parameters(*KINDS)
@@ -224,7 +224,7 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
       loss = scale * (tf.reduce_sum(w) + tf.reduce_sum(b))
       opt = tf.train.GradientDescentOptimizer(-1.0)  # adds `scale` per step
       store = snapstore.SnapshotStore(scope="net", pack=True)
-      train = store.snapshot_before(lambda: opt.minimize(loss), if_finite=loss)
+      train = store.slots.snapshot_before(lambda: opt.minimize(loss), if_finite=loss)
       with tf.Session() as sess:
         helpers.init(sess)
         sess.run(train)  # copies 0, then w = 1
@@ -262,10 +262,10 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
       with helpers.assert_raises_naming(self, snapstore.ModeError, r"^shadows\(\)",
                                         "packs 9 of its 11 variables into 3 buffers",
                                         r"pack=False \(the default\)"):
-        store.shadows(0)
+        store.slots.shadows(0)
       with helpers.assert_raises_naming(self, snapstore.ModeError, r"^past\(\)",
                                         "pack=False"):
-        store.past(model.variables["w0"].read_value())
+        store.slots.past(model.variables["w0"].read_value())
 
   def test_a_store_with_nothing_to_pack_has_its_shadows(self):
     with tf.Graph().as_default():
@@ -273,7 +273,7 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
         tf.get_variable("step", [], tf.int64)
         tf.get_variable("w", [3])
       store = snapstore.SnapshotStore(scope="net", pack=True)
-      self.assertEqual(list(store.shadows()), ["step", "w"])
+      self.assertEqual(list(store.slots.shadows()), ["step", "w"])
 
   def test_pack_must_be_a_bool(self):
     with tf.Graph().as_default():

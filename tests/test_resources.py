@@ -51,8 +51,8 @@ _EXITING = textwrap.dedent("""
       for store in stores:
         store.snapshot(tag, session=sess)
         if store.mode != "disk":
-          store.spill(tag, session=sess)
-    print(sum(s._mode._writer.pending for s in stores), flush=True)
+          store.files.spill(tag, session=sess)
+    print(sum(s._h.mode._writer.pending for s in stores), flush=True)
     # No close(), no flush(): the interpreter exits here.
 """)
 
@@ -103,7 +103,7 @@ class ResourcesTest(tf.test.TestCase, parameterized.TestCase):
     for seed in (1, 2):
       self.model.randomize(self.sess, seed)
       states[store.snapshot(session=self.sess)] = self.model.values(self.sess)
-      store.spill(session=self.sess)
+      store.files.spill(session=self.sess)
     return states
 
   def assertReleased(self, states):
@@ -144,7 +144,7 @@ class ResourcesTest(tf.test.TestCase, parameterized.TestCase):
     store = self._store(mode)
     states = self._use(store)
     deadline = time.time() + 10
-    while store._mode._writer.pending and time.time() < deadline:  # pylint: disable=protected-access
+    while store._h.mode._writer.pending and time.time() < deadline:  # pylint: disable=protected-access
       time.sleep(0.01)
     del store
     gc.collect()

@@ -1,4 +1,4 @@
-"""store.past(): outputs computed from a device slot, next to the current ones.
+"""store.slots.past(): outputs computed from a device slot, next to the current ones.
 
 Each supported construct is checked against the swap-based evaluation
 (`evaluate_with` of a fetch that has no rewired version), bit for bit: the
@@ -47,7 +47,7 @@ class _Case(tf.test.TestCase, parameterized.TestCase):
         self.store = snapstore.SnapshotStore(scope=scope, max_to_keep=2)
       else:
         self.store = snapstore.SnapshotStore(var_list=var_list(), max_to_keep=2)
-      self.past = self.store.past(self.out, slot=0)
+      self.past = self.store.slots.past(self.out, slot=0)
       self.swap_fetch = tf.identity(self.out)
       self.perturb = _perturb_op(list(self.store.variables.values()), seed=7)
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
@@ -58,7 +58,7 @@ class _Case(tf.test.TestCase, parameterized.TestCase):
 
   def assertPastMatchesSwap(self, feeds=None):
     tag = self.store.snapshot(session=self.sess)
-    self.assertEqual(self.store.slot_of(tag), 0)
+    self.assertEqual(self.store.slots.slot_of(tag), 0)
     self.sess.run(self.perturb)
     for feed in feeds or [self.feed_fn()]:
       past, current = self.sess.run([self.past, self.out], feed)
@@ -240,11 +240,11 @@ class NetworkBTest(tf.test.TestCase, parameterized.TestCase):
       out = helpers.dense_net(x, scope="network_B", use_resource=use_resource)
       b_vars = tf.trainable_variables("network_B")
       store = snapstore.SnapshotStore(scope="network_B")
-      past_out = store.past(out, slot=0)
+      past_out = store.slots.past(out, slot=0)
       # A TD-style loss: the past network gives the target.
       loss = tf.reduce_mean(tf.square(out - (reward + 0.9 * past_out)))
       train = tf.train.GradientDescentOptimizer(0.05).minimize(loss, var_list=b_vars)
-      grads = tf.gradients(loss, list(store.shadows(0).values()))
+      grads = tf.gradients(loss, list(store.slots.shadows(0).values()))
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
     self.assertEqual(grads, [None] * len(grads))
     self.assertCountEqual(graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES),
@@ -261,12 +261,12 @@ class NetworkBTest(tf.test.TestCase, parameterized.TestCase):
                             rtol=1e-5, atol=1e-5)
         if previous is not None:
           helpers.assert_bits_differ(past_value, current_value, "past")
-        sess.run(store.snapshot_op(0))        # the past: parameters before the step
-        shadows_before = sess.run(list(store.shadows(0).values()))
+        sess.run(store.slots.snapshot_op(0))        # the past: parameters before the step
+        shadows_before = sess.run(list(store.slots.shadows(0).values()))
         sess.run(train, {x: x_value, reward: r_value})
         # The step changed only the current variables.
         for before, after in zip(shadows_before,
-                                 sess.run(list(store.shadows(0).values()))):
+                                 sess.run(list(store.slots.shadows(0).values()))):
           helpers.assert_bit_equal(after, before, "shadow")
         previous = params
 
@@ -296,18 +296,18 @@ class CachingAndEvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
     self._build()
     with self.graph.as_default():
       with helpers.new_ops(self.graph) as built:
-        past = self.store.past(self.out)
+        past = self.store.slots.past(self.out)
       self.assertTrue(built)  # the first call builds the copy
       with helpers.assert_no_new_ops(self.graph):
-        self.assertIs(self.store.past(self.out), past)
+        self.assertIs(self.store.slots.past(self.out), past)
         # A tensor inside the earlier copy: already there.
-        past_hidden = self.store.past({"h": self.hidden, "o": self.out})
+        past_hidden = self.store.slots.past({"h": self.hidden, "o": self.out})
         self.assertIs(past_hidden["o"], past)
       # Another slot gets its own copy.
-      self.assertIsNot(self.store.past(self.out, slot=1), past)
+      self.assertIsNot(self.store.slots.past(self.out, slot=1), past)
       # New outputs copy only the ops not copied yet.
       with helpers.new_ops(self.graph) as added:
-        self.store.past(self.loss)
+        self.store.slots.past(self.loss)
       added = [op.name for op in added]
       self.assertFalse([n for n in added if "dense" in n], added)
     self.assertTrue(past.name.startswith("snapstore/past_0/net/dense_1/"), past.name)
@@ -318,8 +318,8 @@ class CachingAndEvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
     self._build()
     with self.graph.as_default():
       doubled = self.x * 2.0
-      self.assertIs(self.store.past(doubled), doubled)
-      past = self.store.past([doubled, self.out])
+      self.assertIs(self.store.slots.past(doubled), doubled)
+      past = self.store.slots.past([doubled, self.out])
     sess = self._session()
     self.store.snapshot(session=sess)
     fetched = self.store.evaluate_with([doubled, self.out], self.feed, session=sess)
@@ -330,12 +330,12 @@ class CachingAndEvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
   def test_evaluate_with_uses_rewired_tensors_and_falls_back(self, use_resource):
     self._build(use_resource)
     with self.graph.as_default():
-      past = self.store.past(self.out, slot=1)
+      past = self.store.slots.past(self.out, slot=1)
     sess = self._session()
     self.store.snapshot("a", session=sess)     # slot 0: no rewired tensors
     sess.run(self.perturb)
     self.store.snapshot("b", session=sess)     # slot 1
-    self.assertEqual(self.store.slot_of("b"), 1)
+    self.assertEqual(self.store.slots.slot_of("b"), 1)
     sess.run(self.perturb)
     current = sess.run(self.out, self.feed)
     got = self.store.evaluate_with({"o": self.out}, self.feed, tag="b", session=sess)
@@ -352,7 +352,7 @@ class CachingAndEvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
   def test_a_fed_intermediate_tensor_is_fed_to_its_copy(self):
     self._build()
     with self.graph.as_default():
-      self.store.past(self.out)
+      self.store.slots.past(self.out)
       reference = tf.identity(self.out)  # no rewired version: the swap
     sess = self._session()
     self.store.snapshot(session=sess)
@@ -365,7 +365,7 @@ class CachingAndEvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
   def test_fetch_by_name_and_unknown_feed_keys(self):
     self._build()
     with self.graph.as_default():
-      past = self.store.past(self.out)
+      past = self.store.slots.past(self.out)
     sess = self._session()
     self.store.snapshot(session=sess)
     sess.run(self.perturb)
@@ -377,7 +377,7 @@ class CachingAndEvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
   def test_thousand_evaluations_on_a_finalized_graph(self):
     self._build()
     with self.graph.as_default():
-      past = self.store.past(self.out)
+      past = self.store.slots.past(self.out)
     sess = self._session()
     self.graph.finalize()
     with helpers.assert_no_new_ops(self.graph):
@@ -386,7 +386,7 @@ class CachingAndEvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
       for _ in range(1000):
         got = self.store.evaluate_with(self.out, self.feed, tag=tag, session=sess)
       helpers.assert_bit_equal(got, expected)
-    self.assertIs(self.store.past(self.out), past)  # cached: fine when finalized
+    self.assertIs(self.store.slots.past(self.out), past)  # cached: fine when finalized
 
   def test_rewired_reads_run_on_the_variables_device(self):
     graph = tf.Graph()
@@ -396,7 +396,7 @@ class CachingAndEvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
         w = tf.get_variable("w", [3, 2])
       out = tf.matmul(x, w)
       store = snapstore.SnapshotStore(scope="net")
-      past = store.past(out)
+      past = store.slots.past(out)
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
     reads = [op.name for op in graph.get_operations()
              if op.name.startswith("snapstore/past_0/") and op.type == "ReadVariableOp"]
@@ -429,8 +429,8 @@ class GradientsTest(tf.test.TestCase, parameterized.TestCase):
         h = tf.layers.batch_normalization(h, training=training)
         out = tf.layers.dense(h, 1)
       store = snapstore.SnapshotStore(scope="net")
-      past = store.past(out)
-      shadows = list(store.shadows(0).values())
+      past = store.slots.past(out)
+      shadows = list(store.slots.shadows(0).values())
       self.assertEqual(tf.gradients(tf.reduce_sum(past), shadows),
                        [None] * len(shadows))
       (grad_x_past,) = tf.gradients(tf.reduce_sum(past), [x])
@@ -456,7 +456,7 @@ class GradientsTest(tf.test.TestCase, parameterized.TestCase):
       with tf.variable_scope("net", use_resource=use_resource):
         out = tf.layers.dense(x, 2)
       store = snapstore.SnapshotStore(scope="net", saveable=True)
-      past = store.past(out)
+      past = store.slots.past(out)
       loss = tf.reduce_mean(tf.square(out - past + 1.0)) + tf.reduce_mean(past)
       # Shadows are not trainable, and even as global variables get no gradient.
       grads = tf.train.AdamOptimizer(0.1).compute_gradients(
@@ -469,12 +469,12 @@ class GradientsTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Session(graph=graph) as sess:
       sess.run(init)
       store.snapshot(session=sess)
-      shadows = sess.run(list(store.shadows(0).values()))
+      shadows = sess.run(list(store.slots.shadows(0).values()))
       current = sess.run(list(store.variables.values()))
       feed = {x: np.ones([4, 3], np.float32)}
       for _ in range(3):
         sess.run(train, feed)
-      for before, after in zip(shadows, sess.run(list(store.shadows(0).values()))):
+      for before, after in zip(shadows, sess.run(list(store.slots.shadows(0).values()))):
         helpers.assert_bit_equal(after, before, "shadow")
       for before, after in zip(current, sess.run(list(store.variables.values()))):
         helpers.assert_bits_differ(after, before, "current")
@@ -515,7 +515,7 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
   def assertRefused(self, graph, store, outputs, *fragments):
     with helpers.assert_no_new_ops(graph):
       with helpers.assert_raises_naming(self, snapstore.RewireError, *fragments):
-        store.past(outputs)
+        store.slots.past(outputs)
 
   @parameterized.named_parameters(*KINDS)
   def test_batch_norm_updates_as_control_dependency(self, use_resource):
@@ -581,8 +581,8 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
       store = snapstore.SnapshotStore(scope="net")
     graph.finalize()
     with self.assertRaisesRegex(snapstore.RewireError,
-                                r"graph is finalized.*store\.past\(\) while building"):
-      store.past(self.out)
+                                r"graph is finalized.*store\.slots\.past\(\) while building"):
+      store.slots.past(self.out)
 
   def test_refused_fetches_use_the_swap(self):
     graph = self._graph()
@@ -591,7 +591,7 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
       out = self.out + tf.assign_add(counter, 1.0)
       store = snapstore.SnapshotStore(scope="net")
       with self.assertRaises(snapstore.RewireError):
-        store.past(out)
+        store.slots.past(out)
       init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
     with tf.Session(graph=graph) as sess:
       sess.run(init)
@@ -606,24 +606,25 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
       store = snapstore.SnapshotStore(scope="net", max_to_keep=2)
       host = snapstore.SnapshotStore(scope="net", mode="host", name="host")
       kernel = tf.trainable_variables("net")[0]
-    with self.assertRaisesRegex(snapstore.ModeError, r"past\(\) is for device mode"):
-      host.past(self.out)
+    with self.assertRaisesRegex(snapstore.ModeError,
+                                r"store\.slots: this store uses mode 'host'"):
+      host.slots.past(self.out)
     with self.assertRaisesRegex(ValueError, r"slot must be <= 1"):
-      store.past(self.out, slot=2)
+      store.slots.past(self.out, slot=2)
     with self.assertRaisesRegex(TypeError, r"takes tensors.*got <tf.Variable"):
-      store.past(kernel)
+      store.slots.past(kernel)
     with self.assertRaisesRegex(TypeError, r"takes tensors.*got <tf.Operation"):
-      store.past(self.out.op)
+      store.slots.past(self.out.op)
     with self.assertRaisesRegex(ValueError,
                                 r"net/dense/kernel:0, a variable's reference; pass the value"):
-      store.past(kernel.op.outputs[0])
+      store.slots.past(kernel.op.outputs[0])
     with self.assertRaisesRegex(ValueError, r"got no tensors"):
-      store.past([])
+      store.slots.past([])
     with tf.Graph().as_default():
       other = tf.zeros([1])
     with self.assertRaisesRegex(snapstore.GraphMismatchError,
                                 r"zeros:0 belongs to another graph"):
-      store.past(other)
+      store.slots.past(other)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ _CHILD = textwrap.dedent("""
         for key, value in test_sigkill.values(tag).items():
           variables[key].load(value, sess)
         store.snapshot(tag, session=sess)
-        store.flush()
+        store.files.flush()
         print(tag, flush=True)
 """)
 
@@ -79,7 +79,7 @@ _EXITING_CHILD = textwrap.dedent("""
       for key, value in test_sigkill.values(tag).items():
         variables[key].load(value, sess)
       store.snapshot(tag, session=sess)
-    print(store._mode._writer.pending, flush=True)
+    print(store._h.mode._writer.pending, flush=True)
 """)
 
 

@@ -65,8 +65,8 @@ class SoakTest(tf.test.TestCase, parameterized.TestCase):
         store.snapshot("taken", session=sess)
         store.evaluate_with(w, tag="loaded", session=sess)
         store.arrays("taken", session=sess)
-        store.spill("taken", session=sess)
-        store.flush()
+        store.files.spill("taken", session=sess)
+        store.files.flush()
         store.restore("taken", session=sess)  # from the file
         helpers.assert_bit_equal(raw.run(w), value)
         made.append(sess.made)

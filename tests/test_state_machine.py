@@ -125,7 +125,7 @@ class StoreMachine(stateful.RuleBasedStateMachine):
     self.store = self.world.store
     for tag in self.store.tags():
       self.store.delete(tag)
-    self.store.flush()
+    self.store.files.flush()
     # The store's next automatic tag is whatever the examples before left.
     probe = self.store.snapshot(session=self.world.sess)
     self.store.delete(probe)
@@ -247,21 +247,21 @@ class StoreMachine(stateful.RuleBasedStateMachine):
     tag = self._pick(data)
     if not self.world.spills:
       with _raises(snapstore.ModeError):
-        self.store.spill(tag, session=self.world.sess)
+        self.store.files.spill(tag, session=self.world.sess)
       return
     target = self._target(tag)
     if target is None:
       with _raises(snapstore.UnknownTagError):
-        self.store.spill(tag, session=self.world.sess)
+        self.store.files.spill(tag, session=self.world.sess)
       return
-    got = self.store.spill(tag, session=self.world.sess)
+    got = self.store.files.spill(tag, session=self.world.sess)
     assert got == target
     self.spilled.add(got)
     self.flushed = False
 
   @stateful.rule()
   def flush(self):
-    self.store.flush()
+    self.store.files.flush()
     self.flushed = True
 
   # -- what must hold after every step ----------------------------------------------
@@ -275,7 +275,7 @@ class StoreMachine(stateful.RuleBasedStateMachine):
     helpers.assert_state(live, self.values, "variables")
     fast = self.world.mode if self.world.mode != "disk" else "host"
     for tag in self.order:
-      tier = self.store.tier(tag)
+      tier = self.store.files.tier(tag)
       if tag not in self.spilled:
         assert tier == fast, (tag, tier)
       elif self.flushed:
@@ -287,7 +287,7 @@ class StoreMachine(stateful.RuleBasedStateMachine):
 
   def teardown(self):
     if hasattr(self, "store"):
-      self.store.flush()  # a failed write must show in this example
+      self.store.files.flush()  # a failed write must show in this example
 
 
 class _raises(object):

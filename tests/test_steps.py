@@ -1,4 +1,4 @@
-"""store.snapshot_before(): a snapshot in the train step's own run, before the update."""
+"""store.slots.snapshot_before(): a snapshot in the train step's own run, before the update."""
 from unittest import mock
 
 from absl.testing import parameterized
@@ -20,7 +20,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
     with self.graph.as_default():
       model = th.Linear(use_resource)
       store = model.store(**store_kwargs)
-      train_op = store.snapshot_before(model.apply)
+      train_op = store.slots.snapshot_before(model.apply)
     sess = th.session(self, self.graph)
     return model, store, train_op, sess
 
@@ -28,7 +28,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
   def test_the_slot_holds_the_state_each_step_started_from(self, use_resource):
     model, store, train_op, sess = self._linear(use_resource)
     expected = th.momentum_steps(4)
-    shadows = list(store.shadows(0).values())
+    shadows = list(store.slots.shadows(0).values())
     variables = list(store.variables.values())
     with helpers.assert_no_new_ops(self.graph):
       for before, after in zip(expected, expected[1:]):
@@ -43,9 +43,9 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(state["lin/w/Momentum"], after[1])
         self.assertEqual(state["global_step"], after[2])
     self.assertEqual(store.tags(), ["before_step"])
-    self.assertEqual(store.pinned(), ["before_step"])
-    self.assertEqual(store.in_step_ops("before_step"), [train_op])
-    self.assertEqual(store.in_step_ops("other"), [])
+    self.assertEqual(store.slots.pinned(), ["before_step"])
+    self.assertEqual(store.slots.in_step_ops("before_step"), [train_op])
+    self.assertEqual(store.slots.in_step_ops("other"), [])
 
   @parameterized.named_parameters(*KINDS)
   def test_restore_undoes_an_adam_step_bit_for_bit(self, use_resource):
@@ -55,7 +55,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
                             optimizer_fn=tf.train.AdamOptimizer)
       store = model.store(mode="device", max_to_keep=2)
       grads = model.optimizer.compute_gradients(model.loss)
-      train_op = store.snapshot_before(
+      train_op = store.slots.snapshot_before(
           lambda: model.optimizer.apply_gradients(grads, global_step=model.step),
           slot=1, tag="pre")
     sess = th.session(self, graph)
@@ -83,7 +83,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
       model = th.Regression(optimizer_fn=tf.train.AdamOptimizer)
       store = model.store(mode="device", max_to_keep=1)
       grads = model.optimizer.compute_gradients(model.loss)
-      train_op = store.snapshot_before(
+      train_op = store.slots.snapshot_before(
           lambda: model.optimizer.apply_gradients(grads, global_step=model.step),
           tag="guard")
     sess = th.session(self, graph)
@@ -91,7 +91,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
     th.run_steps(sess, train_op, feeds[:2])
     start = th.state(store, sess)
     with mock.patch.object(store, "snapshot", wraps=store.snapshot) as snapshot:
-      with store.guard(watch=model.loss, reraise=False, session=sess) as guard:
+      with snapstore.Guard(store, watch=model.loss, reraise=False, session=sess) as guard:
         guard.run(train_op, model.with_lr(feeds[2], 1e30))
         guard.run(model.loss, feeds[2])  # not finite: roll back
       self.assertEqual(snapshot.call_count, 0)
@@ -99,7 +99,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
     helpers.assert_state(th.state(store, sess), start, "rolled back")
     # A block whose first run is not the train op snapshots as before.
     with mock.patch.object(store, "snapshot", wraps=store.snapshot) as snapshot:
-      with store.guard(watch=model.loss, session=sess) as guard:
+      with snapstore.Guard(store, watch=model.loss, session=sess) as guard:
         guard.run(model.loss, feeds[2])
         guard.run(model.loss, feeds[2])
       self.assertEqual(snapshot.call_count, 1)
@@ -110,7 +110,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
       model = th.Regression(use_resource=True)
       grads = model.optimizer.compute_gradients(model.loss)
       store = model.store(mode="device", max_to_keep=1)
-      train_op = store.snapshot_before(
+      train_op = store.slots.snapshot_before(
           lambda: model.optimizer.apply_gradients(grads, global_step=model.step),
           tag="guard")
     sess = th.session(self, graph)
@@ -118,7 +118,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
     sess.run(train_op, feed)
     start = th.state(store, sess)
     with mock.patch.object(store, "snapshot", wraps=store.snapshot) as snapshot:
-      for attempt in store.guard(watch=model.loss, retries=1, session=sess):
+      for attempt in snapstore.Guard(store, watch=model.loss, retries=1, session=sess):
         with attempt:
           attempt.run(train_op, model.with_lr(feed, 1e30 if attempt.number == 0
                                               else 0.01))
@@ -133,7 +133,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_a_guard_refuses_a_second_in_step_snapshot_in_one_block(self):
     model, store, train_op, sess = self._linear(False, max_to_keep=1)
-    with store.guard(tag="before_step", reraise=False, session=sess) as guard:
+    with snapstore.Guard(store, tag="before_step", reraise=False, session=sess) as guard:
       guard.run(train_op)
       after_one = th.state(store, sess)
       with helpers.assert_raises_naming(self, ValueError, "second run",
@@ -152,7 +152,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
       built = model.apply()
       with helpers.assert_raises_naming(self, TypeError, "already built",
                                         built.name, "lambda"):
-        store.snapshot_before(built)
+        store.slots.snapshot_before(built)
       self.assertEqual(store.tags(), [])
 
   def test_a_function_returning_a_built_train_op_is_refused(self):
@@ -162,8 +162,8 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
       built = model.apply()
       with helpers.assert_raises_naming(self, ValueError, "does not wait",
                                         "lin/w", "inside the update function"):
-        store.snapshot_before(lambda: built)
-      self.assertEqual(store.pinned(), [])
+        store.slots.snapshot_before(lambda: built)
+      self.assertEqual(store.slots.pinned(), [])
 
   @parameterized.named_parameters(*KINDS)
   def test_an_update_op_built_before_is_refused(self, use_resource):
@@ -182,7 +182,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
 
       with helpers.assert_raises_naming(self, ValueError, "does not wait",
                                         "bn/moving_mean", "UPDATE_OPS"):
-        store.snapshot_before(apply)
+        store.slots.snapshot_before(apply)
 
   def test_writes_of_variables_the_store_does_not_cover_are_not_ordered(self):
     with tf.Graph().as_default():
@@ -195,7 +195,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
         with tf.control_dependencies([count]):
           return model.apply()
 
-      self.assertIsInstance(store.snapshot_before(apply), tf.Operation)
+      self.assertIsInstance(store.slots.snapshot_before(apply), tf.Operation)
 
   def test_host_mode_is_refused(self):
     with tf.Graph().as_default():
@@ -203,7 +203,7 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
       store = snapstore.SnapshotStore(var_list=[model.w], mode="host")
       with helpers.assert_raises_naming(self, snapstore.ModeError,
                                         "snapshot_before", "mode='device'"):
-        store.snapshot_before(model.apply)
+        store.slots.snapshot_before(model.apply)
 
   def test_a_slot_holding_another_snapshot_is_refused(self):
     model, store, _, sess = self._linear(False, max_to_keep=2)
@@ -211,14 +211,14 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
     with self.graph.as_default():
       with helpers.assert_raises_naming(self, ValueError, "Slot 1 holds",
                                         "'mine'"):
-        store.snapshot_before(model.apply, slot=1, tag="other")
+        store.slots.snapshot_before(model.apply, slot=1, tag="other")
 
   def test_a_function_returning_nothing_is_refused(self):
     with tf.Graph().as_default():
       model = th.Linear(False)
       store = model.store()
       with helpers.assert_raises_naming(self, ValueError, "returned None"):
-        store.snapshot_before(lambda: None)
+        store.slots.snapshot_before(lambda: None)
 
   def test_a_non_function_is_refused(self):
     with tf.Graph().as_default():
@@ -226,14 +226,14 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
       store = model.store()
       with helpers.assert_raises_naming(self, TypeError, "function of no "
                                         "arguments"):
-        store.snapshot_before(3)
+        store.slots.snapshot_before(3)
 
   def test_a_bad_slot_is_refused(self):
     with tf.Graph().as_default():
       model = th.Linear(False)
       store = model.store()
       with helpers.assert_raises_naming(self, ValueError, "slot"):
-        store.snapshot_before(model.apply, slot=1)
+        store.slots.snapshot_before(model.apply, slot=1)
 
 
 class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
@@ -244,12 +244,12 @@ class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
     with self.graph.as_default():
       model = th.Linear(use_resource)
       store = model.store()
-      train_op = store.snapshot_before(model.apply, if_finite=model.loss)
+      train_op = store.slots.snapshot_before(model.apply, if_finite=model.loss)
     sess = th.session(self, self.graph)
     return model, store, train_op, sess
 
   def _slot(self, store, sess):
-    return dict(zip(store.keys, sess.run(list(store.shadows(0).values()))))
+    return dict(zip(store.keys, sess.run(list(store.slots.shadows(0).values()))))
 
   @parameterized.named_parameters(*KINDS)
   def test_a_non_finite_loss_leaves_the_slot_and_a_finite_one_writes_it(
@@ -294,22 +294,22 @@ class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
   def test_the_store_records_which_copy_is_conditional(self, use_resource):
     model, store, train_op, _ = self._linear(use_resource)
     with self.graph.as_default():
-      plain = store.snapshot_before(model.apply, slot=0, tag="before_step",
+      plain = store.slots.snapshot_before(model.apply, slot=0, tag="before_step",
                                     name="plain")
-    self.assertEqual(store.in_step_ops("before_step"), [train_op, plain])
-    self.assertIs(store.in_step_condition(train_op), model.loss)
-    self.assertIsNone(store.in_step_condition(plain))
+    self.assertEqual(store.slots.in_step_ops("before_step"), [train_op, plain])
+    self.assertIs(store.slots.in_step_condition(train_op), model.loss)
+    self.assertIsNone(store.slots.in_step_condition(plain))
     with helpers.assert_raises_naming(self, ValueError, model.loss.op.name,
                                       "not a train op built by this store",
                                       "plain, snapshot_before"):
-      store.in_step_condition(model.loss.op)
+      store.slots.in_step_condition(model.loss.op)
 
   def test_a_guard_refuses_a_tag_whose_copy_is_conditional(self):
     model, store, train_op, sess = self._linear(False)
     with helpers.assert_raises_naming(self, ValueError, "'before_step'",
                                       "only when its loss is finite",
                                       "another tag", "in_step="):
-      with store.guard(tag="before_step", session=sess):
+      with snapstore.Guard(store, tag="before_step", session=sess):
         sess.run(train_op)
     del model
 
@@ -320,8 +320,8 @@ class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
       model = th.Linear(False)
       store = model.store()
       with helpers.assert_raises_naming(self, error, *fragments):
-        store.snapshot_before(model.apply, if_finite=loss_fn(model))
-      self.assertEqual(store.pinned(), [])
+        store.slots.snapshot_before(model.apply, if_finite=loss_fn(model))
+      self.assertEqual(store.slots.pinned(), [])
 
   def test_if_finite_must_be_a_tensor(self):
     self._refused(TypeError, ["if_finite takes a float tensor", "'lin/w:0'"],

@@ -189,13 +189,13 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
     saved = model.randomize(sess, seed=9)
     store.snapshot(session=sess)
     path = self.get_temp_dir() + "/snap.npz"
-    store.save_npz(path, session=sess)
+    store.files.save_npz(path, session=sess)
     with np.load(path, allow_pickle=False) as data:
       self.assertCountEqual(data.files, store.keys)
       for key in store.keys:
         helpers.assert_bit_equal(data[key], saved[key])
     other_model, other_store, other_sess = self._setup(mode, use_resource)
-    tag = other_store.load_npz(path, tag="loaded", session=other_sess)
+    tag = other_store.files.load_npz(path, tag="loaded", session=other_sess)
     self.assertEqual(tag, "loaded")
     helpers.assert_state_differs(other_model.values(other_sess), saved)
     other_store.restore("loaded", session=other_sess)

@@ -29,7 +29,7 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
       opt = tf.train.GradientDescentOptimizer(0.1)
       if mode == "device":
         # The past is refreshed in-graph: copy into slot 0, then step.
-        with tf.control_dependencies([store.snapshot_op(0)]):
+        with tf.control_dependencies([store.slots.snapshot_op(0)]):
           train = opt.minimize(loss, var_list=b_vars)
       else:
         train = opt.minimize(loss, var_list=b_vars)
@@ -60,7 +60,7 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
         losses.append(value)
         if mode == "device":
           # The slot holds exactly the parameters from before this step.
-          for key, shadow in store.shadows(0).items():
+          for key, shadow in store.slots.shadows(0).items():
             helpers.assert_bit_equal(sess.run(shadow), current[key], key)
         previous = current
       self.assertLess(losses[-1], losses[0])
@@ -75,7 +75,7 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
   def test_soft_target_across_a_checkpoint(self, use_resource, how):
     # The README's recipe: a soft-updated target network in a device slot,
     # checkpointed by a default Saver (saveable=True), by a Saver of the
-    # trainable variables plus store.shadows(slot) (a library's own saver),
+    # trainable variables plus store.slots.shadows(slot) (a library's own saver),
     # or not at all (then a reload gives the shadows' initial value).
     graph = tf.Graph()
     with graph.as_default():
@@ -89,7 +89,7 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
       with tf.control_dependencies([train]):
         soft = snapstore.MovingAverage(store, tau=0.05, form="lerp",
                                        tag="target")
-      shadows = list(store.shadows(soft.slot).values())
+      shadows = list(store.slots.shadows(soft.slot).values())
       if how == "own_saver":
         saver = tf.train.Saver(tf.trainable_variables() + shadows)
       else:
@@ -101,7 +101,7 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
       for _ in range(5):
         sess.run(soft.update_op, {x: x_value, y: y_value})
       online = sess.run(store.variables)
-      target = sess.run(store.shadows(soft.slot))
+      target = sess.run(store.slots.shadows(soft.slot))
       for key in online:
         helpers.assert_bits_differ(target[key], online[key], key)
       saver.save(sess, path)
@@ -110,7 +110,7 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
       initial = sess.run(store.variables)
       saver.restore(sess, path)
       helpers.assert_state(sess.run(store.variables), online)
-      reloaded = sess.run(store.shadows(soft.slot))
+      reloaded = sess.run(store.slots.shadows(soft.slot))
       if how == "not_saved":
         # Lost: the online network's values when the shadows were initialized.
         helpers.assert_state(reloaded, initial)

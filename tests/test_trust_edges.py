@@ -25,7 +25,7 @@ def _in_step(use_resource=False, if_finite=False, **store_kwargs):
   with graph.as_default():
     model = th.Linear(use_resource)
     store = model.store(**store_kwargs)
-    train_op = store.snapshot_before(
+    train_op = store.slots.snapshot_before(
         model.apply, if_finite=model.loss if if_finite else None)
   return graph, model, store, train_op
 
@@ -47,7 +47,7 @@ class InStepTagUnderGuardsTest(tf.test.TestCase, parameterized.TestCase):
     with helpers.assert_raises_naming(
         self, ValueError, r"guard\.check\(\)", "'before_step'",
         "ran no step through guard.run", r"guard\.run\(train_op"):
-      with store.guard(tag="before_step", reraise=False, session=sess) as guard:
+      with snapstore.Guard(store, tag="before_step", reraise=False, session=sess) as guard:
         sess.run(train_op, {model.scale: 1e30})
         sess.run(train_op, {model.scale: 1e30})
         guard.check(np.float32(np.inf))
@@ -59,7 +59,7 @@ class InStepTagUnderGuardsTest(tf.test.TestCase, parameterized.TestCase):
     model, store, train_op, sess = self._setup()
     with helpers.assert_raises_naming(
         self, ValueError, "cannot roll back", "ran no step through guard.run"):
-      with store.guard(tag="before_step", reraise=False, session=sess):
+      with snapstore.Guard(store, tag="before_step", reraise=False, session=sess):
         sess.run(train_op, {model.scale: 1e30})
         raise RuntimeError("the block failed")
 
@@ -69,7 +69,7 @@ class InStepTagUnderGuardsTest(tf.test.TestCase, parameterized.TestCase):
     with helpers.assert_raises_naming(
         self, ValueError, "cannot roll back", "'before_step'",
         "ran 2 times outside guard.run"):
-      with store.guard(tag="before_step", watch=model.loss, reraise=False,
+      with snapstore.Guard(store, tag="before_step", watch=model.loss, reraise=False,
                        session=sess) as guard:
         guard.run(model.loss)  # the guard snapshots into the slot first
         sess.run(train_op)
@@ -80,7 +80,7 @@ class InStepTagUnderGuardsTest(tf.test.TestCase, parameterized.TestCase):
   def test_a_guard_still_rolls_back_after_its_own_in_step_run(self, use_resource):
     model, store, train_op, sess = self._setup(use_resource)
     entry = th.state(store, sess)
-    with store.guard(tag="before_step", watch=model.loss, reraise=False,
+    with snapstore.Guard(store, tag="before_step", watch=model.loss, reraise=False,
                      session=sess) as guard:
       guard.run(train_op, {model.scale: 1e30})
       guard.run(model.loss, {model.scale: np.nan})
@@ -94,7 +94,7 @@ class InStepTagUnderGuardsTest(tf.test.TestCase, parameterized.TestCase):
     with helpers.assert_raises_naming(
         self, ValueError, r"trial\(tag='before_step'\)", "pinned",
         train_op.name, "another tag"):
-      with store.trial(tag="before_step", session=sess) as trial:
+      with snapstore.Trial(store, tag="before_step", session=sess) as trial:
         sess.run(train_op)
         sess.run(train_op)
         trial.reject()
@@ -109,14 +109,14 @@ class InStepTagUnderGuardsTest(tf.test.TestCase, parameterized.TestCase):
       ema = snapstore.MovingAverage(store, tau=0.5, slot=1)
     sess = th.session(self, graph)
     sess.run(ema.update_op)
-    average = sess.run(list(store.shadows(1).values()))
-    for make in (lambda: store.guard(tag="ema", session=sess),
-                 lambda: store.trial(tag="ema", session=sess)):
+    average = sess.run(list(store.slots.shadows(1).values()))
+    for make in (lambda: snapstore.Guard(store, tag="ema", session=sess),
+                 lambda: snapstore.Trial(store, tag="ema", session=sess)):
       with helpers.assert_raises_naming(self, ValueError, "'ema'", "pinned",
                                         "slot 1", "another tag"):
         with make():
           pass
-    for shadow, value in zip(sess.run(list(store.shadows(1).values())), average):
+    for shadow, value in zip(sess.run(list(store.slots.shadows(1).values())), average):
       helpers.assert_bit_equal(shadow, value, "the average")
 
 
@@ -210,7 +210,7 @@ class RefusedCallsChangeNothingTest(tf.test.TestCase):
       with helpers.assert_raises_naming(self, snapstore.ModeError, "pack=True",
                                         "pack=False"):
         snapstore.MovingAverage(store, tau=0.1, tag="ema")
-    self.assertEqual(store.pinned(), [])
+    self.assertEqual(store.slots.pinned(), [])
     self.assertEqual(store.tags(), [])
     sess = th.session(self, graph)
     store.snapshot("a", session=sess)
@@ -228,7 +228,7 @@ class UninitializedShadowsTest(tf.test.TestCase, parameterized.TestCase):
       model = helpers.Model(dtypes=(tf.float32, tf.int64),
                             use_resource=use_resource)
       store = snapstore.SnapshotStore(scope="net", mode="device", max_to_keep=2)
-      store.pin_slot(1, "target")  # in-graph ops would write it; none ran
+      store.slots.pin(1, "target")  # in-graph ops would write it; none ran
     sess = tf.Session(graph=graph)
     self.addCleanup(sess.close)
     with graph.as_default():
@@ -251,7 +251,7 @@ class UninitializedShadowsTest(tf.test.TestCase, parameterized.TestCase):
     model, store, sess = self._setup(use_resource)
     live = model.randomize(sess, seed=2)
     for call in (lambda: store.arrays("target", session=sess),
-                 lambda: store.save_npz(
+                 lambda: store.files.save_npz(
                      os.path.join(self.get_temp_dir(), "t.npz"), "target",
                      session=sess),
                  lambda: store.evaluate_with(
@@ -284,20 +284,20 @@ class DeviceSlotCallsOnEveryModeWithSlotsTest(tf.test.TestCase,
         options["spill_path"] = os.path.join(self.get_temp_dir(), "s.h5")
       store = model.store(max_to_keep=3, **options)
       self.addCleanup(store.close)
-      self.assertEqual(store.num_slots, 3)
-      snapshot_op, restore_op = store.snapshot_op(2), store.restore_op(2)
+      self.assertEqual(len(store.slots), 3)
+      snapshot_op, restore_op = store.slots.snapshot_op(2), store.slots.restore_op(2)
       if not pack:
-        self.assertLen(store.shadows(0), 3)
-      store.pin_slot(1, "pinned")
-      train_op = store.snapshot_before(model.apply, slot=0, tag="before_step",
+        self.assertLen(store.slots.shadows(0), 3)
+      store.slots.pin(1, "pinned")
+      train_op = store.slots.snapshot_before(model.apply, slot=0, tag="before_step",
                                        if_finite=model.loss)
-      self.assertEqual(store.in_step_ops("before_step"), [train_op])
-      self.assertIs(store.in_step_condition(train_op), model.loss)
+      self.assertEqual(store.slots.in_step_ops("before_step"), [train_op])
+      self.assertIs(store.slots.in_step_condition(train_op), model.loss)
     sess = th.session(self, graph)
     start = th.state(store, sess)
     sess.run(snapshot_op)
     sess.run(train_op)
-    self.assertEqual(store.slot_of("before_step"), 0)
+    self.assertEqual(store.slots.slot_of("before_step"), 0)
     after = th.state(store, sess)
     helpers.assert_state_differs(after, start)
     store.restore("before_step", session=sess)
@@ -305,7 +305,7 @@ class DeviceSlotCallsOnEveryModeWithSlotsTest(tf.test.TestCase,
     sess.run(train_op)
     sess.run(restore_op)
     helpers.assert_state(th.state(store, sess), start, "restore_op")
-    self.assertEqual(sorted(store.pinned()), ["before_step", "pinned"])
+    self.assertEqual(sorted(store.slots.pinned()), ["before_step", "pinned"])
 
 
 class EnsembleOnPackedStoreTest(tf.test.TestCase):

@@ -168,7 +168,7 @@ class Catalog(object):
     if tag in self._pinned:
       raise errors.PinnedTagError(
           "Snapshot %r is pinned to device slot %d, which in-graph ops write "
-          "(pin_slot); %s." % (tag, slot_of(tag), refusal))
+          "(store.slots.pin); %s." % (tag, slot_of(tag), refusal))
 
 
 def lost_note(lost):

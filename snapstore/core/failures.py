@@ -76,7 +76,7 @@ UNINITIALIZED_FIX = (
     "in this session: the local variable initializer has not run. Run "
     "tf.local_variables_initializer() after the global one "
     "(MonitoredTrainingSession, Estimators and tf.train.Scaffold do), or "
-    "store.initializer.")
+    "store.slots.initializer.")
 
 
 def translate(error, kind, tag=None, what=None, uninitialized=None, note=""):

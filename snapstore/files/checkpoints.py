@@ -10,9 +10,9 @@ checkpoint's own graph (`.meta`) is never imported. It is a source for
 
     store = snapstore.SnapshotStore(scope="net", mode="device", max_to_keep=3)
     ...
-    store.load_checkpoint("/runs/seed_1/model.ckpt-20000", tag="seed_1",
+    store.files.load_checkpoint("/runs/seed_1/model.ckpt-20000", tag="seed_1",
                           allow_extra=True, session=sess)     # Adam slots skipped
-    store.load_checkpoint("/runs/other", tag="other",         # latest in a directory
+    store.files.load_checkpoint("/runs/other", tag="other",         # latest in a directory
                           strip_prefix="model_2", allow_extra=True, session=sess)
 
 `path` is what `Saver.save` returns (the V2 prefix, or the V1 file), or a

@@ -25,8 +25,8 @@ data are consistent is read to its end, so its CRC-32 is always checked.
 NaN and infinite values are data: a snapshot of a diverging run holds them, and
 they load bit for bit (`snapstore verify --finite FILE` checks for them).
 
-    store.save_npz("/tmp/best.npz")
-    other_store.load_npz("/tmp/best.npz", tag="best")
+    store.files.save_npz("/tmp/best.npz")
+    other_store.files.load_npz("/tmp/best.npz", tag="best")
 """
 import collections
 import functools

@@ -7,10 +7,10 @@ parameter copy:
 
     q = network_b(x)                                 # variables under "network_B"
     store = snapstore.SnapshotStore(scope="network_B", mode="device")
-    q_past = store.past(q, slot=0)                   # built once, cached
+    q_past = store.slots.past(q, slot=0)                   # built once, cached
     train = opt.minimize(loss(q, q_past), var_list=tf.trainable_variables("network_B"))
     ...
-    sess.run(store.snapshot_op(0))                   # refresh the past
+    sess.run(store.slots.snapshot_op(0))                   # refresh the past
     current, past = sess.run([q, q_past], feed)
 
 How: every op between a covered variable and the outputs is copied (see
@@ -176,17 +176,17 @@ class Rewirer(object):
 
   def _check_outputs(self, leaves):
     if not leaves:
-      raise ValueError("store.past() got no tensors.")
+      raise ValueError("store.slots.past() got no tensors.")
     for t in leaves:
       if isinstance(t, tf.Operation) or not isinstance(t, tf.Tensor):
         raise TypeError(
-            "store.past() takes tensors (or a list, tuple or dict of them), got "
+            "store.slots.past() takes tensors (or a list, tuple or dict of them), got "
             "%r. For a variable, pass var.value(); ops have no past value (run "
             "them with evaluate_with, which swaps)." % (t,))
-      checks.same_graph(t, self._graph, "store.past()'s output %s" % t.name)
+      checks.same_graph(t, self._graph, "store.slots.past()'s output %s" % t.name)
       if is_ref_dtype(t.dtype) or t.dtype.base_dtype == tf.resource:
         raise ValueError(
-            "store.past() got %s, a variable's %s; pass the value "
+            "store.slots.past() got %s, a variable's %s; pass the value "
             "(var.value()) instead: a past reference could be written through."
             % (t.name, "reference" if is_ref_dtype(t.dtype) else "handle"))
 
@@ -199,8 +199,8 @@ class Rewirer(object):
       return
     if self._graph.finalized:
       raise errors.RewireError(
-          "store.past() must build the ops computing %s from slot %d, but the "
-          "graph is finalized. Call store.past() while building the graph "
+          "store.slots.past() must build the ops computing %s from slot %d, but the "
+          "graph is finalized. Call store.slots.past() while building the graph "
           "(before graph.finalize() or a MonitoredSession); its results are "
           "cached and can be fetched afterwards." % (missing[0].name, slot))
     prefix = "%s/past_%d/" % (self._name, slot)
@@ -232,7 +232,7 @@ class Rewirer(object):
 
   def _fail(self, op, outputs, why):
     raise errors.RewireError("%s %s" % (
-        subgraph.refusal("store.past() cannot rewire", op, outputs, why),
+        subgraph.refusal("store.slots.past() cannot rewire", op, outputs, why),
         _SWAP_NOTE))
 
   def _edit(self, op, node_def, inputs):

@@ -33,6 +33,13 @@ class CopyMode(abc.ABC):
   # Whether `arrays` and `put` run in TensorFlow (and so need a session).
   data_needs_session = True
 
+  # What the mode can do beyond the interface below, declared here and read
+  # nowhere else: the parts it has, or None. `slot_set`: device slots (see
+  # `DeviceMode`; the store's `store.slots` stands on it). `tiers`: a spill
+  # file under the mode (see `TieredMode`; `store.files.spill`, `flush`).
+  slot_set = None
+  tiers = None
+
   def __init__(self, varset, max_to_keep, name):
     self._varset = varset
     self._max_to_keep = max_to_keep

@@ -105,6 +105,16 @@ class DeviceMode(base.CopyMode):
   # -- ops and variables for the user's own graph ------------------------------
 
   @property
+  def slot_set(self):
+    """The mode's slots (see `CopyMode.slot_set`): the mode itself."""
+    return self
+
+  @property
+  def per_variable(self):
+    """Whether every variable has a shadow of its own (not with `pack=True`)."""
+    return not any(u.packed for u in self._units)
+
+  @property
   def num_slots(self):
     return len(self._slots)
 

@@ -73,8 +73,6 @@ class DiskMode(tiers.TieredMode):
         host.HostMode(varset, None, name), varset, spill_path,
         compression=compression, compression_opts=compression_opts,
         max_pending=max_pending, durable=durable)
-    self.name = DiskMode.name
-    self.data_needs_session = False
     self._max_to_keep = max_to_keep  # all tiers together, not the host tier's
     self._order = []  # the store's SnapshotInfos at the last settle
 

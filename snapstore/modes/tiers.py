@@ -97,8 +97,6 @@ class TieredMode(base.CopyMode):
     super(TieredMode, self).__init__(varset, inner.capacity, inner._name)  # pylint: disable=protected-access
     _check_compression(compression, compression_opts)
     self._inner = inner
-    self.name = inner.name
-    self.data_needs_session = inner.data_needs_session
     self._compression = compression
     self._compression_opts = compression_opts
     self._feeder = copies.Feeder(varset.specs, "spill_feed")
@@ -307,39 +305,26 @@ class TieredMode(base.CopyMode):
   def _before_close(self):
     """Called first by `close()`; the disk mode writes its memory tier."""
 
-  # -- device-mode ops are the fast tier's ---------------------------------------------
+  # -- what the mode can do: the fast tier's, and a spill file -----------------------
 
   @property
-  def num_slots(self):
-    return self._inner.num_slots
+  def name(self):
+    return self._inner.name
 
-  def snapshot_op(self, slot):
-    return self._inner.snapshot_op(slot)
+  @property
+  def data_needs_session(self):
+    return self._inner.data_needs_session
 
-  def restore_op(self, slot):
-    return self._inner.restore_op(slot)
+  @property
+  def slot_set(self):
+    return self._inner.slot_set
 
-  def build_snapshot_op(self, slot, name):
-    return self._inner.build_snapshot_op(slot, name)
+  @property
+  def tiers(self):
+    return self
 
   def uninitialized(self, error):
     return self._inner.uninitialized(error)
-
-  def shadows(self, slot, what="shadows"):
-    return self._inner.shadows(slot, what)
-
-  def tag_in(self, slot):
-    return self._inner.tag_in(slot)
-
-  def pin(self, tag, slot):
-    self._inner.pin(tag, slot)
-
-  def slot_of(self, tag):
-    if tag not in self._inner.tags():
-      raise errors.ModeError(
-          "Snapshot %r is in the spill file %s, not in a device slot."
-          % (tag, self._file.path))
-    return self._inner.slot_of(tag)
 
   # -- internals -----------------------------------------------------------------------
 

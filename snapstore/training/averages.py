@@ -3,7 +3,7 @@
 Two kinds, each one grouped op built once, that writes one device slot of a
 `SnapshotStore(mode="device")` and pins it under a tag (see
 `SnapshotStore.pin_slot`), so that `store.evaluate_with(..., tag=...)`,
-`store.restore(tag)` and `store.save_npz(path, tag)` use the average:
+`store.restore(tag)` and `store.files.save_npz(path, tag)` use the average:
 
 - `MovingAverage`: the exponential (Polyak) moving average with rate tau,
   in one of two forms that are equal in exact arithmetic but round
@@ -41,7 +41,7 @@ step as with `tf.train.ExponentialMovingAverage`:
 The average starts at the variables' initial values (the shadows' initial
 value), as TF's EMA does. `saveable=True` on the store puts the averages in
 checkpoints. The shadows holding the averages are the store's:
-`store.shadows(ema.slot)`.
+`store.slots.shadows(ema.slot)`.
 """
 import numpy as np
 
@@ -61,16 +61,17 @@ class _SlotAverage(object):
   """An average written by in-graph ops into a pinned device slot of `store`."""
 
   def __init__(self, store, slot, tag, what):
-    if store.mode != "device":
-      raise errors.ModeError(
-          "%s keeps its average in device shadows; this store uses mode %r. "
-          "Create the store with mode='device'." % (what, store.mode))
+    try:
+      slots = store.slots
+    except errors.ModeError as e:
+      raise errors.ModeError("%s keeps its average in device shadows. %s"
+                             % (what, e)) from None
     self._store = store
     self._slot = slot
     # Every check first (shadows() refuses a packed store): a refused average
     # must leave no pinned tag behind.
-    shadows = store.shadows(slot).values()
-    self._tag = store.pin_slot(slot, tag)
+    shadows = slots.shadows(slot).values()
+    self._tag = slots.pin(slot, tag)
     self._pairs = list(zip(store.variables.values(), shadows))
 
   @property

@@ -1,9 +1,9 @@
 """Blocks of a training loop that roll the store's variables back when they fail.
 
-`store.guard(...)` takes a snapshot on entry and restores it when the block
+`snapstore.Guard(store, ...)` takes a snapshot on entry and restores it when the block
 raises or when a watched tensor (a loss) comes out NaN or infinite; it then
 retries the block from the restored state, re-raises, or carries on.
-`store.trial(...)` tries an update and keeps it or rolls it back by a criterion.
+`snapstore.Trial(store, ...)` tries an update and keeps it or rolls it back by a criterion.
 
 What a rollback restores is exactly the store's variables. With
 `optimizer=opt` and `include_global_step=True` those are the model, the
@@ -27,18 +27,21 @@ parameters passes, and the next guard snapshots the ruined parameters.
       ...
       for feed in batches:
         # Roll back and go on with the next batch when the step blows up.
-        with store.guard(watch=loss, reraise=False, session=sess) as guard:
+        with snapstore.Guard(store, watch=loss, reraise=False,
+                             session=sess) as guard:
           guard.run(train_op, feed)
           guard.run(loss, feed)  # the loss after the step
 
         # Or try the batch up to 3 times, halving the learning rate each time.
-        for attempt in store.guard(watch=loss, retries=2, session=sess):
+        for attempt in snapstore.Guard(store, watch=loss, retries=2,
+                                       session=sess):
           with attempt:
             attempt.run(train_op, {**feed, lr: 0.1 * 0.5 ** attempt.number})
             attempt.run(loss, feed)
 
       # Keep a step only if the loss on a held-out batch did not rise.
-      with store.trial(metric=loss, feed_dict=held_out, session=sess) as trial:
+      with snapstore.Trial(store, metric=loss, feed_dict=held_out,
+                           session=sess) as trial:
         sess.run(train_op, feed)
       print(trial.kept, trial.before, trial.after)
 
@@ -53,9 +56,9 @@ the outer one. Each level needs a snapshot the store can keep: an inner entry
 whose snapshot would evict an enclosing one's is refused before it takes it
 (build the store with one more `max_to_keep` per level).
 
-    with store.guard(session=sess):            # snapshot "guard"
+    with snapstore.Guard(store, session=sess):   # snapshot "guard"
       sess.run(train_op)
-      with store.guard(session=sess):          # snapshot "guard/1"
+      with snapstore.Guard(store, session=sess): # snapshot "guard/1"
         sess.run(train_op)
         raise ValueError                       # back to "guard/1", then out
 """
@@ -66,16 +69,17 @@ from snapstore.core import attached
 from snapstore.core import checks
 from snapstore.core import sessions
 from snapstore import errors
-from snapstore.training import steps
+from snapstore.graph import in_step
 
 
 class Guard(object):
   """Snapshot on entry; roll back when the block raises or a loss is not finite.
 
-  Create with `store.guard(...)`. Use it as `with guard:` for one attempt, or
+  Create with `snapstore.Guard(store, ...)`. Use it as `with guard:` for one attempt, or
   iterate over it for up to `1 + retries` attempts:
 
-      for attempt in store.guard(watch=loss, retries=2, session=sess):
+      for attempt in snapstore.Guard(store, watch=loss, retries=2,
+                                       session=sess):
         with attempt:
           attempt.run(train_op, feed)
           attempt.run(loss, feed)  # the loss after the step
@@ -85,7 +89,7 @@ class Guard(object):
   in the store afterwards (replaced by the next use) and counts against its
   `max_to_keep`.
 
-  With a train op from `store.snapshot_before(..., tag=T)` and a guard of tag
+  With a train op from `store.slots.snapshot_before(..., tag=T)` and a guard of tag
   `T`, the snapshot is the step's: each attempt's first `run`, if it fetches
   that train op, takes it in the step's own run (with no `snapshot()` call);
   if it fetches something else, `snapshot()` runs first, as usual. Run the
@@ -144,7 +148,7 @@ class Guard(object):
     self._requested = self._tag = _check_tag(store, tag)
     self._session = session
     self._active = None  # the running attempt
-    self._in_step = []  # steps.InStep of train ops snapshotting under the tag
+    self._in_step = []  # in_step.InStep of train ops snapshotting under the tag
     self._owed = False  # the attempt's snapshot is still to be taken
     self._counts = None  # their copy counts when the attempt's snapshot was taken
     self._refused = None  # a run refused inside the block: no rollback
@@ -167,7 +171,7 @@ class Guard(object):
     if self._retries:
       raise ValueError(
           "retries=%d needs the block to run again, which a `with` statement "
-          "cannot do. Iterate instead: `for attempt in store.guard(...): with "
+          "cannot do. Iterate instead: `for attempt in snapstore.Guard(store, ...): with "
           "attempt: ...`, or use guard.call(fn)." % self._retries)
     self._begin()
     self._active = _Attempt(self, 0, last=True).__enter__()
@@ -264,7 +268,7 @@ class Guard(object):
     self.failures = []
     self.failed = False
     own = _own_tag(self._store, self._requested)
-    self._in_step = self._store.in_steps(own)
+    self._in_step = _in_steps(self._store, own)
     if not self._in_step:
       _check_unpinned(self._store, own, "guard")
     conditional = [e.train_op.name for e in self._in_step
@@ -287,33 +291,33 @@ class Guard(object):
   def _snapshot_for(self, fetches):
     """Takes the attempt's snapshot before its first run, unless the run does.
 
-    With a train op from `store.snapshot_before(..., tag=<the guard's tag>)`,
+    With a train op from `store.slots.snapshot_before(..., tag=<the guard's tag>)`,
     the attempt's first `run` takes the snapshot: in that train op's run if
     it fetches it, else with `store.snapshot()` first.
 
     Returns:
       For the attempt's first run: the tensors to fetch with it that count
       the in-step copies into the slot as of the guard's snapshot (see
-      `_roll_back_to`). Otherwise None.
+      `_check_counts`). Otherwise None.
     """
     if not self._in_step:
       return None
-    in_step = steps.fetched(fetches, self._store.graph,
-                            [e.train_op for e in self._in_step])
-    if in_step and not self._owed:
+    fetched = in_step.fetched(fetches, self._store.graph,
+                              [e.train_op for e in self._in_step])
+    if fetched and not self._owed:
       self._refused = ValueError(
           "guard.run(): this is the second run of %s in the guarded block; it "
           "snapshots under the guard's tag %r in its run, which would replace "
           "the snapshot the guard rolls back to. Run it once per guarded block "
           "(one step per block), or run a train op built without "
-          "snapshot_before() for the other steps." % (in_step[0].name, self._tag))
+          "snapshot_before() for the other steps." % (fetched[0].name, self._tag))
       raise self._refused
     if not self._owed:
       return None
-    if not in_step:
+    if not fetched:
       self._store.snapshot(self._tag, session=self._session)
     self._owed = False
-    return [e.counted if e.train_op in in_step else e.count
+    return [e.counted if e.train_op in fetched else e.count
             for e in self._in_step]
 
   def _check_active(self, what):
@@ -421,7 +425,7 @@ class _Attempt(object):
 class Trial(object):
   """Tries an update; keeps it or rolls it back by a criterion.
 
-  Create with `store.trial(...)`. On entry the store's variables are
+  Create with `snapstore.Trial(store, ...)`. On entry the store's variables are
   snapshotted (under `tag`) and, with a `metric`, the metric is evaluated
   (`before`). The block makes its update. On exit the trial decides:
 
@@ -440,7 +444,8 @@ class Trial(object):
   `snapshot_before`, whose every run in the block would replace the trial's
   snapshot), and a trial cannot see the block's runs.
 
-      with store.trial(metric=loss, feed_dict=held_out, session=sess) as trial:
+      with snapstore.Trial(store, metric=loss, feed_dict=held_out,
+                           session=sess) as trial:
         sess.run(train_op, feed)
       if not trial.kept:
         ...  # the variables hold exactly what they held before the block
@@ -529,7 +534,7 @@ class Trial(object):
       error = errors.TrialError(
           "The trial block ended without a decision, so its update was rolled "
           "back. Call trial.keep() or trial.reject() in the block, or pass "
-          "metric= (and accept=) to store.trial().")
+          "metric= (and accept=) to snapstore.Trial().")
       self._roll_back(error)
       raise error
     if not decision:
@@ -611,9 +616,10 @@ def _check_unpinned(store, tag, what):
   Raises:
     ValueError: `tag` is pinned.
   """
-  if tag not in store.pinned():
+  slots = _slots(store)
+  if slots is None or tag not in slots.pinned():
     return
-  writers = store.in_step_ops(tag)
+  writers = slots.in_step_ops(tag)
   if writers:
     by = ("train op %s writes in each of its runs (snapshot_before), so the "
           "block's steps would overwrite the %s's snapshot"
@@ -625,7 +631,21 @@ def _check_unpinned(store, tag, what):
   raise ValueError(
       "%s(tag=%r): that tag is pinned to slot %d, which %s. Give the %s "
       "another tag (the default %r), which takes a snapshot of its own."
-      % (what, tag, store.slot_of(tag), by, what, what))
+      % (what, tag, slots.slot_of(tag), by, what, what))
+
+
+def _slots(store):
+  """`store.slots`, or None for a store without device slots."""
+  try:
+    return store.slots
+  except errors.ModeError:
+    return None
+
+
+def _in_steps(store, tag):
+  """The `InStep`s of train ops snapshotting under `tag` in their run."""
+  slots = _slots(store)
+  return slots.in_steps(tag) if slots is not None else []
 
 
 def _leave(store, tag):

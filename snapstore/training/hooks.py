@@ -40,9 +40,9 @@ snapshot. Like any hook, the snapshots go through the raw session and do not
 count as steps.
 
 A snapshot in every step, in the step's own run. `store.snapshot()` costs a
-`session.run` of its own. A train op from `store.snapshot_before(...,
+`session.run` of its own. A train op from `store.slots.snapshot_before(...,
 if_finite=loss)` copies the variables into a device slot in its run when the
-loss is finite (see `snapstore/training/steps.py`), so the slot always holds
+loss is finite (see `snapstore/graph/in_step.py`), so the slot always holds
 the parameters of the newest step whose loss was finite: exactly the trusted
 snapshot. With `in_step=` the hook uses it and takes no snapshot and no
 `session.run` of its own (a rollback is one run of the restore):
@@ -51,7 +51,7 @@ snapshot. With `in_step=` the hook uses it and takes no snapshot and no
     snapstore.create_slots(opt, [v for g, v in grads if g is not None])
     store = snapstore.SnapshotStore(scope="net", optimizer=opt,
                                     include_global_step=True)  # 1 slot is enough
-    train_op = store.snapshot_before(
+    train_op = store.slots.snapshot_before(
         lambda: opt.apply_gradients(grads, global_step=step), if_finite=loss)
     hook = snapstore.SnapshotHook(store, loss=loss, in_step="before_step")
 
@@ -78,7 +78,7 @@ from snapstore.core import attached
 from snapstore.core import checks
 from snapstore import errors
 from snapstore.store import SnapshotStore
-from snapstore.training import steps
+from snapstore.graph import in_step
 
 
 class _Keeper(object):
@@ -249,7 +249,7 @@ class SnapshotHook(_Protocol, tf.train.SessionRunHook):
     on_rollback: A function called with the (raw) session after each rollback,
       e.g. to lower a learning rate.
     in_step: Instead of `every_n_steps`/`every_n_secs`: the tag of a train op
-      from `store.snapshot_before(update, tag=in_step, if_finite=loss)`, whose
+      from `store.slots.snapshot_before(update, tag=in_step, if_finite=loss)`, whose
       own run snapshots when its loss is finite. The hook takes no snapshot
       and checks only the runs that fetch that train op.
 
@@ -308,7 +308,7 @@ class SnapshotHook(_Protocol, tf.train.SessionRunHook):
 
   def before_run(self, run_context):
     # In-step, a run without the train op wrote no slot: nothing to vouch for.
-    self._checked = self._in_step_ops is None or bool(steps.fetched(
+    self._checked = self._in_step_ops is None or bool(in_step.fetched(
         run_context.original_args.fetches, self._keeper.store.graph,
         self._in_step_ops))
     if not self._checked:
@@ -397,21 +397,27 @@ def _keras_store(model):
 
 def _in_step_ops(store, tag, loss):
   """The train ops snapshotting under `tag` when `loss` is finite, checked."""
-  ops = store.in_step_ops(tag)
+  try:
+    slots = store.slots
+  except errors.ModeError as e:
+    raise ValueError(
+        "SnapshotHook(in_step=%r) needs a train op that snapshots into a "
+        "device slot in its run (store.slots.snapshot_before): %s" % (tag, e))
+  ops = slots.in_step_ops(tag)
   if not ops:
     raise ValueError(
         "SnapshotHook(in_step=%r): no train op of the store snapshots under "
         "that tag in its run (its pinned tags: %s). Build the train op with "
-        "store.snapshot_before(update, tag=%r, if_finite=loss)."
-        % (tag, store.pinned(), tag))
+        "store.slots.snapshot_before(update, tag=%r, if_finite=loss)."
+        % (tag, slots.pinned(), tag))
   for op in ops:
-    condition = store.in_step_condition(op)
+    condition = slots.in_step_condition(op)
     if condition is None:
       raise ValueError(
           "SnapshotHook(in_step=%r): train op %s writes the slot in every run, "
           "also when the loss is not finite, so the slot could hold the "
           "parameters that gave it. Build the train op with "
-          "store.snapshot_before(..., if_finite=loss)." % (tag, op.name))
+          "store.slots.snapshot_before(..., if_finite=loss)." % (tag, op.name))
     if condition.name != loss.name:
       raise ValueError(
           "SnapshotHook(in_step=%r): the hook checks the loss %s, but train op "

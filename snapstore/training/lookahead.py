@@ -124,9 +124,9 @@ class Lookahead(WrapperOptimizer):
     graph = fast[0].graph
     store = SnapshotStore(var_list=fast, mode="device", max_to_keep=1,
                           name=self._name, saveable=True)
-    store.pin_slot(0, SLOW)
+    store.slots.pin(0, SLOW)
     fast = list(store.variables.values())
-    slow = list(store.shadows(0).values())
+    slow = list(store.slots.shadows(0).values())
     counter = self._own_variable(np.int64(0), self._name + "_counter",
                                  min(fast, key=lambda v: v.name))
     self._set_state(graph, _State(store, counter,
@@ -164,7 +164,7 @@ class Lookahead(WrapperOptimizer):
     """The device store holding the slow weights of `graph` under tag "slow".
 
     Use it to read, restore or save the slow weights (`store.arrays("slow")`,
-    `store.restore("slow")`, `store.save_npz(path, "slow")`). Its one slot is
+    `store.restore("slow")`, `store.files.save_npz(path, "slow")`). Its one slot is
     pinned to the slow weights, so it takes no snapshots under other tags.
 
     Raises:
@@ -194,4 +194,4 @@ class Lookahead(WrapperOptimizer):
     return sorted(set(self._optimizer.get_slot_names()) | {SLOW})
 
   def _own_variables(self, state):
-    return [state.counter] + list(state.store.shadows(0).values())
+    return [state.counter] + list(state.store.slots.shadows(0).values())

@@ -174,7 +174,7 @@ class RollbackOptimizer(WrapperOptimizer):
             return self._optimizer.apply_gradients(grads_and_vars,
                                                    global_step=global_step)
 
-        step = store.snapshot_before(inner_step, slot=0, tag="before_step")
+        step = store.slots.snapshot_before(inner_step, slot=0, tag="before_step")
         train_op = self._replaces(step, tf.group(step, name=scope))
       missed = [v.name for v in self._optimizer.variables()
                 if id(v) not in before_step]
@@ -189,7 +189,7 @@ class RollbackOptimizer(WrapperOptimizer):
 
   def _build_check(self, loss, store, loss_before, armed, rollbacks):
     variables = list(store.variables.values())
-    shadows = list(store.shadows(0).values())
+    shadows = list(store.slots.shadows(0).values())
 
     def roll_back():
       restore = copies.copy(shadows, variables, "restore")

@@ -16,7 +16,7 @@ from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.core import attached
 from snapstore.core import copies
-from snapstore.training import steps
+from snapstore.graph import in_step
 
 
 class WrapperOptimizer(tf.train.Optimizer):
@@ -96,7 +96,7 @@ class WrapperOptimizer(tf.train.Optimizer):
     `tf.train.Optimizer.apply_gradients` lists its op there; the inner
     optimizer's op alone is not a complete step of the wrapper.
     """
-    steps.replace_train_op([inner_op], train_op, always=True)
+    in_step.replace_train_op([inner_op], train_op, always=True)
     return train_op
 
   def _state(self, graph):

@@ -1,0 +1,246 @@
+"""`store.files`: snapshots to and from files, and the store's spill file.
+
+Every store reads and writes the same files, whatever its mode:
+
+    store.files.save_npz("best.npz", tag)                 # keys as members
+    store.files.load_npz("best.npz", tag="best")           # checked in full first
+    store.files.load_checkpoint(path, tag="run_2", allow_extra=True)
+    store.files.load_spill("other_run.h5", 17, tag="theirs")
+
+A store with a spill file (`mode="disk"`, or `spill_path=` on a device or host
+store) also moves snapshots there and tells where each one is:
+
+    store.files.spill(tag)     # to the file, written in the background
+    store.files.flush()        # wait for the writes
+    store.files.tier(tag)      # "device", "host" or "file"
+
+Loading never touches the variables: it stores a snapshot, which `restore`
+writes into them. Every source is read and checked in full (names, shapes,
+dtypes, checksums) before anything is stored; see `snapstore.files.sources`.
+"""
+from snapstore.files import checkpoints
+from snapstore.files import npz
+from snapstore.files import sources
+from snapstore.core import failures
+from snapstore import errors
+from snapstore.spill import file as spill_file
+
+
+class Files(object):
+  """Snapshot files of a store (see module doc). Made by `store.files`.
+
+  Args:
+    holdings: The store's `Holdings`.
+  """
+
+  def __init__(self, holdings):
+    self._h = holdings
+
+  def save_npz(self, path, tag=None, session=None, compress=False):
+    """Writes snapshot `tag` (default: the newest) to an `.npz` archive.
+
+    Members are named by variable key (see `snapstore.files.npz`); the file is
+    written atomically and `path` is used as given.
+
+    Returns:
+      The tag written.
+
+    Raises:
+      UnknownTagError: The store holds no snapshot `tag`.
+      SnapshotFileError: The file cannot be written.
+      SnapshotError: Reading a device slot failed (see `arrays`).
+    """
+    sess = self._h.data_session(session, "save_npz")
+    with self._h.lock:
+      self._h.check_open()
+      tag = self._h.existing(tag, sess, "save_npz")
+      values = self._h.read(tag, sess, "save_npz")
+    npz.save(path, self._h.varset.keys, values, compress=compress)
+    return tag
+
+  def load_npz(self, path, tag=None, strip_prefix=None, add_prefix=None,
+               mapping=None, allow_extra=False, session=None):
+    """Reads an `.npz` archive (see `snapstore.files.npz`) into the store as a snapshot.
+
+    The archive is checked in full before anything is stored, and loaded with
+    `allow_pickle=False`. The variables are not changed; `restore` the tag to
+    use it. Member names are the store's keys unless mapped as for
+    `load_checkpoint` (by default nothing is stripped: `save_npz` writes keys).
+
+    Returns:
+      The tag the snapshot is stored under.
+
+    Raises:
+      SnapshotFileError: No such file, not an `.npz` archive, pickled objects,
+        or corrupt data.
+      IncompatibleSnapshotError: Missing, extra, wrong-shape or wrong-dtype
+        arrays, each named.
+      ValueError, TypeError: A bad mapping, or two members mapped to one variable.
+    """
+    return self._load("load_npz", lambda: npz.Archive(path),
+                      sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping),
+                      allow_extra, tag, session)
+
+  def load_checkpoint(self, path, tag=None, strip_prefix=None, add_prefix=None,
+                      mapping=None, allow_extra=False, session=None):
+    """Reads a `tf.train.Saver` checkpoint into the store as a snapshot.
+
+    The checkpoint (V1 or V2, written by any process) is read with TF's
+    checkpoint reader; its graph is not built and no op is added. Names,
+    shapes and dtypes are checked in full before any tensor is read, and
+    nothing is stored unless every covered variable is read. The variables
+    are not changed; `restore(tag)`, `evaluate_with(..., tag=tag)` or a
+    `snapstore.Ensemble` use the snapshot. See `snapstore.files.checkpoints`.
+
+    A checkpoint name becomes a store key as `snapstore.files.sources.NameMap`
+    says: a `mapping` dict entry wins (None skips the name); otherwise a name
+    under `strip_prefix` loses it and gains `add_prefix`; other names are
+    keys as they are.
+
+        store.load_checkpoint(path, tag="b", strip_prefix="model_2")  # model_2/w -> w
+
+    Args:
+      path: What `Saver.save` returned (a V2 prefix or V1 file), or a
+        directory with a `checkpoint` file (its latest checkpoint).
+      tag: The tag to store under; default: the next integer.
+      strip_prefix: The scope of the model in the checkpoint. Default: the
+        store's scope, so a checkpoint of the same model under the same scope
+        needs no mapping; "" strips nothing.
+      add_prefix: A scope put in front of the stripped names, for a store
+        whose keys carry one (a store built without `scope`).
+      mapping: A dict `{checkpoint name: key or None}`, or a function
+        `name -> key or None` that replaces the prefix rules.
+      allow_extra: Skip checkpoint names that map to no variable (optimizer
+        slots, a global step, other models) instead of reporting them.
+      session: The session to run in (device mode); default: the default
+        session.
+
+    Returns:
+      The tag the snapshot is stored under.
+
+    Raises:
+      CheckpointError: No checkpoint at `path`, not a checkpoint, or the reader
+        failed (the message says how to fix it).
+      IncompatibleSnapshotError: Variables the checkpoint lacks, names that map
+        to no variable (unless `allow_extra`), other shapes or dtypes: all
+        named in one message.
+      ValueError: A mapping value that is not a key of the store, or two names
+        mapped to one variable.
+      TypeError: A bad `path`, prefix or mapping type.
+    """
+    if strip_prefix is None and not callable(mapping):
+      strip_prefix = self._h.varset.scope
+    return self._load("load_checkpoint", lambda: checkpoints.Checkpoint(path),
+                      sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping),
+                      allow_extra, tag, session)
+
+  def load_spill(self, path, snapshot, tag=None, strip_prefix=None,
+                 add_prefix=None, mapping=None, allow_extra=False, session=None):
+    """Reads snapshot `snapshot` of the spill file `path` into the store.
+
+    For a file another run or store wrote (this store's own spilled snapshots
+    are restored by their tags). Names, shapes and dtypes are checked in full
+    before any data is read, and each array's checksum as it is read; nothing
+    is stored unless every covered variable is read. The variables are not
+    changed. Names map to keys as for `load_checkpoint`, except that nothing is
+    stripped by default: a spill file's names are already keys.
+
+    Args:
+      path: A snapstore spill file, not open for writing by a live store.
+      snapshot: The tag of a complete snapshot in the file.
+      tag: The tag to store under; default: the next integer.
+      strip_prefix, add_prefix, mapping, allow_extra: As for `load_checkpoint`.
+      session: The session to run in (device mode); default: the default
+        session.
+
+    Returns:
+      The tag the snapshot is stored under.
+
+    Raises:
+      SnapshotFileError: No such file, not a spill file, the file is open for
+        writing, or a checksum mismatch (naming the variable).
+      UnknownTagError: The file holds no complete snapshot `snapshot`.
+      IncompatibleSnapshotError: Missing, unexpected, wrong-shape or wrong-dtype
+        variables, all named.
+      ValueError: Two names mapped to one variable.
+    """
+    return self._load("load_spill", lambda: spill_file.open_snapshot(path, snapshot),
+                      sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping),
+                      allow_extra, tag, session)
+
+  def spill(self, tag=None, session=None):
+    """Moves snapshot `tag` (default: the newest) to the store's spill file.
+
+    The snapshot is read into host memory (device mode needs the session for
+    that) and leaves its tier at once; it is written to the file in the
+    background and leaves host memory once the write is committed. It stays
+    restorable throughout. Spilling a spilled snapshot does nothing. Blocks
+    while `max_pending` snapshots wait for the writer (back-pressure).
+
+    Returns:
+      The tag.
+
+    Raises:
+      ModeError: The store has no spill file (give it `spill_path=`, or use
+        mode="disk").
+      UnknownTagError: The store holds no snapshot `tag`.
+      PinnedTagError: The snapshot is pinned to a device slot (`pin_slot`).
+      SnapshotError: Reading a device snapshot failed; it stays in its slot.
+      SpillError: An earlier background write failed (see `flush`).
+    """
+    sess = self._h.data_session(session, "spill")
+    with self._h.lock:
+      self._h.prepare(sess)
+      tiered = self._tiers("spill")
+      tag = self._h.existing(tag, sess, "spill")
+      self._h.catalog.check_unpinned(
+          tag, "it cannot leave the slot. Snapshot it under another tag and "
+          "spill that", lambda t: self._h.mode.slot_set.slot_of(t))
+      with failures.translated("spill", tag, self._h.mode.uninitialized):
+        tiered.spill(tag, self._h.catalog.info(tag), sess)
+      return tag
+
+  def flush(self):
+    """Waits until every snapshot on its way to the spill file is written.
+
+    Snapshots whose write failed earlier are written again first. Does nothing
+    for a store without a spill file.
+
+    Raises:
+      SpillError: A write failed; the message names each snapshot, which stays
+        in host memory.
+    """
+    with self._h.lock:
+      self._h.check_open()
+      self._h.mode.flush()
+
+  def tier(self, tag=None):
+    """Where snapshot `tag` (default: the newest) is: "device", "host" or "file".
+
+    "host" includes a snapshot on its way to the spill file.
+    """
+    with self._h.lock:
+      return self._h.mode.tier(self._h.catalog.existing(tag))
+
+  # -- internals ---------------------------------------------------------------
+
+  def _load(self, what, open_source, names, allow_extra, tag, session):
+    """Stores the snapshot a file holds: `load_npz`, `load_checkpoint`, `load_spill`.
+
+    The session is resolved first, so that a missing one is reported before
+    any file is read; `open_source()` gives a source (see `snapstore.files.sources`)
+    usable as a context manager, read in full and closed before storing.
+    """
+    self._h.data_session(session, what)
+    with open_source() as source:
+      arrays = sources.read(source, self._h.varset, names, allow_extra=allow_extra)
+    return self._h.put(arrays, tag, session, what)
+
+  def _tiers(self, what):
+    tiers = self._h.mode.tiers
+    if tiers is None:
+      raise errors.ModeError(
+          "files.%s() needs a spill file; this %s-mode store has none. Pass "
+          "spill_path='file.h5' when building it, or use mode='disk'."
+          % (what, self._h.mode.name))
+    return tiers

@@ -1,0 +1,171 @@
+"""What a store holds and where: the state its facade and its parts share.
+
+`SnapshotStore` is a small facade over three parts: the snapshot lifecycle
+(`store.py`), the calls of device slots (`store.slots`, `slots.py`) and the
+files (`store.files`, `file_io.py`). Each of them acts through the store's
+`Holdings`: its variables, its copy mode, the catalog of its tags, which
+session or cluster holds each device snapshot (`core/places.py`), and the lock
+that serializes every call. The steps every call shares are written here
+once: resolving the session, checking the store is open and writing back
+what a failed `evaluate_with` left, finding a held tag usable from a session,
+storing arrays as a snapshot, and recording a new one.
+
+The mode declares what it can do, and only through two attributes: `slot_set`
+(device slots, or None) and `tiers` (a spill file, or None); see
+`modes/base.py`.
+"""
+import threading
+import time
+
+from snapstore._tf import tf
+from snapstore.core import catalog
+from snapstore.core import failures
+from snapstore.core import places
+from snapstore.core import sessions
+from snapstore import errors
+
+_NOTHING = object()
+
+
+class Holdings(object):
+  """A store's variables, mode, tags and owners, and the steps calls share.
+
+  Args:
+    varset: The store's `VariableSet`.
+    mode: The store's `CopyMode`.
+    name: The store's name scope.
+  """
+
+  def __init__(self, varset, mode, name):
+    self.varset = varset
+    self.mode = mode
+    self.name = name
+    self.lock = threading.RLock()
+    self.catalog = catalog.Catalog(mode.capacity)
+    for tag, when in mode.adopted():  # snapshots in an existing spill file
+      self.catalog.adopt(tag, when)
+    self.places = places.Places(varset)  # where device snapshots live
+    self.closed = False
+    self._pending = _NOTHING  # current values a failed put-back left
+
+  @property
+  def graph(self):
+    return self.varset.graph
+
+  # -- sessions and the state of the store ------------------------------------
+
+  def session(self, session, what, required=True):
+    """The raw session for call `what`; None if not `required` and none given."""
+    if not required and session is None and tf.get_default_session() is None:
+      return None
+    return sessions.resolve(session, self.graph, what)
+
+  def data_session(self, session, what):
+    """The session for a call that only moves data: none in host and disk mode."""
+    return self.session(session, what, required=self.mode.data_needs_session)
+
+  def check_open(self):
+    if self.closed:
+      raise errors.StoreClosedError("The store %r is closed." % self.name)
+    self.mode.check()  # a failed background write (spill file), once
+    self.drop_gone()
+
+  def prepare(self, sess):
+    """Checks the store is open and writes back pending current values."""
+    self.check_open()
+    if sess is None or self._pending is _NOTHING:
+      return
+    with failures.translated("pending"):
+      self.mode.unstash(self._pending, sess)
+    self._pending = _NOTHING
+
+  def put_back(self, token, sess):
+    """Writes back values `mode.stash` set aside; kept for later if it fails."""
+    def keep():  # written back by the next call's prepare, or recover()
+      self._pending = token
+      return ""
+    with failures.translated("put_back", note=keep):
+      self.mode.unstash(token, sess)
+
+  # -- tags ----------------------------------------------------------------------
+
+  def existing(self, tag, sess, what, allow_default=True):
+    """`tag` (None: the newest) if held, and usable from `sess` (None: no data use).
+
+    Raises:
+      UnknownTagError: As `Catalog.existing`.
+      SessionMismatchError: A device snapshot held elsewhere, or dropped
+        because its session or cluster lost it.
+    """
+    self.drop_gone()
+    if tag not in self.catalog and (tag is not None or not len(self.catalog)):
+      note = self.places.dropped_note(tag)
+      if note:
+        raise errors.SessionMismatchError(
+            note if tag is not None else "The store holds no snapshots. " + note)
+    tag = self.catalog.existing(tag, allow_default)
+    place = self.place(sess)
+    if place is not None and self.mode.tier(tag) == "device":
+      lost = self.places.check(tag, place, what)
+      if lost:
+        self.forget(tag, lost)
+        raise errors.SessionMismatchError(lost)
+    return tag
+
+  def victim(self, tag):
+    # With a spill file, spilled snapshots may not count (see modes/tiers.py).
+    return self.catalog.victim(tag, self.mode.counts_toward_capacity)
+
+  def record(self, tag, victim, place):
+    """Records snapshot `tag`, just written at `place` (None: no session)."""
+    self.catalog.record(tag, victim, time.time())
+    self.mode.settle(self.catalog.infos())
+    self.places.keep_only(set(self.catalog.tags()))
+    if (place is not None and self.mode.tier(tag) == "device"
+        and tag not in self.catalog.pinned()):
+      self.places.bind(tag, place)
+    else:
+      self.places.unbind(tag)
+    return tag
+
+  def lost_note(self):
+    """After a failed write into the mode: drops the tags it lost, and says so."""
+    return catalog.lost_note(self.catalog.keep_only(set(self.mode.tags())))
+
+  def put(self, values, tag, session, what):
+    """Stores `values` (checked arrays in key order) as snapshot `tag`."""
+    sess = self.data_session(session, what)
+    with self.lock:
+      self.prepare(sess)
+      tag = self.catalog.new_tag(tag)
+      victim = self.victim(tag)
+      place = self.place(sess)
+      with failures.translated("store", tag, note=self.lost_note):
+        self.mode.put(tag, values, sess, victim)
+      return self.record(tag, victim, place)
+
+  def read(self, tag, sess, what):
+    """Snapshot `tag` as arrays in key order (`arrays`, `save_npz`)."""
+    with failures.translated("read", tag, self.mode.uninitialized, what):
+      return self.mode.arrays(tag, sess)
+
+  # -- where device snapshots live (core/places.py) ------------------------------
+
+  def place(self, sess):
+    """Where `sess` keeps variables, if the store can hold device snapshots."""
+    if sess is None or self.mode.slot_set is None:
+      return None
+    return self.places.of(sess)
+
+  def drop_gone(self):
+    """Drops the device snapshots of local sessions that are closed or gone."""
+    for tag, why in self.places.gone():
+      self.forget(tag, why)
+
+  def forget(self, tag, why):
+    if tag in self.catalog and self.mode.tier(tag) == "device":
+      self.mode.delete(tag)
+      self.catalog.drop(tag)
+      self.places.drop(tag, why)
+    else:
+      self.places.unbind(tag)

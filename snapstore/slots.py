@@ -1,0 +1,304 @@
+"""`store.slots`: the calls of a store's device slots, for the user's own graph.
+
+A device store (`mode="device"`, with or without a spill file) keeps its
+snapshots in slots of shadow variables. Besides the lifecycle calls every
+store has, its slots offer ops and variables to build into a graph:
+
+    store = snapstore.SnapshotStore(scope="net", mode="device", max_to_keep=2)
+    slots = store.slots
+    sess.run(slots.snapshot_op(1))            # the grouped copy into slot 1
+    q_past = slots.past(q, 1)                 # q computed from slot 1
+    slots.pin(1, "target")                    # "target" names what slot 1 holds
+    train_op = slots.snapshot_before(update)  # a snapshot in the step's run
+
+Host and disk stores have no slots: `store.slots` raises `ModeError` once,
+naming the mode that has them. A store with `pack=True` has slots but no
+shadow per variable: `shadows()` and `past()` raise `ModeError`
+(`per_variable` tells).
+"""
+import collections
+
+from snapstore.core import checks
+from snapstore.graph import rewire
+from snapstore import errors
+from snapstore.graph import in_step
+
+
+class Slots(object):
+  """The device slots of a store (see module doc). Made by `store.slots`.
+
+  Args:
+    holdings: The store's `Holdings`; its mode has a `slot_set`.
+  """
+
+  def __init__(self, holdings):
+    self._h = holdings
+    self._set = holdings.mode.slot_set
+    self._rewirer = None  # made by the first past() call
+    self._in_step = {}  # train op from snapshot_before() -> its in_step.InStep
+
+  def __len__(self):
+    """The number of slots (the store's `max_to_keep` in device mode)."""
+    return self._set.num_slots
+
+  @property
+  def per_variable(self):
+    """Whether every variable has a shadow of its own (False with `pack=True`)."""
+    return self._set.per_variable
+
+  @property
+  def initializer(self):
+    """An op initializing the slots' shadow variables.
+
+    `tf.local_variables_initializer()` and `MonitoredSession` run it too. It
+    initializes each shadow once; run again, it leaves the shadows as they are.
+    """
+    return self._set.initializer
+
+  def snapshot_op(self, slot=0):
+    """The grouped op copying the variables into slot `slot`.
+
+    For the user's own `session.run` or `control_dependencies`, e.g. refreshing
+    a target network after each train step. Running it does not change the
+    store's tags: `restore(tag)` restores whatever the tag's slot holds.
+    """
+    return self._set.snapshot_op(self._check_slot(slot))
+
+  def restore_op(self, slot=0):
+    """The grouped op copying slot `slot` into the variables."""
+    return self._set.restore_op(self._check_slot(slot))
+
+  def shadows(self, slot=0):
+    """An OrderedDict from key to the shadow variable of slot `slot`.
+
+    Raises:
+      ModeError: The store packs variables (`pack=True`).
+    """
+    values = self._set.shadows(self._check_slot(slot))
+    return collections.OrderedDict(zip(self._h.varset.keys, values))
+
+  def past(self, outputs, slot=0):
+    """Tensors computing `outputs` from slot `slot` instead of the variables.
+
+    Fetch them next to `outputs` to evaluate past and current parameters in
+    one `session.run` with no copy; refresh the slot with `snapshot_op(slot)`
+    (or `store.snapshot()`). Built at graph-construction time and cached:
+    asking again returns the same tensors. See `snapstore.graph.rewire` for
+    what is copied, what is refused and why; gradients never flow into the
+    shadows.
+
+    Args:
+      outputs: A tensor, or a list, tuple or dict of tensors, of the model.
+      slot: The slot to read.
+
+    Returns:
+      The rewired tensors, in the structure of `outputs`. A tensor that does
+      not depend on the covered variables is returned as it is.
+
+    Raises:
+      ModeError: The store packs variables (`pack=True`).
+      ValueError: No such slot, no tensors, or a variable's reference/handle.
+      TypeError: Something other than tensors.
+      GraphMismatchError: Tensors of another graph.
+      RewireError: An op on the way cannot be rewired faithfully (the message
+        names it); nothing is built.
+    """
+    slot = self._check_slot(slot)
+    with self._h.lock:
+      if self._rewirer is None:
+        self._rewirer = rewire.Rewirer(
+            self._h.name, self._h.varset.variables,
+            [self._set.shadows(k, "past") for k in range(self._set.num_slots)])
+      return self._rewirer.past(outputs, slot)
+
+  def rewired(self, fetches, feed_dict, tag):
+    """(fetches, feed_dict) reading the slot of `tag`, or None to swap it in.
+
+    None when nothing was rewired with `past`, or the snapshot is not in a
+    slot (a spilled one is swapped in from its tier).
+    """
+    if self._rewirer is None or self._h.mode.tier(tag) != "device":
+      return None
+    return self._rewirer.lookup(fetches, feed_dict, self._set.slot_of(tag))
+
+  def slot_of(self, tag):
+    """The slot holding snapshot `tag`.
+
+    Raises:
+      UnknownTagError: The store holds no snapshot `tag`.
+      ModeError: The snapshot is in the spill file, not in a slot.
+    """
+    with self._h.lock:
+      tag = self._h.catalog.existing(tag, allow_default=False)
+      if self._h.mode.tier(tag) != "device":
+        raise errors.ModeError(
+            "Snapshot %r is in the spill file (%s tier), not in a device slot."
+            % (tag, self._h.mode.tier(tag)))
+      return self._set.slot_of(tag)
+
+  def pin(self, slot, tag):
+    """Names slot `slot` `tag`, for ops that write the slot in the graph.
+
+    Nothing is copied: from now on `tag` names whatever the slot holds, as
+    written by your own ops (`snapshot_op(slot)` in the train step for a target
+    network, a `MovingAverage`, Lookahead's slow weights), so that
+    `store.evaluate_with(tag=tag)`, `restore(tag)`, `arrays(tag)` and
+    `files.save_npz` use it. A pinned tag is never evicted and cannot be
+    deleted; `snapshot(tag)` and `load_arrays(..., tag)` overwrite the slot.
+    Pinning makes the tag the newest, as taking a snapshot would; pinning the
+    tag the slot already holds pins it in place. No graph ops are added.
+
+    Args:
+      slot: A slot, 0 to `len(store.slots) - 1`.
+      tag: An int or non-empty string.
+
+    Returns:
+      The tag.
+
+    Raises:
+      ValueError: No such slot; the slot holds another snapshot; or `tag` is
+        held in another slot.
+      TypeError: A tag that is not an int or a non-empty string.
+    """
+    with self._h.lock:
+      return self._pin(*self._check_pin("pin", slot, tag))
+
+  def pinned(self):
+    """The pinned tags (see `pin`), oldest first."""
+    with self._h.lock:
+      return self._h.catalog.pinned()
+
+  def snapshot_before(self, update, slot=0, tag="before_step", if_finite=None,
+                      name="snapshot_before"):
+    """A train op that snapshots into slot `slot`, then runs the update.
+
+    One `session.run` of the returned op copies the variables into the slot
+    and then applies the update `update()` builds: every op it creates waits
+    for the copy, and the train op is checked to write no variable of the
+    store before the copy (see `snapstore.graph.in_step`). The slot is pinned
+    under `tag` (see `pin`), so after a step `store.restore(tag)`,
+    `store.evaluate_with(..., tag=tag)` or a `snapstore.Guard(store,
+    tag=tag)` use the values the step started from. Before the first step the
+    slot holds what its initializer gave it (the variables' initial values).
+
+        grads = opt.compute_gradients(loss)   # outside: runs next to the copy
+        train_op = store.slots.snapshot_before(
+            lambda: opt.apply_gradients(grads, global_step=step))
+        sess.run(train_op, feed)
+        store.restore("before_step")          # undoes the step, bit for bit
+
+    With `if_finite=loss`, the copy runs only when every element of `loss` is
+    finite, and the update runs either way (after the copy when it runs). The
+    slot then holds the parameters of the newest step whose loss was finite:
+    after a step whose loss is NaN or infinite, `restore(tag)` goes back to
+    them (`SnapshotHook(store, loss=loss, in_step=tag)` does this for you).
+    The update waits for `loss`, so `loss` is computed from the values the
+    step started from, as is a `loss` fetched in the same run.
+
+    Args:
+      update: A function of no arguments that builds the update and returns
+        the op(s) to run (what `apply_gradients` or `minimize` returns).
+        Built ops are refused: they cannot be made to wait for the copy.
+      slot: The slot to write, 0 to `len(store.slots) - 1`.
+      tag: The tag naming the slot (an int or a non-empty string).
+      if_finite: None, or a float tensor of the model computed from the
+        variables (typically the loss the step minimizes): copy only when it
+        is all finite. Not a tensor computed inside a `tf.cond` or
+        `tf.while_loop`.
+      name: The name of the returned op.
+
+    Returns:
+      The train op. It replaces the update's op in the TRAIN_OP collection.
+
+    Raises:
+      ValueError: No such slot; the slot or tag is taken (as for `pin`);
+        `update()` returned nothing; the train op writes a variable of the
+        store without waiting for the copy (the message names the op); or
+        `if_finite` is computed inside a `tf.cond` or `tf.while_loop`.
+      TypeError: `update` is not a function (an already built op), a bad
+        tag, or an `if_finite` that is not a float tensor.
+      GraphMismatchError: `if_finite` is of another graph.
+    """
+    with self._h.lock:
+      pin = self._check_pin("snapshot_before", slot, tag)
+      entry = in_step.build(update, self._set, pin[0], self._h.varset.variables,
+                            name, if_finite)
+      self._in_step[entry.train_op] = entry
+      self._pin(*pin)
+      return entry.train_op
+
+  def in_steps(self, tag):
+    """The `in_step.InStep` of each train op snapshotting under `tag` in its run.
+
+    An empty list if `tag` is not the tag of such a slot.
+    """
+    with self._h.lock:
+      if tag not in self._h.catalog.pinned():
+        return []
+      slot = self._set.slot_of(tag)
+      return [entry for entry in self._in_step.values() if entry.slot == slot]
+
+  def in_step_ops(self, tag):
+    """The train ops (from `snapshot_before`) that snapshot under `tag` in their run."""
+    return [entry.train_op for entry in self.in_steps(tag)]
+
+  def in_step_condition(self, train_op):
+    """The `if_finite` tensor of a train op from `snapshot_before`, or None.
+
+    None means the train op writes its slot on every run; a tensor, that it
+    writes it only when that tensor is all finite.
+
+    Raises:
+      ValueError: `train_op` was not built by this store's `snapshot_before`.
+    """
+    with self._h.lock:
+      entry = self._in_step.get(train_op)
+      if entry is None:
+        raise ValueError("%r is not a train op built by this store's "
+                         "snapshot_before() (those are %s)." % (
+                             getattr(train_op, "name", train_op),
+                             errors.names(sorted(op.name for op in self._in_step))
+                             or "none"))
+      return entry.condition
+
+  # -- internals ---------------------------------------------------------------
+
+  def _check_slot(self, slot):
+    n = self._set.num_slots
+    return checks.integer(slot, "slot", 0, n - 1, hint="this store has %d "
+                          "slot(s); set max_to_keep for more" % n)
+
+  def _check_pin(self, what, slot, tag):
+    """(slot, tag, tag held in the slot) for pinning `tag` to `slot`."""
+    slot = self._check_slot(slot)
+    if tag is None:
+      raise TypeError("%s() needs a tag (an int or a non-empty string)." % what)
+    tag = self._h.catalog.new_tag(tag)
+    with self._h.lock:
+      self._h.check_open()
+      holder = self._set.tag_in(slot)
+      if holder is not None and holder != tag:
+        raise ValueError(
+            "Slot %d holds snapshot %r; delete it first or pin another slot."
+            % (slot, holder))
+      if holder is None and tag in self._h.catalog:
+        raise ValueError("Tag %r is held in slot %d, not slot %d."
+                         % (tag, self._set.slot_of(tag), slot))
+      return slot, tag, holder
+
+  def _pin(self, slot, tag, holder):
+    self._set.pin(tag, slot)
+    self._h.catalog.pin(tag)
+    self._h.places.unbind(tag)  # in-graph ops write the slot in any session
+    if holder is None:
+      self._h.record(tag, None, None)
+    return tag
+
+
+def no_slots(mode):
+  """The ModeError for `store.slots` on a store of `mode` (no device slots)."""
+  return errors.ModeError(
+      "store.slots: this store uses mode %r, whose snapshots are not graph "
+      "variables, so it has no device slots (snapshot_op, restore_op, "
+      "shadows, past, pin, snapshot_before). mode='device' has them; with "
+      "this store, use snapshot() and restore()." % mode)
