@@ -404,7 +404,9 @@ class TieredMode(base.CopyMode):
   def _queue(self, held):
     self._held[held.tag] = held
     held.state = _QUEUED
-    self._writer.submit(_Write(self, held))
+    self._writer.submit(_Write(
+        self._file, held, self._varset.keys, self._step(held.arrays),
+        self._compression, self._compression_opts))
 
   def _retry_failed(self, everything=False):
     """Queues failed writes again: all of them, or while writes keep failing
@@ -451,31 +453,31 @@ class TieredMode(base.CopyMode):
       return None
     return int(np.asarray(arrays[self._step_index]))
 
-  def _write(self, held):
-    """Runs on the writer thread."""
-    step = self._step(held.arrays)
-    self._file.write(held.tag, held.info.time, step, self._varset.keys,
-                     held.arrays, self._compression, self._compression_opts)
-    return spill_file.SpillEntry(held.tag, held.info.time, step, held.nbytes,
-                            tuple(self._varset.keys))
-
 
 class _Write(object):
-  """Writes one held snapshot; `entry` is set when it is in the file."""
+  """Writes one held snapshot; `entry` is set when it is in the file.
 
-  def __init__(self, mode, held):
-    self._mode = mode
+  It holds no reference to the mode, nor does anything it runs: its outcome
+  (and a failure's traceback) waits in the writer until collected, and must
+  not keep a dropped store's mode, and so its thread and file, alive.
+  """
+
+  def __init__(self, spill, held, keys, step, compression, compression_opts):
+    self._file = spill
     self.held = held
     self.tag = held.tag
+    self._keys = tuple(keys)
+    self._step = step
+    self._compression = compression
+    self._compression_opts = compression_opts
     self.entry = None
 
   def __call__(self):
-    try:
-      self.entry = self._mode._write(self.held)  # pylint: disable=protected-access
-    finally:
-      # The outcome waits in the writer until collected: it must not keep
-      # a dropped store's mode (and so its thread and file) alive.
-      self._mode = None
+    held = self.held
+    self._file.write(held.tag, held.info.time, self._step, self._keys,
+                     held.arrays, self._compression, self._compression_opts)
+    self.entry = spill_file.SpillEntry(held.tag, held.info.time, self._step,
+                                       held.nbytes, self._keys)
 
 
 class _Delete(object):

@@ -114,6 +114,9 @@ class BackgroundWriter(object):
         self._running = 0
         self._done.append((job, error))
         self._cond.notify_all()
+      # The outcome is the caller's now; waiting for the next job must not
+      # keep it (a snapshot's arrays, a traceback's frames) alive.
+      job = error = None
 
 
 _AT_EXIT = weakref.WeakSet()
