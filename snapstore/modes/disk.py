@@ -14,7 +14,8 @@ A failed write (a full disk) keeps its snapshot in host memory, over the
 budget: the `SpillError` of the next call says by how much. `close()` writes
 every snapshot still in memory to the file first, so a store reopened on the
 file lists them all; if it cannot, it raises and stays open (see
-`TieredMode.close`).
+`TieredMode.close`). At interpreter exit, what it cannot write is lost with the
+process and named on stderr (see `TieredMode.close_at_exit`).
 
 `max_to_keep` bounds the snapshots of all tiers together (default: no bound);
 when it is reached the oldest snapshot is deleted, from the file if it is

@@ -31,7 +31,9 @@ A failed write (a full disk) keeps its snapshot in host memory, over the
 budget if need be, and the store's next call raises `SpillError` naming the
 cause, the file and the bytes held. While writes fail, each call retries only
 the oldest failed snapshot; once one is written, the others follow. `close()`
-writes what is in memory first and stays open, raising, if it cannot.
+writes what is in memory first and stays open, raising, if it cannot. At
+interpreter exit the file is closed all the same (`close_at_exit`): what cannot
+be written then is lost with the process and named on stderr.
 """
 import errno
 import logging
@@ -273,20 +275,69 @@ class TieredMode(base.CopyMode):
       self.closed = True
       return
     path = self._file.path
-    self._before_close()
-    self._writer.flush()  # then every failed write, old or new, is tried again
-    self._collect()
-    self._retry_failed(everything=True)
-    self._writer.flush()
-    self._collect()
+    failures = self._write_held()
     if self._held:
-      failures, self._errors = self._errors, []
       raise errors.SpillError(
           "Closing the store's spill file %s: %s. The store stays open and "
           "nothing is dropped: call close() again once the file can be written, "
           "or save the snapshots elsewhere first (save_npz)."
           % (path, self._report(failures) or "snapshot(s) %s are not written"
              % ", ".join(map(repr, self._held))))
+    self._shut()
+    failures, self._errors = self._errors, []
+    if failures:
+      raise errors.SpillError("Closing the store's spill file %s: %s."
+                              % (path, self._report(failures)))
+
+  def close_at_exit(self):
+    """`close()` at interpreter exit: the file is closed whatever happens.
+
+    The process ends next, so snapshots that cannot be written now (a full
+    disk) are lost with it; they are dropped and named. The file must be
+    closed before Python shuts down: HDF5's own exit handler would close it
+    later, through h5py's Python file driver, when there is no interpreter
+    left to run it, and the process would crash (SIGSEGV).
+
+    Raises:
+      SpillError: Snapshots that could not be written, now lost (the file is
+        closed and holds every snapshot committed before), or a failed
+        delete, as for `close()`.
+    """
+    if self._file is None or not self._release.alive:
+      self.close()
+      return
+    path = self._file.path
+    try:
+      failures = self._write_held()
+      if not self._held:
+        self.close()  # everything written: an ordinary close
+        return
+    finally:
+      lost = list(self._held)
+      if self._file is not None:
+        self._shut()
+    failures += self._errors
+    self._errors = []
+    raise errors.SpillError(_lost_at_exit(path, lost, failures))
+
+  def _write_held(self):
+    """Writes every snapshot in memory that must reach the file, and waits.
+
+    Returns:
+      [(tag, what, exception)] of the failures; the snapshots whose write
+      failed stay in `_held`.
+    """
+    self._before_close()
+    self._writer.flush()  # then every failed write, old or new, is tried again
+    self._collect()
+    self._retry_failed(everything=True)
+    self._writer.flush()
+    self._collect()
+    failures, self._errors = self._errors, []
+    return failures
+
+  def _shut(self):
+    """Stops the writer (after its queue) and closes the file and fast tier."""
     try:
       self._writer.close()
       self._collect()
@@ -296,11 +347,8 @@ class TieredMode(base.CopyMode):
       self._file = None
       self._release.detach()
       self._inner.close()
+      self._held.clear()
       self.closed = True
-    failures, self._errors = self._errors, []
-    if failures:
-      raise errors.SpillError("Closing the store's spill file %s: %s."
-                              % (path, self._report(failures)))
 
   def _before_close(self):
     """Called first by `close()`; the disk mode writes its memory tier."""
@@ -347,7 +395,9 @@ class TieredMode(base.CopyMode):
   def _queue(self, held):
     self._held[held.tag] = held
     held.state = _QUEUED
-    self._writer.submit(_Write(self, held))
+    self._writer.submit(_Write(
+        self._file, held, self._varset.keys, self._step(held.arrays),
+        self._compression, self._compression_opts))
 
   def _retry_failed(self, everything=False):
     """Queues failed writes again: all of them, or while writes keep failing
@@ -394,31 +444,31 @@ class TieredMode(base.CopyMode):
       return None
     return int(np.asarray(arrays[self._step_index]))
 
-  def _write(self, held):
-    """Runs on the writer thread."""
-    step = self._step(held.arrays)
-    self._file.write(held.tag, held.info.time, step, self._varset.keys,
-                     held.arrays, self._compression, self._compression_opts)
-    return spill_file.SpillEntry(held.tag, held.info.time, step, held.nbytes,
-                            tuple(self._varset.keys))
-
 
 class _Write(object):
-  """Writes one held snapshot; `entry` is set when it is in the file."""
+  """Writes one held snapshot; `entry` is set when it is in the file.
 
-  def __init__(self, mode, held):
-    self._mode = mode
+  It holds no reference to the mode, nor does anything it runs: its outcome
+  (and a failure's traceback) waits in the writer until collected, and must
+  not keep a dropped store's mode, and so its thread and file, alive.
+  """
+
+  def __init__(self, spill, held, keys, step, compression, compression_opts):
+    self._file = spill
     self.held = held
     self.tag = held.tag
+    self._keys = tuple(keys)
+    self._step = step
+    self._compression = compression
+    self._compression_opts = compression_opts
     self.entry = None
 
   def __call__(self):
-    try:
-      self.entry = self._mode._write(self.held)  # pylint: disable=protected-access
-    finally:
-      # The outcome waits in the writer until collected: it must not keep
-      # a dropped store's mode (and so its thread and file) alive.
-      self._mode = None
+    held = self.held
+    self._file.write(held.tag, held.info.time, self._step, self._keys,
+                     held.arrays, self._compression, self._compression_opts)
+    self.entry = spill_file.SpillEntry(held.tag, held.info.time, self._step,
+                                       held.nbytes, self._keys)
 
 
 class _Delete(object):
@@ -435,6 +485,35 @@ def _release(background_writer, spill_file):
   """Finishes the writes and closes the file of a mode dropped unclosed."""
   background_writer.close()
   spill_file.close()
+
+
+def _lost_at_exit(path, lost, failures):
+  """The message of `close_at_exit` for snapshots that could not be written."""
+  causes, undeleted = [], []
+  for tag, what, error in failures:
+    if what == "delete":
+      undeleted.append(tag)
+    elif _describe(error) not in causes:
+      causes.append(_describe(error))
+  errnos = set(getattr(error, "errno", None) for _, _, error in failures)
+  if errnos & set((errno.ENOSPC, errno.EDQUOT)):
+    room = "free space on that disk, or "
+  elif errno.EFBIG in errnos:
+    room = ("raise the file-size limit (ulimit -f) or use a file system that "
+            "allows larger files, or ")
+  else:
+    room = ""
+  return (
+      "the program is ending, and snapshot(s) %s could not be written to the "
+      "spill file %s (%s): they are lost with the process. The file is closed "
+      "and valid, with every snapshot committed before%s. Next time, %s"
+      "call the store's close() before the program ends and handle its "
+      "SpillError (the snapshots stay in memory: call close() again once the "
+      "file can be written, or save them elsewhere with save_npz)."
+      % (", ".join(map(repr, lost)), path,
+         "; ".join(causes) or "not written",
+         "; deleting snapshot(s) %s from it failed, so it still holds them"
+         % ", ".join(map(repr, undeleted)) if undeleted else "", room))
 
 
 def _check_compression(compression, opts):

@@ -11,8 +11,8 @@ therefore slows down to the disk's pace instead of growing its queue without
 bound.
 
 At interpreter exit, every object registered with `close_at_exit` that is
-still alive is closed, so that queued writes are finished (or reported) before
-the process ends.
+still alive is closed (its `close_at_exit()`), so that queued writes are
+finished, or the ones that cannot be are reported, before the process ends.
 
     writer = BackgroundWriter("spill", max_pending=2)
     writer.submit(job)          # returns at once unless 2 jobs are pending
@@ -114,22 +114,30 @@ class BackgroundWriter(object):
         self._running = 0
         self._done.append((job, error))
         self._cond.notify_all()
+      # The outcome is the caller's now; waiting for the next job must not
+      # keep it (a snapshot's arrays, a traceback's frames) alive.
+      job = error = None
 
 
 _AT_EXIT = weakref.WeakSet()
 
 
 def close_at_exit(obj):
-  """Calls `obj.close()` at interpreter exit if `obj` is still alive then."""
+  """Calls `obj.close_at_exit()` at interpreter exit if `obj` is alive then.
+
+  That method must release everything, whatever it raises: the process ends
+  next. Its exception's message is written to stderr.
+  """
   _AT_EXIT.add(obj)
 
 
 def _close_all():
   for obj in list(_AT_EXIT):
     try:
-      obj.close()
+      obj.close_at_exit()
     except Exception as e:  # pylint: disable=broad-except
       sys.stderr.write("snapstore: at exit: %s\n" % e)
+      sys.stderr.flush()
 
 
 atexit.register(_close_all)
