@@ -68,13 +68,13 @@ _CHILD = textwrap.dedent("""
     for store in stores.values():
       for tag in (0, 1):
         take(store, tag)
-        store.spill(tag, session=sess)
-      store.flush()  # 0 and 1 are committed
+        store.files.spill(tag, session=sess)
+      store.files.flush()  # 0 and 1 are committed
     if variant != "full_disk":
       # From here every write past the files' end fails with EFBIG (the signal
       # ignored, so that the write returns the error instead of killing us).
       signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-      limit = min(os.path.getsize(s._mode._file.path) for s in stores.values())
+      limit = min(os.path.getsize(s._h.mode._file.path) for s in stores.values())
       resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
 
     if variant == "in_memory":
@@ -82,7 +82,7 @@ _CHILD = textwrap.dedent("""
         take(store, 2)
         take(store, 3)
         # 2 goes to the file; a disk store's 3 waits in memory for close().
-        store.spill(2, session=sess)
+        store.files.spill(2, session=sess)
       print("exiting", flush=True)
       sys.exit(3)  # the program's own status, kept
 
@@ -98,7 +98,7 @@ _CHILD = textwrap.dedent("""
         take(store, 2)
         take(store, 3)
         store.delete(0)
-        store.spill(2, session=sess)
+        store.files.spill(2, session=sess)
       print("exiting", flush=True)
 
     if variant == "mid_write":
@@ -111,7 +111,7 @@ _CHILD = textwrap.dedent("""
       spill_file.SpillFile.write = slow_write
       for store in stores.values():
         take(store, 2)
-        store.spill(2, session=sess)
+        store.files.spill(2, session=sess)
       deadline = time.time() + 30
       while len(started) < len(stores) and time.time() < deadline:
         time.sleep(0.01)
@@ -120,15 +120,15 @@ _CHILD = textwrap.dedent("""
     if variant == "dropped":
       for store in stores.values():
         take(store, 2)
-        store.spill(2, session=sess)
+        store.files.spill(2, session=sess)
       deadline = time.time() + 30
-      writers = [s._mode._writer for s in stores.values()]
+      writers = [s._h.mode._writer for s in stores.values()]
       while any(w.pending for w in writers) and time.time() < deadline:
         time.sleep(0.01)
       # The failures wait in the writers, not collected by any call of ours.
       print("failed writes waiting: %%d" %% sum(
           e is not None for w in writers for _, e in w._done), flush=True)
-      modes = [weakref.ref(s._mode) for s in stores.values()]
+      modes = [weakref.ref(s._h.mode) for s in stores.values()]
       del store, writers
       stores.clear()
       gc.collect()
