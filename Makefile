@@ -4,6 +4,7 @@
 # The same on TensorFlow 2.x in compat.v1 graph mode (Python 3.11):
 #   make demo-tf2 / make test-tf2       .venv-tf2/   (TensorFlow 2.21 with tf-keras)
 #   make test-tf215                     .venv-tf215/ (TensorFlow 2.15)
+#   make lint / make format             ruff (ruff.toml), from .venv-tf2/
 # The TF 2.x targets also build .venv/, so that the test writing files on one
 # stack and reading them on the other runs in both directions.
 VENV := .venv
@@ -14,7 +15,7 @@ TF2_ENV := TF_USE_LEGACY_KERAS=1
 PY_TF2 := $(TF2_ENV) .venv-tf2/bin/python
 PY_TF215 := .venv-tf215/bin/python
 
-.PHONY: demo test bench venv demo-tf2 test-tf2 bench-tf2 venv-tf2 test-tf215 venv-tf215 clean
+.PHONY: demo test bench venv demo-tf2 test-tf2 bench-tf2 venv-tf2 test-tf215 venv-tf215 lint format clean
 
 demo: venv
 	$(PY) -m snapstore.demo
@@ -45,6 +46,17 @@ test-tf215: venv-tf215 venv
 
 venv-tf215:
 	./scripts/bootstrap tf215
+
+# The formatter (check only) and the linter, configured in ruff.toml; ruff is
+# installed in the TF 2.x venv (requirements/tf2.txt).
+RUFF := .venv-tf2/bin/ruff
+
+lint: venv-tf2
+	$(RUFF) format --check --diff .
+	$(RUFF) check .
+
+format: venv-tf2
+	$(RUFF) format .
 
 clean:
 	rm -rf $(VENV) .venv-tf2 .venv-tf215 build dist *.egg-info .pytest_cache

@@ -40,7 +40,6 @@ from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import failures
 from snapstore.core.variables import VariableSet
-from snapstore import errors
 from snapstore import file_io
 from snapstore import holdings
 from snapstore.modes import table as mode_table

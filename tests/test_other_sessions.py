@@ -9,7 +9,6 @@ restoring those values. Host snapshots are numpy arrays and restore anywhere.
 import os
 
 from absl.testing import parameterized
-import numpy as np
 
 import snapstore
 from snapstore._tf import tf
