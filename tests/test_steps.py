@@ -639,6 +639,27 @@ class HiddenWritersTest(tf.test.TestCase, parameterized.TestCase):
         with helpers.assert_raises_naming(self, TypeError, "float32_ref"):
           build(v)
 
+  def test_a_loop_that_moves_the_handle_to_a_written_loop_var_is_refused(self):
+    # Round 1 writes another variable; the body swaps the handles, so round
+    # 2 writes the covered one through the same loop var.
+    def swapping_loop(v, c):
+      del c
+      other = tf.get_variable("other", initializer=np.zeros(4, np.float32),
+                              use_resource=True)
+
+      def body(i, a, b):
+        with tf.control_dependencies([tf.raw_ops.AssignAddVariableOp(
+            resource=b, value=tf.constant(ONES))]):
+          return i + 1, tf.identity(b), tf.identity(a)
+
+      return tf.while_loop(lambda i, a, b: i < 2, body,
+                           [0, v.handle, other.handle], name="bn_swap")[0]
+
+    self._refused(swapping_loop, True, [
+        r"'bn_swap' \(type While\) writes bn/moving_mean",
+        r"function bn_swap_body_\d+", r"\(type AssignAddVariableOp\)"],
+                  v2=True)
+
   def test_a_function_op_whose_function_is_missing_is_refused(self):
     # "If the analysis cannot decide": no body to read.
     def lost_call(v, c):
