@@ -151,6 +151,9 @@ from tensorflow.python.client import session as tf_session
 from tensorflow.core.framework import variable_pb2
 # CallableOptions, for Session._make_callable_from_options.
 from tensorflow.core.protobuf import config_pb2
+# FunctionDef: a function body (of a tf.function, a v2 tf.cond...) as the
+# graph's library holds it, for what snapshot_before's check reads in it.
+from tensorflow.core.framework import function_pb2
 # pylint: enable=g-direct-tensorflow-import,g-import-not-at-top,wrong-import-position,unused-import
 
 # -- shims: one name for what differs between versions ------------------------
@@ -281,6 +284,20 @@ def session_closed(session):
   public flag). False for objects that are not sessions."""
   return isinstance(session, tf_session.BaseSession) and bool(
       getattr(session, "_closed", False))
+
+
+def function_def(graph, name):
+  """The FunctionDef of function `name` in `graph`'s library, or None.
+
+  `Graph._get_function` returns the object TF keeps for each function added
+  to the graph (a `_DefinedFunction`, or `_EagerDefinedFunction` on 1.15 and
+  `AtomicFunction` on 2.x for tf.function and v2 control flow); each has the
+  FunctionDef as `definition`. The public way, `graph.as_graph_def().library`,
+  serializes the whole graph.
+  """
+  found = graph._get_function(name)
+  definition = getattr(found, "definition", None) if found is not None else None
+  return definition if isinstance(definition, function_pb2.FunctionDef) else None
 
 
 def create_slots(optimizer, variables):

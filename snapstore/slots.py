@@ -213,8 +213,11 @@ class Slots(object):
     Raises:
       ValueError: No such slot; the slot or tag is taken (as for `pin`);
         `update()` returned nothing; the train op writes a variable of the
-        store without waiting for the copy (the message names the op); or
-        `if_finite` is computed inside a `tf.cond` or `tf.while_loop`.
+        store without waiting for the copy (the message names the op, and
+        for a function call or v2 control flow the function and op inside
+        it; an op taking a variable's handle counts as a writer unless it is
+        proven to only read it); or `if_finite` is computed inside a
+        `tf.cond` or `tf.while_loop`.
       TypeError: `update` is not a function (an already built op), a bad
         tag, or an `if_finite` that is not a float tensor.
       GraphMismatchError: `if_finite` is of another graph.

@@ -1,10 +1,12 @@
 """store.slots.snapshot_before(): a snapshot in the train step's own run, before the update."""
+import contextlib
 from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
 
 import snapstore
+from snapstore import _tf
 from snapstore._tf import tf
 from tests import helpers
 from tests import training_helpers as th
@@ -360,6 +362,496 @@ class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
 
     self._refused(ValueError, ["'AssignAdd' .* writes lin/w",
                                "does not wait for the snapshot"], writing_loss)
+
+
+@contextlib.contextmanager
+def control_flow_v2():
+  """v2 control flow in the block (tf.cond builds an If op...), as TF 2.x has it.
+
+  The suite runs with v1 control flow (TF 1.15's default; on TF 2.x importing
+  snapstore calls disable_v2_behavior()). TF 1.15 and 2.x both have the toggle.
+  """
+  was = tf.control_flow_v2_enabled()
+  tf.enable_control_flow_v2()
+  try:
+    yield
+  finally:
+    if not was:
+      tf.disable_control_flow_v2()
+
+
+ONES = np.ones(4, np.float32)
+MOVING = "bn/moving_mean"
+
+
+def _add(v):
+  return tf.assign_add(v, ONES)  # AssignAdd, or AssignAddVariableOp
+
+
+def _read(v):
+  return tf.identity(v.read_value())
+
+
+# Ops that write a variable, built by TF's own Python API: (name, build, the
+# op type for a ref variable, for a resource variable). `build(v, count)`
+# writes `v` (float32 [4]) or `count` (int64 scalar).
+_PLAIN_WRITERS = (
+    ("assign", lambda v, c: tf.assign(v, v + 1.0), "Assign", "AssignVariableOp"),
+    ("assign_add", lambda v, c: _add(v), "AssignAdd", "AssignAddVariableOp"),
+    ("assign_sub", lambda v, c: tf.assign_sub(v, ONES), "AssignSub",
+     "AssignSubVariableOp"),
+    ("scatter_update", lambda v, c: tf.scatter_update(v, [1, 3], [5.0, 6.0]),
+     "ScatterUpdate", "ResourceScatterUpdate"),
+    ("scatter_add", lambda v, c: tf.scatter_add(v, [0], [1.0]), "ScatterAdd",
+     "ResourceScatterAdd"),
+    ("scatter_nd_update", lambda v, c: tf.scatter_nd_update(v, [[2]], [7.0]),
+     "ScatterNdUpdate", "ResourceScatterNdUpdate"),
+    ("slice_assign", lambda v, c: v[1:3].assign([8.0, 9.0]),
+     "StridedSliceAssign", "ResourceStridedSliceAssign"),
+    ("apply", lambda v, c: tf.train.GradientDescentOptimizer(0.5).apply_gradients(
+        [(tf.constant(-ONES), v)]), "ApplyGradientDescent",
+     "ResourceApplyGradientDescent"),
+    ("sparse_apply", lambda v, c: tf.train.AdagradOptimizer(0.5).apply_gradients(
+        [(tf.IndexedSlices(tf.constant([-1.0]), tf.constant([2])), v)]),
+     "SparseApplyAdagrad", "ResourceSparseApplyAdagrad"),
+    ("count_up_to", lambda v, c: tf.count_up_to(c, 100), "CountUpTo",
+     "ResourceCountUpTo"),
+)
+
+
+def _plain_writer_cases():
+  return [("%s_%s" % (name, kind), build, ref_type if not use_resource
+           else resource_type, use_resource)
+          for name, build, ref_type, resource_type in _PLAIN_WRITERS
+          for kind, use_resource in helpers.VARIABLE_KINDS]
+
+
+def _write_in_function(v):
+  @tf.function
+  def write_moving():
+    _add(v)
+    return tf.constant(0)
+  return write_moving()
+
+
+def _write_in_nested_function(v):
+  @tf.function
+  def outer():
+    return _write_in_function(v) + 1
+  return outer()
+
+
+def _write_in_cond(v):
+  return tf.cond(tf.placeholder_with_default(True, []), lambda: _add(v),
+                 lambda: _read(v), name="bn_cond")
+
+
+def _write_in_loop(v, write=_add):
+  def body(i):
+    with tf.control_dependencies([write(v)]):
+      return i + 1
+  return tf.while_loop(lambda i: i < 1, body, [0], name="bn_loop")
+
+
+def _write_in_case(v):
+  return tf.switch_case(tf.placeholder_with_default(0, []),
+                        [lambda: _add(v), lambda: _read(v)], name="bn_case")
+
+
+def _write_in_cond_in_function(v):
+  @tf.function
+  def update():
+    return _write_in_cond(v)
+  return update()
+
+
+def _write_in_function_in_loop(v):
+  return _write_in_loop(v, write=_write_in_function)
+
+
+def _write_in_loop_in_cond(v):
+  return tf.cond(tf.placeholder_with_default(True, []),
+                 lambda: _write_in_loop(v), lambda: tf.constant(1),
+                 name="bn_cond")
+
+
+_HANDLE = tf.TensorSpec([], tf.resource)
+
+
+def _on_handle(write):
+  """A traced tf.function of a variable's handle, for ops built by hand."""
+  @tf.function
+  def on_handle(h):
+    if write:
+      tf.raw_ops.AssignAddVariableOp(resource=h, value=tf.constant(ONES))
+    return tf.reduce_sum(tf.raw_ops.ReadVariableOp(resource=h, dtype=tf.float32))
+  return on_handle.get_concrete_function(_HANDLE)
+
+
+def _loop_body(write):
+  """A For loop's body (index, handle) -> handle."""
+  @tf.function
+  def loop_body(i, h):
+    del i
+    if write:
+      tf.raw_ops.AssignAddVariableOp(resource=h, value=tf.constant(ONES))
+    else:
+      tf.raw_ops.ReadVariableOp(resource=h, dtype=tf.float32)
+    return h
+  return loop_body.get_concrete_function(tf.TensorSpec([], tf.int32), _HANDLE)
+
+
+# Functional ops that tf.cond and tf.function do not build around a write
+# (TF picks StatelessIf and PartitionedCall for functions without state; For
+# has no tf.* wrapper) but tf.raw_ops does: `build(v, write)`.
+_BY_HAND = (
+    ("stateless_if", lambda v, write: tf.raw_ops.StatelessIf(
+        cond=tf.constant(True), input=[v.handle], Tout=[tf.float32],
+        then_branch=_on_handle(write), else_branch=_on_handle(False),
+        name="bn_if")[0], "StatelessIf"),
+    ("partitioned_call", lambda v, write: tf.raw_ops.PartitionedCall(
+        args=[v.handle], Tout=[tf.float32], f=_on_handle(write),
+        name="bn_call")[0], "PartitionedCall"),
+    # An op whose inputs snapstore does not map to its function's arguments.
+    ("for_loop", lambda v, write: tf.raw_ops.For(
+        start=0, limit=1, delta=1, input=[v.handle], body=_loop_body(write),
+        name="bn_for")[0], "For"),
+)
+
+
+# Writes hidden in a function-call or v2 control-flow op, and what the refusal
+# names: the op, the function that writes and the op in it.
+_HIDDEN_WRITERS = (
+    ("cond", _write_in_cond, [r"'bn_cond' \(type If\) writes bn/moving_mean",
+                              r"function bn_cond_true_\d+",
+                              r"'AssignAddVariableOp' \(type AssignAddVariableOp\)"]),
+    ("while_loop", _write_in_loop,
+     [r"'bn_loop' \(type While\) writes bn/moving_mean",
+      r"function bn_loop_body_\d+", r"\(type AssignAddVariableOp\)"]),
+    ("switch_case", _write_in_case,
+     [r"'bn_case/indexed_case' \(type Case\) writes bn/moving_mean",
+      r"function bn_case_indexed_case_branch0_\d+",
+      r"\(type AssignAddVariableOp\)"]),
+    ("function", _write_in_function,
+     [r"'StatefulPartitionedCall' \(type StatefulPartitionedCall\) writes "
+      r"bn/moving_mean", r"function __inference_write_moving_\d+",
+      r"\(type AssignAddVariableOp\)"]),
+    ("nested_functions", _write_in_nested_function,
+     [r"\(type StatefulPartitionedCall\) writes bn/moving_mean",
+      r"function __inference_outer_\d+",
+      r"function __inference_write_moving_\d+",
+      r"\(type AssignAddVariableOp\)"]),
+    ("cond_in_function", _write_in_cond_in_function,
+     [r"\(type StatefulPartitionedCall\) writes bn/moving_mean",
+      r"function __inference_update_\d+", r"'bn_cond(_\d+)?' \(type If\)",
+      r"function bn_cond_true_\d+", r"\(type AssignAddVariableOp\)"]),
+    ("function_in_loop", _write_in_function_in_loop,
+     [r"'bn_loop' \(type While\) writes bn/moving_mean",
+      r"function bn_loop_body_\d+", r"\(type StatefulPartitionedCall\)",
+      r"function __inference_write_moving_\d+",
+      r"\(type AssignAddVariableOp\)"]),
+    ("loop_in_cond", _write_in_loop_in_cond,
+     [r"'bn_cond' \(type If\) writes bn/moving_mean",
+      r"function bn_cond_true_\d+", r"'bn_loop(_\d+)?' \(type While\)",
+      r"function bn_loop_body_\d+", r"\(type AssignAddVariableOp\)"]),
+) + tuple(
+    ("%s_by_hand" % name, lambda v, build=build: build(v, True),
+     [r"'bn_\w+' \(type %s\) writes bn/moving_mean" % op_type,
+      r"function __inference_(on_handle|loop_body)_\d+",
+      r"'AssignAddVariableOp' \(type AssignAddVariableOp\)"])
+    for name, build, op_type in _BY_HAND)
+
+_FIX = ("does not wait for the snapshot",
+        "Build it inside the update function, or leave the variable out of "
+        "the store. Nothing was pinned")
+
+
+class HiddenWritersTest(tf.test.TestCase, parameterized.TestCase):
+  """The ordering check finds every kind of op that can write a variable.
+
+  An op built before snapshot_before() (here: passed in as a control
+  dependency of the update, as batch norm's UPDATE_OPS are) cannot be made to
+  wait for the copy, so one that writes a variable of the store is refused:
+  the copy would race it.
+  """
+
+  def _refused(self, build_writer, use_resource, fragments, v2=False):
+    graph = tf.Graph()
+    with graph.as_default():
+      model = th.Linear(use_resource)
+      with tf.variable_scope("bn", use_resource=use_resource):
+        moving = tf.get_variable("moving_mean", initializer=np.zeros(4, np.float32),
+                                 trainable=False)
+        count = tf.get_variable("count", initializer=np.int64(0),
+                                trainable=False)
+      with control_flow_v2() if v2 else contextlib.suppress():
+        writer = build_writer(moving, count)
+      store = snapstore.SnapshotStore(var_list=[model.w, moving, count],
+                                      mode="device")
+
+      def apply():
+        with tf.control_dependencies([writer]):
+          return model.apply()
+
+      with helpers.new_ops(graph) as made:
+        with helpers.assert_raises_naming(self, ValueError, *(
+            tuple(fragments) + _FIX)):
+          store.slots.snapshot_before(apply)
+    self.assertEqual(store.slots.pinned(), [])
+    self.assertEqual(store.tags(), [])
+    self.assertTrue(made)  # built, then left unused
+
+  @parameterized.named_parameters(*_plain_writer_cases())
+  def test_an_assign_scatter_or_apply_op_built_before_is_refused(
+      self, build, op_type, use_resource):
+    target = "bn/count" if op_type.endswith("CountUpTo") else MOVING
+    self._refused(build, use_resource,
+                  [r"\(type %s\) writes %s" % (op_type, target)])
+
+  @parameterized.named_parameters(*_HIDDEN_WRITERS)
+  def test_a_write_inside_a_function_or_v2_control_flow_op_is_refused(
+      self, build, fragments):
+    # Resource variables only: a function body cannot take a ref variable's
+    # reference (TF captures its value), so it cannot write one.
+    self._refused(lambda v, c: build(v), True, fragments, v2=True)
+
+  @parameterized.named_parameters(*[
+      ("%s_%s" % (name, kind), build, use_resource)
+      for name, build in (("cond", _write_in_cond), ("while_loop", _write_in_loop))
+      for kind, use_resource in helpers.VARIABLE_KINDS])
+  def test_a_write_inside_v1_control_flow_is_refused(self, build, use_resource):
+    # v1 control flow: the write is an op of the graph, taking the variable
+    # through Switch or Enter ops.
+    self._refused(lambda v, c: build(v), use_resource, [
+        r"'bn_(cond|loop)/[\w/]*AssignAdd\w*' \(type AssignAdd(VariableOp)?\) "
+        r"writes bn/moving_mean"])
+
+  @parameterized.named_parameters(
+      ("cond", lambda v: tf.cond(tf.constant(True), lambda: _add(v),
+                                 lambda: _read(v))),
+      ("function", _write_in_function))
+  def test_a_function_body_cannot_write_a_ref_variable(self, build):
+    # Why the tests above use resource variables: TF gives a function body a
+    # ref variable's value, not its reference, so no body can write one.
+    with tf.Graph().as_default():
+      v = tf.Variable(ONES, name="ref_v")
+      with control_flow_v2():
+        with helpers.assert_raises_naming(self, TypeError, "float32_ref"):
+          build(v)
+
+  def test_a_loop_that_moves_the_handle_to_a_written_loop_var_is_refused(self):
+    # Round 1 writes another variable; the body swaps the handles, so round
+    # 2 writes the covered one through the same loop var.
+    def swapping_loop(v, c):
+      del c
+      other = tf.get_variable("other", initializer=np.zeros(4, np.float32),
+                              use_resource=True)
+
+      def body(i, a, b):
+        with tf.control_dependencies([tf.raw_ops.AssignAddVariableOp(
+            resource=b, value=tf.constant(ONES))]):
+          return i + 1, tf.identity(b), tf.identity(a)
+
+      return tf.while_loop(lambda i, a, b: i < 2, body,
+                           [0, v.handle, other.handle], name="bn_swap")[0]
+
+    self._refused(swapping_loop, True, [
+        r"'bn_swap' \(type While\) writes bn/moving_mean",
+        r"function bn_swap_body_\d+", r"\(type AssignAddVariableOp\)"],
+                  v2=True)
+
+  def test_a_function_op_whose_function_is_missing_is_refused(self):
+    # "If the analysis cannot decide": no body to read.
+    def lost_call(v, c):
+      del c
+      attr = tf.AttrValue
+      return tf.get_default_graph().create_op(
+          "StatefulPartitionedCall", [v.handle], [tf.float32], name="lost_call",
+          attrs={"f": attr(func=tf.NameAttrList(name="no_such_function")),
+                 "Tin": attr(list=attr.ListValue(type=[tf.resource.as_datatype_enum])),
+                 "Tout": attr(list=attr.ListValue(type=[tf.float32.as_datatype_enum])),
+                 "config": attr(s=b""), "config_proto": attr(s=b""),
+                 "executor_type": attr(s=b"")})
+
+    self._refused(lost_call, True, [
+        r"'lost_call' \(type StatefulPartitionedCall\) may write "
+        r"bn/moving_mean", "function no_such_function is not in the graph's "
+        "function library"])
+
+  def test_a_writer_type_snapstore_does_not_list_is_refused(self):
+    # "Unless proven read-only": an op taking the handle that is not known to
+    # only read it is a writer, whatever its type.
+    if not hasattr(tf.raw_ops, "AssignVariableXlaConcatND"):
+      self.skipTest("TF %d.%d has no resource-variable writer outside the "
+                    "assign, scatter and apply ops" % _tf.VERSION)
+    self._refused(
+        lambda v, c: tf.raw_ops.AssignVariableXlaConcatND(
+            resource=v.handle, inputs=[tf.constant(ONES)], num_concats=[1],
+            name="concat_assign"), True,
+        [r"'concat_assign' \(type AssignVariableXlaConcatND\) may write "
+         r"bn/moving_mean", "not known to only read"])
+
+
+def _total_in_cond(w, c):
+  # The untaken branch reads w too: both branches take its handle.
+  return tf.cond(tf.placeholder_with_default(True, []),
+                 lambda: tf.reduce_sum(c * w), lambda: 2.0 * tf.reduce_sum(c * w))
+
+
+def _total_in_function(w, c):
+  @tf.function
+  def total():
+    return tf.reduce_sum(c * tf.gather(w, [0, 1, 2]))  # ResourceGather
+  return total()
+
+
+def _total_in_loop(w, c):
+  return tf.while_loop(lambda i, acc: i < 1,
+                       lambda i, acc: (i + 1, acc + tf.reduce_sum(c * w)),
+                       [0, 0.0])[1]
+
+
+def _total_in_case(w, c):
+  return tf.switch_case(tf.placeholder_with_default(1, []),
+                        [lambda: 3.0 * tf.reduce_sum(c * w),
+                         lambda: tf.reduce_sum(c * w)])
+
+
+def _total_in_cond_in_function(w, c):
+  @tf.function
+  def total():
+    return _total_in_cond(w, c) + tf.cast(tf.size(w), tf.float32) * 0.0
+  return total()
+
+
+def _total_in_function_in_loop(w, c):
+  return tf.while_loop(lambda i, acc: i < 1,
+                       lambda i, acc: (i + 1, acc + _total_in_function(w, c)),
+                       [0, 0.0])[1]
+
+
+_READERS = (("cond", _total_in_cond), ("function", _total_in_function),
+            ("while_loop", _total_in_loop), ("switch_case", _total_in_case),
+            ("cond_in_function", _total_in_cond_in_function),
+            ("function_in_loop", _total_in_function_in_loop))
+
+
+class ReadingFunctionsTest(tf.test.TestCase, parameterized.TestCase):
+  """Function calls and v2 control flow that only read the variables pass."""
+
+  @parameterized.named_parameters(*[
+      ("%s_%s" % (name, kind), total, use_resource)
+      for name, total in _READERS for kind, use_resource in helpers.VARIABLE_KINDS])
+  def test_a_forward_pass_reading_in_them_is_accepted_and_ordered(
+      self, total, use_resource):
+    # The loss (and its gradient, computed outside the update function) is
+    # built by them; they read w and run in parallel with the copy.
+    graph = tf.Graph()
+    with graph.as_default():
+      with control_flow_v2():
+        model = th.Linear(use_resource, total=total)
+      types = set(op.type for op in graph.get_operations())
+      self.assertTrue(types & {"If", "StatelessIf", "While", "StatelessWhile",
+                               "Case", "StatelessCase", "PartitionedCall",
+                               "StatefulPartitionedCall"}, sorted(types))
+      store = model.store()
+      train_op = store.slots.snapshot_before(model.apply)
+    sess = th.session(self, graph)
+    expected = th.momentum_steps(3)
+    shadows = list(store.slots.shadows(0).values())
+    for before, after in zip(expected, expected[1:]):
+      sess.run(train_op)
+      slot = dict(zip(store.keys, sess.run(shadows)))
+      helpers.assert_state(slot, th.linear_state(before), "slot")
+      helpers.assert_state(th.state(store, sess), th.linear_state(after), "state")
+
+
+  @parameterized.named_parameters(*[(name, build) for name, build, _ in _BY_HAND])
+  def test_a_functional_op_built_before_that_only_reads_is_accepted(self, build):
+    graph = tf.Graph()
+    with graph.as_default():
+      model = th.Linear(True)
+      with tf.variable_scope("bn", use_resource=True):
+        moving = tf.get_variable("moving_mean", initializer=ONES * 5.0,
+                                 trainable=False)
+      reader = build(moving, False)
+      store = snapstore.SnapshotStore(var_list=[model.w, moving],
+                                      optimizer=model.opt, mode="device")
+
+      def apply():
+        with tf.control_dependencies([reader]):
+          return model.apply()
+
+      train_op = store.slots.snapshot_before(apply)
+    sess = th.session(self, graph)
+    expected = th.momentum_steps(2)
+    shadows = store.slots.shadows(0)
+    for before, after in zip(expected, expected[1:]):
+      sess.run(train_op)
+      self.assertAllEqual(sess.run(shadows["lin/w"]), before[0])
+      self.assertAllEqual(sess.run(shadows["bn/moving_mean"]), ONES * 5.0)
+      self.assertAllEqual(sess.run(model.w), after[0])
+
+
+class BatchNormTest(tf.test.TestCase, parameterized.TestCase):
+  """tf.layers.batch_normalization with a training flag, under v2 control flow.
+
+  Its forward pass reads the moving statistics in If ops; its UPDATE_OPS are
+  the outputs of If ops that write them.
+  """
+
+  def _model(self, cover_moving, pass_updates):
+    graph = tf.Graph()
+    with graph.as_default():
+      x = tf.constant(np.arange(12, dtype=np.float32).reshape(3, 4) / 7.0)
+      training = tf.placeholder_with_default(True, [], name="training")
+      with control_flow_v2():
+        with tf.variable_scope("net", use_resource=True):
+          h = tf.layers.batch_normalization(x, training=training)
+          loss = tf.reduce_sum(tf.square(h - 0.5))
+      updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
+      self.assertLen(updates, 2)
+      self.assertTrue(any(op.type == "If" for op in graph.get_operations()))
+      opt = tf.train.GradientDescentOptimizer(0.25)
+      grads = opt.compute_gradients(loss)
+      moving = [v for v in tf.global_variables() if "moving" in v.op.name]
+      store = snapstore.SnapshotStore(
+          var_list=[v for v in tf.global_variables()
+                    if cover_moving or v not in moving], mode="device")
+
+      def apply():
+        with tf.control_dependencies(updates if pass_updates else []):
+          return opt.apply_gradients(grads)
+
+      train_op = store.slots.snapshot_before(apply)
+    return graph, store, train_op, moving
+
+  def test_its_update_ops_are_refused_when_the_store_covers_the_statistics(self):
+    with helpers.assert_raises_naming(
+        self, ValueError, r"\(type If\) writes "
+        r"net/batch_normalization/moving_(mean|variance)", r"its function",
+        *_FIX):
+      self._model(cover_moving=True, pass_updates=True)
+
+  @parameterized.named_parameters(("statistics_left_out", False, True),
+                                  ("updates_not_in_the_step", True, False))
+  def test_it_is_accepted_and_the_slot_holds_each_steps_start(
+      self, cover_moving, pass_updates):
+    graph, store, train_op, moving = self._model(cover_moving, pass_updates)
+    self.assertEqual([v for v in moving if v in store.variables.values()],
+                     moving if cover_moving else [])
+    sess = th.session(self, graph)
+    shadows = list(store.slots.shadows(0).values())
+    for _ in range(3):
+      start = th.state(store, sess)
+      moving_start = sess.run(moving)
+      sess.run(train_op)
+      helpers.assert_state(dict(zip(store.keys, sess.run(shadows))), start,
+                           "slot")
+      helpers.assert_state_differs(th.state(store, sess), start)
+      # The statistics moved only when the step ran the update ops.
+      for value, was in zip(sess.run(moving), moving_start):
+        self.assertEqual(np.array_equal(value, was), not pass_updates)
 
 
 class CreateSlotsTest(tf.test.TestCase):

@@ -66,12 +66,20 @@ class Linear(object):
   LR = 0.125
   MOMENTUM = 0.5
 
-  def __init__(self, use_resource):
+  def __init__(self, use_resource, total=None):
+    """Builds the model.
+
+    Args:
+      use_resource: Whether w is a resource variable.
+      total: Optional function of w and C building sum(C * w) some other
+        way (in a tf.cond, a tf.function...); the gradient stays C * scale.
+    """
     with tf.variable_scope("lin", use_resource=use_resource):
       self.w = tf.get_variable("w", initializer=np.array([1.0, 2.0, 3.0],
                                                           np.float32))
     self.scale = tf.placeholder_with_default(np.float32(1.0), [], name="scale")
-    self.loss = tf.reduce_sum(tf.constant(self.C) * self.w) * self.scale
+    total = total or (lambda w, c: tf.reduce_sum(c * w))
+    self.loss = total(self.w, tf.constant(self.C)) * self.scale
     self.step = tf.train.get_or_create_global_step()
     self.opt = tf.train.MomentumOptimizer(self.LR, self.MOMENTUM)
     self.grads = self.opt.compute_gradients(self.loss)

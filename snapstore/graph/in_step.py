@@ -22,7 +22,10 @@ The rule: the update is built by a function called under
 `tf.control_dependencies([store.slots.snapshot_op(slot)])`, so every op it creates
 waits until every copy into the slot is done; then the finished train op is
 checked: every op it runs that writes a variable of the store must come after
-the snapshot (by data or control edges). An op built before the call (a train
+the snapshot (by data or control edges). "Writes" means may write: an op that
+takes the variable's reference or handle is a writer unless it is proven to
+only read it, function bodies (a tf.function, a v2 tf.cond or while loop)
+included (`snapstore.graph.writers`). An op built before the call (a train
 op built beforehand, batch norm's `UPDATE_OPS` passed in as control
 dependencies, an op built under `control_dependencies(None)`) cannot be ordered
 afterwards, as TensorFlow cannot add a control input to an op once it is built,
@@ -72,7 +75,6 @@ from snapstore._tf import control_flow_context
 from snapstore._tf import control_flow_ops
 from snapstore._tf import create_slots as _create_slots
 from snapstore._tf import creation_order
-from snapstore._tf import is_ref_dtype
 from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
@@ -82,10 +84,7 @@ from snapstore.core import shadows
 from snapstore.core.variables import SHADOW_VARIABLES
 from snapstore import errors
 from snapstore.graph import subgraph
-
-# Ops that pass a variable's reference or handle on unchanged.
-_PASS_THROUGH = frozenset(["Identity", "RefIdentity", "Switch", "RefSwitch",
-                           "Enter", "RefEnter", "Merge", "RefMerge"])
+from snapstore.graph import writers
 
 
 def create_slots(optimizer, var_list):
@@ -301,21 +300,19 @@ def check_ordered(train_op, snapshot_op, variables):
 
   "Before" means not after: an op that runs with the train op and does not
   depend, by data or control, on the snapshot may run before or during it.
+  "Writes" means may write: an op that takes a variable's reference or handle
+  writes it unless it is proven to only read it, function bodies included
+  (a tf.function, a v2 tf.cond or while loop; see `writers.py`).
   """
   ran = subgraph.backward_ops([train_op])
   after = subgraph.forward_ops(ran, (), [snapshot_op])
-  covered = dict((subgraph.resource_key(v.op), v) for v in variables)
+  finder = writers.WriteFinder(variables)
   early = []
   for op in sorted(ran - after, key=creation_order):
-    if not subgraph.writes_variable(op):
-      continue
-    for target in _written(op):
-      variable = covered.get(subgraph.resource_key(target)) if target else None
-      if target is None or variable is not None:  # else: not the store's
-        early.append("'%s' (type %s) writes %s" % (
-            op.name, op.type, variable.op.name if variable is not None
-            else "a variable snapstore cannot trace"))
-        break
+    for variable, write in finder.writes(op):
+      early.append(write.describe(op, variable.op.name if variable is not None
+                                  else "a variable snapstore cannot trace"))
+      break
   if early:
     raise ValueError(
         "snapshot_before(): %s but does not wait for the snapshot, so the "
@@ -326,18 +323,6 @@ def check_ordered(train_op, snapshot_op, variables):
         "wait. Build it inside the update function, or leave the variable out "
         "of the store. Nothing was pinned; the ops built are unused."
         % errors.names(early, limit=5))
-
-
-def _written(op):
-  """The variable ops whose reference or handle `op` takes (None if untraced)."""
-  found = []
-  for t in op.inputs:
-    if not (is_ref_dtype(t.dtype) or t.dtype == tf.resource):
-      continue
-    while t.op.type in _PASS_THROUGH and t.op.inputs:
-      t = t.op.inputs[0]
-    found.append(t.op if t.op.type in subgraph.VARIABLE_OP_TYPES else None)
-  return found or [None]
 
 
 def replace_train_op(inner, train_op, always=False):

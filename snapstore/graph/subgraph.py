@@ -48,11 +48,12 @@ _LOOP_OP_TYPES = frozenset(["Enter", "RefEnter", "Exit", "RefExit", "NextIterati
 _REF_READERS = frozenset(["IsVariableInitialized", "RefIdentity", "RefSwitch",
                           "RefMerge", "RefSelect"])
 
-# Resource ops that write the resource they are given.
-_RESOURCE_WRITERS = frozenset(["AssignVariableOp", "AssignAddVariableOp",
+# Resource ops that write the resource they are given (what the ordering
+# check of `snapshot_before` calls a known writer; see `writers.py`).
+RESOURCE_WRITER_TYPES = frozenset(["AssignVariableOp", "AssignAddVariableOp",
                                "AssignSubVariableOp", "ResourceStridedSliceAssign",
                                "DestroyResourceOp", "ResourceCountUpTo"])
-_RESOURCE_WRITER_PREFIXES = ("ResourceApply", "ResourceSparseApply",
+RESOURCE_WRITER_PREFIXES = ("ResourceApply", "ResourceSparseApply",
                              "ResourceScatter")
 
 # Stateful ops whose copy only reads state or draws its own random numbers, so
@@ -88,7 +89,8 @@ def uncopyable_control_flow(op):
 
 def writes_variable(op):
   """True if `op` writes a variable: assigns, scatters, optimizer updates."""
-  if op.type in _RESOURCE_WRITERS or op.type.startswith(_RESOURCE_WRITER_PREFIXES):
+  if op.type in RESOURCE_WRITER_TYPES or op.type.startswith(
+      RESOURCE_WRITER_PREFIXES):
     return True
   if op.type in _REF_READERS:
     return False
