@@ -19,6 +19,7 @@ one with an extra:
 or install TensorFlow yourself first. Importing snapstore without a usable
 TensorFlow raises an ImportError that says which of these to run.
 """
+
 import os
 import re
 
@@ -49,41 +50,49 @@ def _long_description():
 
 
 setup(
-    name="snapstore",
-    version=_version(),
-    description=("In-memory snapshots of TensorFlow graph-mode variables (TF 1.15, "
-                 "or TF 2.x through tf.compat.v1): snapshot, roll back and "
-                 "evaluate past parameters next to current ones."),
-    long_description=_long_description(),
-    long_description_content_type="text/markdown",
-    packages=find_packages(include=["snapstore", "snapstore.*"]),
-    # 3.7 for TensorFlow 1.15; 3.11 and newer for TensorFlow 2.x (tested with
-    # 2.15 and 2.21 on 3.11). No TensorFlow this supports runs on both 3.8-3.10
-    # and a tested Python.
-    python_requires=">=3.7, !=3.8.*, !=3.9.*, !=3.10.*",
-    install_requires=[
-        # What TensorFlow 1.15.5 itself pins.
-        _tf1("numpy>=1.16,<1.19"),
-        _tf1("h5py>=2.9,<3"),
-        # TensorFlow 1.15 fails to import with protobuf 3.21 and newer.
-        _tf1("protobuf>=3.6.1,<3.21"),
-        _tf2("numpy>=1.26"),
-        _tf2("h5py>=3.10"),
-        "xxhash>=2.0",
+  name="snapstore",
+  version=_version(),
+  description=(
+    "In-memory snapshots of TensorFlow graph-mode variables (TF 1.15, "
+    "or TF 2.x through tf.compat.v1): snapshot, roll back and "
+    "evaluate past parameters next to current ones."
+  ),
+  long_description=_long_description(),
+  long_description_content_type="text/markdown",
+  packages=find_packages(include=["snapstore", "snapstore.*"]),
+  # 3.7 for TensorFlow 1.15; 3.11 and newer for TensorFlow 2.x (tested with
+  # 2.15 and 2.21 on 3.11). No TensorFlow this supports runs on both 3.8-3.10
+  # and a tested Python.
+  python_requires=">=3.7, !=3.8.*, !=3.9.*, !=3.10.*",
+  install_requires=[
+    # What TensorFlow 1.15.5 itself pins.
+    _tf1("numpy>=1.16,<1.19"),
+    _tf1("h5py>=2.9,<3"),
+    # TensorFlow 1.15 fails to import with protobuf 3.21 and newer.
+    _tf1("protobuf>=3.6.1,<3.21"),
+    _tf2("numpy>=1.26"),
+    _tf2("h5py>=3.10"),
+    "xxhash>=2.0",
+  ],
+  entry_points={"console_scripts": ["snapstore = snapstore.cli:main"]},
+  extras_require={
+    # tf-keras: TF 2.16+ has tf.compat.v1.layers and TF1-style Keras only
+    # through it (with TF_USE_LEGACY_KERAS=1); Keras 3 has no graph mode.
+    "cpu": [
+      _tf1("tensorflow>=1.15,<1.16"),
+      _tf2("tensorflow>=2.15"),
+      _tf2("tf-keras>=2.15"),
     ],
-    entry_points={"console_scripts": ["snapstore = snapstore.cli:main"]},
-    extras_require={
-        # tf-keras: TF 2.16+ has tf.compat.v1.layers and TF1-style Keras only
-        # through it (with TF_USE_LEGACY_KERAS=1); Keras 3 has no graph mode.
-        "cpu": [_tf1("tensorflow>=1.15,<1.16"),
-                _tf2("tensorflow>=2.15"), _tf2("tf-keras>=2.15")],
-        "gpu": [_tf1("tensorflow-gpu>=1.15,<1.16"),
-                _tf2("tensorflow[and-cuda]>=2.15"), _tf2("tf-keras>=2.15")],
-    },
-    classifiers=[
-        "Programming Language :: Python :: 3.7",
-        "Programming Language :: Python :: 3.11",
-        "Programming Language :: Python :: 3.12",
-        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    "gpu": [
+      _tf1("tensorflow-gpu>=1.15,<1.16"),
+      _tf2("tensorflow[and-cuda]>=2.15"),
+      _tf2("tf-keras>=2.15"),
     ],
+  },
+  classifiers=[
+    "Programming Language :: Python :: 3.7",
+    "Programming Language :: Python :: 3.11",
+    "Programming Language :: Python :: 3.12",
+    "Topic :: Scientific/Engineering :: Artificial Intelligence",
+  ],
 )

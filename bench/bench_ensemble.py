@@ -34,6 +34,7 @@ Usage: python bench/bench_ensemble.py [--quick] [--batch N] [--width N]
 [--members 2 4 8] [--json PATH]. A missed target is reported, not an exit
 status.
 """
+
 import argparse
 import importlib.util
 import json
@@ -56,6 +57,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import snapstore  # pylint: disable=g-import-not-at-top
 from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
 # Interleaved rounds, median and minimum: the same timing as the rewiring bench.
 from bench_rewire import _seconds  # pylint: disable=g-import-not-at-top
 
@@ -87,7 +89,9 @@ def write_checkpoints(directory, n, width):
       saver = tf.train.Saver()
     with tf.Session(graph=graph) as sess:
       sess.run(tf.global_variables_initializer())
-      paths.append(saver.save(sess, os.path.join(directory, "m%d" % seed, "model.ckpt")))
+      paths.append(
+        saver.save(sess, os.path.join(directory, "m%d" % seed, "model.ckpt"))
+      )
   return paths
 
 
@@ -99,17 +103,20 @@ class _Way(object):
 
 
 class OneRun(_Way):
-
   def __init__(self, paths, width, mode="device"):
     start = time.perf_counter()
     graph = tf.Graph()
     with graph.as_default():
       self.x = tf.placeholder(tf.float32, [None, FEATURES])
       probs = _model(self.x, "net", width)
-      store = snapstore.SnapshotStore(scope="net", mode=mode,
-                                      max_to_keep=len(paths))
+      store = snapstore.SnapshotStore(
+        scope="net", mode=mode, max_to_keep=len(paths)
+      )
       self.ensemble = snapstore.Ensemble(store, probs, combine="mean")
-      init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
+      init = [
+        tf.global_variables_initializer(),
+        tf.local_variables_initializer(),
+      ]
     graph.finalize()
     self.sess = tf.Session(graph=graph)
     self.sess.run(init)
@@ -123,7 +130,6 @@ class OneRun(_Way):
 
 
 class Sequential(_Way):
-
   def __init__(self, paths, width):
     start = time.perf_counter()
     graph = tf.Graph()
@@ -145,7 +151,6 @@ class Sequential(_Way):
 
 
 class ScopedCopies(_Way):
-
   def __init__(self, paths, width):
     start = time.perf_counter()
     graph = tf.Graph()
@@ -157,8 +162,11 @@ class ScopedCopies(_Way):
         scope = "m%d" % i
         self.probs.append(_model(self.x, scope, width))
         variables = tf.global_variables(scope)
-        savers.append(tf.train.Saver(dict(
-            ("net" + v.op.name[len(scope):], v) for v in variables)))
+        savers.append(
+          tf.train.Saver(
+            dict(("net" + v.op.name[len(scope) :], v) for v in variables)
+          )
+        )
     graph.finalize()
     self.sess = tf.Session(graph=graph)
     loading = time.perf_counter()
@@ -173,20 +181,28 @@ class ScopedCopies(_Way):
 def run(paths, batch, width, repeats):
   """[(name, median s, min s, (build s, load s))] for the members `paths`."""
   data = np.random.RandomState(0).randn(batch, FEATURES).astype(np.float32)
-  ways = [("ensemble (one run)", OneRun(paths, width)),
-          ("sequential restore+run", Sequential(paths, width)),
-          ("N scoped copies (one run)", ScopedCopies(paths, width)),
-          ("ensemble (host, streamed)", OneRun(paths, width, mode="host"))]
+  ways = [
+    ("ensemble (one run)", OneRun(paths, width)),
+    ("sequential restore+run", Sequential(paths, width)),
+    ("N scoped copies (one run)", ScopedCopies(paths, width)),
+    ("ensemble (host, streamed)", OneRun(paths, width, mode="host")),
+  ]
   try:
     reference = ways[0][1].evaluate(data)
     for name, way in ways[1:]:
-      np.testing.assert_allclose(way.evaluate(data), reference, rtol=1e-5,
-                                 atol=1e-7, err_msg=name)
+      np.testing.assert_allclose(
+        way.evaluate(data), reference, rtol=1e-5, atol=1e-7, err_msg=name
+      )
     sequential = ways[1][1]
-    forward = (FORWARD, lambda: sequential.sess.run(sequential.probs,
-                                                    {sequential.x: data}))
-    timed = _seconds([(name, lambda w=way: w.evaluate(data)) for name, way in ways]
-                     + [forward], repeats)
+    forward = (
+      FORWARD,
+      lambda: sequential.sess.run(sequential.probs, {sequential.x: data}),
+    )
+    timed = _seconds(
+      [(name, lambda w=way: w.evaluate(data)) for name, way in ways]
+      + [forward],
+      repeats,
+    )
     nbytes = ways[0][1].ensemble.device_nbytes
   finally:
     for _, way in ways:
@@ -215,13 +231,24 @@ def main(argv=None):
       report.append((n, results, nbytes))
   finally:
     shutil.rmtree(directory)
-  param_mib = report[0][2] / float(report[0][0]) / 2 ** 20
-  print("MLP %d-%s-%d, %.1f MiB of float32 parameters per member; batch %d; "
-        "%d interleaved rounds" % (FEATURES, "-".join([str(args.width)] * DEPTH),
-                                   CLASSES, param_mib, args.batch, repeats))
+  param_mib = report[0][2] / float(report[0][0]) / 2**20
+  print(
+    "MLP %d-%s-%d, %.1f MiB of float32 parameters per member; batch %d; "
+    "%d interleaved rounds"
+    % (
+      FEATURES,
+      "-".join([str(args.width)] * DEPTH),
+      CLASSES,
+      param_mib,
+      args.batch,
+      repeats,
+    )
+  )
   print("")
-  print("| N | way | median ms | min ms | sequential / way (median) | "
-        "(min) | setup: build ms | setup: load ms |")
+  print(
+    "| N | way | median ms | min ms | sequential / way (median) | "
+    "(min) | setup: build ms | setup: load ms |"
+  )
   print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
   verdicts = []
   for n, results, nbytes in report:
@@ -231,27 +258,61 @@ def main(argv=None):
       if name == FORWARD:
         print("| %d | %s | %.1f | %.1f | | | | |" % (n, name, 1e3 * m, 1e3 * l))
         continue
-      print("| %d | %s | %.1f | %.1f | %.2f | %.2f | %.0f | %.0f |" % (
-          n, name, 1e3 * m, 1e3 * l, seq[0] / m, seq[1] / l, 1e3 * build,
-          1e3 * load))
+      print(
+        "| %d | %s | %.1f | %.1f | %.2f | %.2f | %.0f | %.0f |"
+        % (
+          n,
+          name,
+          1e3 * m,
+          1e3 * l,
+          seq[0] / m,
+          seq[1] / l,
+          1e3 * build,
+          1e3 * load,
+        )
+      )
     speedup = seq[0] / by_name["ensemble (one run)"][0]
     if n >= 4:
       verdicts.append((n, speedup, speedup >= TARGET))
-    print("| %d | device memory of the members | %.1f MiB | | | | | |"
-          % (n, nbytes / 2.0 ** 20))
+    print(
+      "| %d | device memory of the members | %.1f MiB | | | | | |"
+      % (n, nbytes / 2.0**20)
+    )
   print("")
   for n, speedup, met in verdicts:
-    print("N=%d: one-run ensemble %.2fx faster than sequential restore+run "
-          "(target >= %.1fx): %s" % (n, speedup, TARGET, "met" if met else "MISSED"))
+    print(
+      "N=%d: one-run ensemble %.2fx faster than sequential restore+run "
+      "(target >= %.1fx): %s" % (n, speedup, TARGET, "met" if met else "MISSED")
+    )
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"batch": args.batch, "width": args.width, "repeats": repeats,
-                 "target": TARGET, "results": [
-                     {"members": n, "device_bytes": nbytes, "ways": [
-                         {"name": name, "median_ms": 1e3 * m, "min_ms": 1e3 * l,
-                          "build_ms": 1e3 * build, "load_ms": 1e3 * load}
-                         for name, m, l, (build, load) in results]}
-                     for n, results, nbytes in report]}, f, indent=2)
+      json.dump(
+        {
+          "batch": args.batch,
+          "width": args.width,
+          "repeats": repeats,
+          "target": TARGET,
+          "results": [
+            {
+              "members": n,
+              "device_bytes": nbytes,
+              "ways": [
+                {
+                  "name": name,
+                  "median_ms": 1e3 * m,
+                  "min_ms": 1e3 * l,
+                  "build_ms": 1e3 * build,
+                  "load_ms": 1e3 * load,
+                }
+                for name, m, l, (build, load) in results
+              ],
+            }
+            for n, results, nbytes in report
+          ],
+        },
+        f,
+        indent=2,
+      )
   return 0
 
 

@@ -27,6 +27,7 @@ are printed too, to tell contention on a shared machine from cost).
 Usage: python bench/bench_rewire.py [--quick] [--batch N] [--width N]
 [--depth N] [--json PATH]. A missed target is reported, not an exit status.
 """
+
 import argparse
 import importlib.util
 import json
@@ -78,8 +79,10 @@ def _seconds(timings, repeats, warmup=3):
       start = time.perf_counter()
       fn()
       times[name].append(time.perf_counter() - start)
-  return [(name, float(np.median(times[name])), float(np.min(times[name])))
-          for name, _ in timings]
+  return [
+    (name, float(np.median(times[name])), float(np.min(times[name])))
+    for name, _ in timings
+  ]
 
 
 def run(batch, width, depth, repeats):
@@ -93,17 +96,24 @@ def run(batch, width, depth, repeats):
     swap_fetch = tf.identity(out)  # no rewired version: evaluate_with swaps
     current_vars = list(store.variables.values())
     with tf.variable_scope("by_hand"):
-      backup = [tf.Variable(tf.zeros_like(v.initialized_value()), trainable=False)
-                for v in current_vars]
-      held = [tf.Variable(tf.zeros_like(v.initialized_value()), trainable=False)
-              for v in current_vars]
+      backup = [
+        tf.Variable(tf.zeros_like(v.initialized_value()), trainable=False)
+        for v in current_vars
+      ]
+      held = [
+        tf.Variable(tf.zeros_like(v.initialized_value()), trainable=False)
+        for v in current_vars
+      ]
     save = tf.group(*[tf.assign(b, v) for b, v in zip(backup, current_vars)])
     load_past = tf.group(*[tf.assign(v, h) for v, h in zip(current_vars, held)])
-    load_back = tf.group(*[tf.assign(v, b) for v, b in zip(current_vars, backup)])
+    load_back = tf.group(
+      *[tf.assign(v, b) for v, b in zip(current_vars, backup)]
+    )
     keep_past = tf.group(*[tf.assign(h, v) for h, v in zip(held, current_vars)])
     twin = _network(x, "twin", width, depth)
-    perturb = tf.group(*[tf.assign_add(v, tf.fill(v.shape, 0.01))
-                         for v in current_vars])
+    perturb = tf.group(
+      *[tf.assign_add(v, tf.fill(v.shape, 0.01)) for v in current_vars]
+    )
     init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
   graph.finalize()
   feed = {x: np.random.RandomState(0).randn(batch, width).astype(np.float32)}
@@ -121,23 +131,36 @@ def run(batch, width, depth, repeats):
       return value
 
     np.testing.assert_array_equal(sess.run(past, feed), by_hand())
-    np.testing.assert_array_equal(store.evaluate_with(out, feed, session=sess),
-                                  store.evaluate_with(swap_fetch, feed, session=sess))
+    np.testing.assert_array_equal(
+      store.evaluate_with(out, feed, session=sess),
+      store.evaluate_with(swap_fetch, feed, session=sess),
+    )
     timings = [
-        ("forward", lambda: sess.run(out, feed)),
-        ("rewired past", lambda: sess.run(past, feed)),
-        ("rewired both (one run)", lambda: sess.run([out, past], feed)),
-        ("evaluate_with (rewired)", lambda: store.evaluate_with(out, feed, session=sess)),
-        ("swap (store)", lambda: store.evaluate_with(swap_fetch, feed, session=sess)),
-        ("swap (by hand)", by_hand),
-        ("two graphs (one run)", lambda: sess.run([out, twin], feed)),
+      ("forward", lambda: sess.run(out, feed)),
+      ("rewired past", lambda: sess.run(past, feed)),
+      ("rewired both (one run)", lambda: sess.run([out, past], feed)),
+      (
+        "evaluate_with (rewired)",
+        lambda: store.evaluate_with(out, feed, session=sess),
+      ),
+      (
+        "swap (store)",
+        lambda: store.evaluate_with(swap_fetch, feed, session=sess),
+      ),
+      ("swap (by hand)", by_hand),
+      ("two graphs (one run)", lambda: sess.run([out, twin], feed)),
     ]
     results = _seconds(timings, repeats)
   by_name = dict((name, (median, least)) for name, median, least in results)
   for index, way in ((5, "swap (store)"), (7, "swap (by hand)")):
-    results.insert(index, (way + " + current",
-                           by_name[way][0] + by_name["forward"][0],
-                           by_name[way][1] + by_name["forward"][1]))
+    results.insert(
+      index,
+      (
+        way + " + current",
+        by_name[way][0] + by_name["forward"][0],
+        by_name[way][1] + by_name["forward"][1],
+      ),
+    )
   return results, store.param_nbytes
 
 
@@ -162,30 +185,55 @@ def main(argv=None):
 
   alone, extra, met = target(median)
   min_alone, min_extra, min_met = target(least)
-  print("MLP %d x %d, depth %d, batch %d: %.1f MiB of parameters; %d "
-        "interleaved runs" % (args.width, args.width, args.depth, args.batch,
-                              nbytes / 2.0 ** 20, repeats))
+  print(
+    "MLP %d x %d, depth %d, batch %d: %.1f MiB of parameters; %d "
+    "interleaved runs"
+    % (
+      args.width,
+      args.width,
+      args.depth,
+      args.batch,
+      nbytes / 2.0**20,
+      repeats,
+    )
+  )
   print("")
   print("| way | median ms | / forward | min ms | / forward |")
   print("| --- | ---: | ---: | ---: | ---: |")
   for name, m, l in results:
-    print("| %s | %.1f | %.2f | %.1f | %.2f |" % (
-        name, 1e3 * m, m / median["forward"], 1e3 * l, l / least["forward"]))
+    print(
+      "| %s | %.1f | %.2f | %.1f | %.2f |"
+      % (name, 1e3 * m, m / median["forward"], 1e3 * l, l / least["forward"])
+    )
   print("")
-  for label, (a, e, ok) in (("median", (alone, extra, met)),
-                            ("min", (min_alone, min_extra, min_met))):
-    print("%s: rewired past alone %.2f forward passes; next to the current "
-          "outputs %.2f more (target <= %.1f): %s"
-          % (label, a, e, TARGET, "met" if ok else "MISSED"))
+  for label, (a, e, ok) in (
+    ("median", (alone, extra, met)),
+    ("min", (min_alone, min_extra, min_met)),
+  ):
+    print(
+      "%s: rewired past alone %.2f forward passes; next to the current "
+      "outputs %.2f more (target <= %.1f): %s"
+      % (label, a, e, TARGET, "met" if ok else "MISSED")
+    )
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"batch": args.batch, "width": args.width, "depth": args.depth,
-                 "param_bytes": nbytes, "repeats": repeats,
-                 "median_ms": dict((k, 1e3 * v) for k, v in median.items()),
-                 "min_ms": dict((k, 1e3 * v) for k, v in least.items()),
-                 "past_alone_over_forward": alone,
-                 "past_extra_next_to_current_over_forward": extra,
-                 "target": TARGET, "met": met}, f, indent=2)
+      json.dump(
+        {
+          "batch": args.batch,
+          "width": args.width,
+          "depth": args.depth,
+          "param_bytes": nbytes,
+          "repeats": repeats,
+          "median_ms": dict((k, 1e3 * v) for k, v in median.items()),
+          "min_ms": dict((k, 1e3 * v) for k, v in least.items()),
+          "past_alone_over_forward": alone,
+          "past_extra_next_to_current_over_forward": extra,
+          "target": TARGET,
+          "met": met,
+        },
+        f,
+        indent=2,
+      )
   return 0
 
 

@@ -33,6 +33,7 @@ the bytes copied. The column "noop1" is that floor: the first run of a
     .venv/bin/python bench/bench_scale.py --no-grappler --kinds device packed --plot ''
     .venv/bin/python bench/bench_scale.py --replot a.json b.json   # plot only
 """
+
 import argparse
 import importlib.util
 import json
@@ -53,9 +54,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _shapes(n):
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   rng = np.random.RandomState(0)
-  return [[int(rng.randint(1, 33))] if i % 3 else
-          [int(rng.randint(1, 17)), int(rng.randint(1, 17))] for i in range(n)]
+  return [
+    [int(rng.randint(1, 33))]
+    if i % 3
+    else [int(rng.randint(1, 17)), int(rng.randint(1, 17))]
+    for i in range(n)
+  ]
 
 
 def measure(kind, n, use_resource, grappler=True):
@@ -67,12 +73,15 @@ def measure(kind, n, use_resource, grappler=True):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import snapstore  # pylint: disable=g-import-not-at-top
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
   tf.logging.set_verbosity(tf.logging.ERROR)
   graph = tf.Graph()
   spill = None
   with graph.as_default():
     with tf.variable_scope("net", use_resource=use_resource):
-      variables = [tf.get_variable("w%d" % i, s) for i, s in enumerate(_shapes(n))]
+      variables = [
+        tf.get_variable("w%d" % i, s) for i, s in enumerate(_shapes(n))
+      ]
     loss = tf.add_n([tf.reduce_sum(tf.square(v)) for v in variables])
     before = len(graph.get_operations())
     start = time.perf_counter()
@@ -81,16 +90,26 @@ def measure(kind, n, use_resource, grappler=True):
       store = None
     elif kind == "disk":
       spill = os.path.join(tempfile.mkdtemp(), "scale.h5")
-      store = snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
-                                      spill_path=spill, max_to_keep=SLOTS)
+      store = snapstore.SnapshotStore(
+        scope="net",
+        mode="disk",
+        memory_budget=0,
+        spill_path=spill,
+        max_to_keep=SLOTS,
+      )
     elif kind == "packed":
-      store = snapstore.SnapshotStore(scope="net", mode="device", pack=True,
-                                      max_to_keep=SLOTS)
+      store = snapstore.SnapshotStore(
+        scope="net", mode="device", pack=True, max_to_keep=SLOTS
+      )
     else:
       store = snapstore.SnapshotStore(scope="net", mode=kind, max_to_keep=SLOTS)
-    out = dict(kind=kind, n=n, resource=use_resource,
-               build=time.perf_counter() - start,
-               ops_per_var=(len(graph.get_operations()) - before) / float(n))
+    out = dict(
+      kind=kind,
+      n=n,
+      resource=use_resource,
+      build=time.perf_counter() - start,
+      ops_per_var=(len(graph.get_operations()) - before) / float(n),
+    )
     init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
     bump = tf.group(*[v.assign_add(tf.ones_like(v)) for v in variables])
     floor = tf.no_op(name="floor")
@@ -110,9 +129,11 @@ def measure(kind, n, use_resource, grappler=True):
     sess.run(loss)  # the user's own fetch is warm, as in training
     expected = sess.run(variables)
     sess.run(bump)
-    for name, call in (("first_snapshot", lambda: store.snapshot(session=sess)),
-                       ("first_restore", lambda: store.restore(session=sess)),
-                       ("first_evaluate", lambda: store.evaluate_with(loss, session=sess))):
+    for name, call in (
+      ("first_snapshot", lambda: store.snapshot(session=sess)),
+      ("first_restore", lambda: store.restore(session=sess)),
+      ("first_evaluate", lambda: store.evaluate_with(loss, session=sess)),
+    ):
       if name == "first_restore":
         sess.run(bump)
       start = time.perf_counter()
@@ -134,39 +155,81 @@ def measure(kind, n, use_resource, grappler=True):
 
 def _in_child(kind, n, use_resource, grappler=True):
   result = subprocess.run(
-      [sys.executable, os.path.abspath(__file__), "--child", kind, str(n),
-       "resource" if use_resource else "ref", "grappler" if grappler else "off"],
-      stdout=subprocess.PIPE, check=True)
+    [
+      sys.executable,
+      os.path.abspath(__file__),
+      "--child",
+      kind,
+      str(n),
+      "resource" if use_resource else "ref",
+      "grappler" if grappler else "off",
+    ],
+    stdout=subprocess.PIPE,
+    check=True,
+  )
   return json.loads(result.stdout.decode().strip().splitlines()[-1])
 
 
 def plot(results, path):
   """Construction and first-call seconds against N, store vs Adam."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-  for kind, (color, marker) in (("adam", ("k", "o")), ("device", ("C0", "o")),
-                                ("packed", ("C3", "D")), ("host", ("C1", "s")),
-                                ("disk", ("C2", "^"))):
-    rows = sorted((r for r in results if r["kind"] == kind and r["resource"]),
-                  key=lambda r: r["n"])
+  for kind, (color, marker) in (
+    ("adam", ("k", "o")),
+    ("device", ("C0", "o")),
+    ("packed", ("C3", "D")),
+    ("host", ("C1", "s")),
+    ("disk", ("C2", "^")),
+  ):
+    rows = sorted(
+      (r for r in results if r["kind"] == kind and r["resource"]),
+      key=lambda r: r["n"],
+    )
     if not rows:
       continue
     ns = [r["n"] for r in rows]
-    left.plot(ns, [r["build"] for r in rows], color=color, marker=marker,
-              label="Adam minimize()" if kind == "adam" else "%s store" % (
-                  "device pack=True" if kind == "packed" else kind))
+    left.plot(
+      ns,
+      [r["build"] for r in rows],
+      color=color,
+      marker=marker,
+      label="Adam minimize()"
+      if kind == "adam"
+      else "%s store" % ("device pack=True" if kind == "packed" else kind),
+    )
     if kind == "device":
-      right.plot(ns, [r["first_noop"] for r in rows], color="k", linestyle=":",
-                 label="TensorFlow's floor: first no_op run (device graph)")
+      right.plot(
+        ns,
+        [r["first_noop"] for r in rows],
+        color="k",
+        linestyle=":",
+        label="TensorFlow's floor: first no_op run (device graph)",
+      )
     if kind != "adam":
-      right.plot(ns, [r["first_snapshot"] for r in rows], color=color,
-                 marker=marker, label="%s: first snapshot()" % kind)
-      right.plot(ns, [r["first_evaluate"] for r in rows], color=color,
-                 marker=marker, linestyle="--", alpha=0.6,
-                 label="%s: first evaluate_with()" % kind)
-  for axis, title in ((left, "construction"), (right, "first call in a new session")):
+      right.plot(
+        ns,
+        [r["first_snapshot"] for r in rows],
+        color=color,
+        marker=marker,
+        label="%s: first snapshot()" % kind,
+      )
+      right.plot(
+        ns,
+        [r["first_evaluate"] for r in rows],
+        color=color,
+        marker=marker,
+        linestyle="--",
+        alpha=0.6,
+        label="%s: first evaluate_with()" % kind,
+      )
+  for axis, title in (
+    (left, "construction"),
+    (right, "first call in a new session"),
+  ):
     axis.set_xscale("log")
     axis.set_yscale("log")
     axis.set_xlabel("variables (resource, small mixed shapes)")
@@ -175,33 +238,59 @@ def plot(results, path):
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize=7)
   from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
-  fig.suptitle("snapstore cost vs number of variables (max_to_keep=%d); %s"
-               % (SLOTS, stack()), fontsize=8)
+
+  fig.suptitle(
+    "snapstore cost vs number of variables (max_to_keep=%d); %s"
+    % (SLOTS, stack()),
+    fontsize=8,
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=110)
 
 
 def main():
   if len(sys.argv) == 6 and sys.argv[1] == "--child":
-    print(json.dumps(measure(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "resource",
-                             sys.argv[5] == "grappler")))
+    print(
+      json.dumps(
+        measure(
+          sys.argv[2],
+          int(sys.argv[3]),
+          sys.argv[4] == "resource",
+          sys.argv[5] == "grappler",
+        )
+      )
+    )
     return
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--num-vars", type=int, nargs="+",
-                      default=[100, 300, 1000, 2000, 10000])
+  parser.add_argument(
+    "--num-vars", type=int, nargs="+", default=[100, 300, 1000, 2000, 10000]
+  )
   parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
-  parser.add_argument("--ref", action="store_true",
-                      help="also measure RefVariables (default: resource only)")
-  parser.add_argument("--no-grappler", action="store_true",
-                      help="run the sessions with Grappler off "
-                      "(rewrite_options.disable_meta_optimizer): first calls "
-                      "without TensorFlow's per-signature graph optimization")
-  parser.add_argument("--plot", default=os.path.join(HERE, "results", "scale.png"),
-                      help="PNG to write; '' for none")
+  parser.add_argument(
+    "--ref",
+    action="store_true",
+    help="also measure RefVariables (default: resource only)",
+  )
+  parser.add_argument(
+    "--no-grappler",
+    action="store_true",
+    help="run the sessions with Grappler off "
+    "(rewrite_options.disable_meta_optimizer): first calls "
+    "without TensorFlow's per-signature graph optimization",
+  )
+  parser.add_argument(
+    "--plot",
+    default=os.path.join(HERE, "results", "scale.png"),
+    help="PNG to write; '' for none",
+  )
   parser.add_argument("--json", help="write the raw results here")
-  parser.add_argument("--replot", nargs="+", metavar="JSON",
-                      help="measure nothing: draw --plot from the results of "
-                      "earlier runs (their --json files, rows concatenated)")
+  parser.add_argument(
+    "--replot",
+    nargs="+",
+    metavar="JSON",
+    help="measure nothing: draw --plot from the results of "
+    "earlier runs (their --json files, rows concatenated)",
+  )
   args = parser.parse_args()
   if args.replot:
     results = []
@@ -212,13 +301,32 @@ def main():
     print("plot: %s (from %s)" % (args.plot, ", ".join(args.replot)))
     return
   from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
-  print("stack: %s%s" % (stack(), "; sessions with Grappler off"
-                         if args.no_grappler else ""), flush=True)
-  print("%-8s %6s %-6s %8s %7s %8s %9s %8s %8s %8s %8s %8s %5s" % (
-      "vars", "n", "kind", "build s", "vs adam", "ops/var", "ops/var/k",
-      "noop1 s", "snap1 s", "rest1 s", "eval1 s", "warm s", "exact"))
+
+  print(
+    "stack: %s%s"
+    % (stack(), "; sessions with Grappler off" if args.no_grappler else ""),
+    flush=True,
+  )
+  print(
+    "%-8s %6s %-6s %8s %7s %8s %9s %8s %8s %8s %8s %8s %5s"
+    % (
+      "vars",
+      "n",
+      "kind",
+      "build s",
+      "vs adam",
+      "ops/var",
+      "ops/var/k",
+      "noop1 s",
+      "snap1 s",
+      "rest1 s",
+      "eval1 s",
+      "warm s",
+      "exact",
+    )
+  )
   results = []
-  for use_resource in ((True, False) if args.ref else (True,)):
+  for use_resource in (True, False) if args.ref else (True,):
     for n in args.num_vars:
       adam = None
       for kind in args.kinds:
@@ -227,22 +335,44 @@ def main():
         if kind == "adam":
           adam = row["build"]
         ratio = "%6.2fx" % (row["build"] / adam) if adam else "-"
-        per_slot = (("%9.2f" % (row["ops_per_var"] / SLOTS))
-                    if kind in ("device", "packed") else "-")
-        print("%-8s %6d %-6s %8.2f %7s %8.1f %9s %8s %8s %8s %8s %8s %5s" % (
-            "resource" if use_resource else "ref", n, kind, row["build"], ratio,
-            row["ops_per_var"], per_slot,
-            *["%.3f" % row[k] if k in row else "-" for k in
-              ("first_noop", "first_snapshot", "first_restore", "first_evaluate",
-               "warm_snapshot")],
-            row.get("exact", "-")), flush=True)
+        per_slot = (
+          ("%9.2f" % (row["ops_per_var"] / SLOTS))
+          if kind in ("device", "packed")
+          else "-"
+        )
+        print(
+          "%-8s %6d %-6s %8.2f %7s %8.1f %9s %8s %8s %8s %8s %8s %5s"
+          % (
+            "resource" if use_resource else "ref",
+            n,
+            kind,
+            row["build"],
+            ratio,
+            row["ops_per_var"],
+            per_slot,
+            *[
+              "%.3f" % row[k] if k in row else "-"
+              for k in (
+                "first_noop",
+                "first_snapshot",
+                "first_restore",
+                "first_evaluate",
+                "warm_snapshot",
+              )
+            ],
+            row.get("exact", "-"),
+          ),
+          flush=True,
+        )
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=1)
   if args.plot:
     if importlib.util.find_spec("matplotlib") is None:
-      print("plot: skipped: matplotlib is not installed (requirements/dev.txt "
-            "installs it for TF 1.15; `pip install matplotlib` elsewhere)")
+      print(
+        "plot: skipped: matplotlib is not installed (requirements/dev.txt "
+        "installs it for TF 1.15; `pip install matplotlib` elsewhere)"
+      )
     else:
       plot(results, args.plot)
       print("plot: %s" % args.plot)

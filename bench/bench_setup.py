@@ -18,6 +18,7 @@ builds are interleaved and the median is reported.
     .venv/bin/python bench/bench_setup.py
     .venv/bin/python bench/bench_setup.py --num-vars 50 200 --repeats 3 --json out.json
 """
+
 import argparse
 import importlib.util
 import json
@@ -44,7 +45,9 @@ def _build(kind, use_resource, num_vars):
   graph = tf.Graph()
   with graph.as_default():
     with tf.variable_scope("net", use_resource=use_resource):
-      variables = [tf.get_variable("w%d" % i, [64, 64]) for i in range(num_vars)]
+      variables = [
+        tf.get_variable("w%d" % i, [64, 64]) for i in range(num_vars)
+      ]
     loss = tf.add_n([tf.reduce_sum(tf.square(v)) for v in variables])
     before = len(graph.get_operations())
     start = time.perf_counter()
@@ -53,8 +56,9 @@ def _build(kind, use_resource, num_vars):
     elif kind == "host":
       snapstore.SnapshotStore(scope="net", mode="host")
     else:
-      snapstore.SnapshotStore(scope="net", mode="device",
-                              max_to_keep=int(kind.split("=")[1]))
+      snapstore.SnapshotStore(
+        scope="net", mode="device", max_to_keep=int(kind.split("=")[1])
+      )
     seconds = time.perf_counter() - start
     return seconds, len(graph.get_operations()) - before
 
@@ -68,10 +72,14 @@ def main():
   print("stack: %s" % stack(), flush=True)
   kinds = ["adam", "device K=1", "device K=4", "host"]
   results = []
-  print("store construction vs Adam's minimize() (median of %d interleaved builds)"
-        % args.repeats)
-  print("%-9s %5s %-11s %9s %9s %9s" % ("variables", "n", "built", "seconds",
-                                        "ops/var", "vs adam"))
+  print(
+    "store construction vs Adam's minimize() (median of %d interleaved builds)"
+    % args.repeats
+  )
+  print(
+    "%-9s %5s %-11s %9s %9s %9s"
+    % ("variables", "n", "built", "seconds", "ops/var", "vs adam")
+  )
   for use_resource in (False, True):
     for n in args.num_vars:
       samples = {k: [] for k in kinds}
@@ -85,11 +93,21 @@ def main():
       for kind in kinds:
         median = statistics.median(samples[kind])
         label = "resource" if use_resource else "ref"
-        print("%-9s %5d %-11s %9.2f %9.1f %8.2fx" % (
-            label, n, kind, median, ops[kind] / float(n), median / adam))
-        results.append(dict(variables=label, n=n, built=kind, seconds=median,
-                            samples=samples[kind], ops_per_variable=ops[kind] / float(n),
-                            ratio_to_adam=median / adam))
+        print(
+          "%-9s %5d %-11s %9.2f %9.1f %8.2fx"
+          % (label, n, kind, median, ops[kind] / float(n), median / adam)
+        )
+        results.append(
+          dict(
+            variables=label,
+            n=n,
+            built=kind,
+            seconds=median,
+            samples=samples[kind],
+            ops_per_variable=ops[kind] / float(n),
+            ratio_to_adam=median / adam,
+          )
+        )
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=1)

@@ -58,6 +58,7 @@ the large one.
     .venv/bin/python bench/bench_training.py --large-batch 0    # demo model only
     .venv/bin/python bench/bench_training.py --json bench/results/training.json
 """
+
 import argparse
 import importlib.util
 import json
@@ -83,36 +84,75 @@ from snapstore.demo import Classifier  # pylint: disable=g-import-not-at-top
 from snapstore.demo import make_data  # pylint: disable=g-import-not-at-top
 
 # (model, variant, bound on the overhead)
-TARGETS = (("demo", "device, every step", 0.05),
-           ("demo", "in-step, every step", 0.05),
-           ("demo", "in-step packed, every step", 0.05),
-           ("large", "in-step, every step", 0.02),
-           ("large", "in-step packed, every step", 0.02))
+TARGETS = (
+  ("demo", "device, every step", 0.05),
+  ("demo", "in-step, every step", 0.05),
+  ("demo", "in-step packed, every step", 0.05),
+  ("large", "in-step, every step", 0.02),
+  ("large", "in-step packed, every step", 0.02),
+)
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n\n")[0],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   p.add_argument("--batch", type=int, default=64, help="batch size (demo: 64)")
-  p.add_argument("--steps", type=int, default=200,
-                 help="training steps per variant per round (default 200)")
-  p.add_argument("--rounds", type=int, default=20, help="timed rounds (default 20)")
-  p.add_argument("--warmup", type=int, default=2, help="untimed rounds (default 2)")
-  p.add_argument("--calls", type=int, default=2000,
-                 help="calls per single-call timing (default 2000)")
-  p.add_argument("--large-batch", type=int, default=2048,
-                 help="batch size of the large model (default 2048; 0: skip it)")
-  p.add_argument("--large-hidden", type=int, default=512,
-                 help="hidden width of the large model (default 512)")
-  p.add_argument("--large-steps", type=int, default=10,
-                 help="large-model steps per variant per round (default 10)")
-  p.add_argument("--json", metavar="PATH", default=None,
-                 help="write the configuration and raw timings to PATH")
+  p.add_argument(
+    "--steps",
+    type=int,
+    default=200,
+    help="training steps per variant per round (default 200)",
+  )
+  p.add_argument(
+    "--rounds", type=int, default=20, help="timed rounds (default 20)"
+  )
+  p.add_argument(
+    "--warmup", type=int, default=2, help="untimed rounds (default 2)"
+  )
+  p.add_argument(
+    "--calls",
+    type=int,
+    default=2000,
+    help="calls per single-call timing (default 2000)",
+  )
+  p.add_argument(
+    "--large-batch",
+    type=int,
+    default=2048,
+    help="batch size of the large model (default 2048; 0: skip it)",
+  )
+  p.add_argument(
+    "--large-hidden",
+    type=int,
+    default=512,
+    help="hidden width of the large model (default 512)",
+  )
+  p.add_argument(
+    "--large-steps",
+    type=int,
+    default=10,
+    help="large-model steps per variant per round (default 10)",
+  )
+  p.add_argument(
+    "--json",
+    metavar="PATH",
+    default=None,
+    help="write the configuration and raw timings to PATH",
+  )
   args = p.parse_args(argv)
-  if (min(args.batch, args.steps, args.rounds, args.large_hidden,
-          args.large_steps) < 1 or min(args.warmup, args.large_batch) < 0):
-    p.error("--batch, --steps, --rounds, --large-hidden and --large-steps must "
-            "be positive, --warmup and --large-batch >= 0")
+  if (
+    min(
+      args.batch, args.steps, args.rounds, args.large_hidden, args.large_steps
+    )
+    < 1
+    or min(args.warmup, args.large_batch) < 0
+  ):
+    p.error(
+      "--batch, --steps, --rounds, --large-hidden and --large-steps must "
+      "be positive, --warmup and --large-batch >= 0"
+    )
   return args
 
 
@@ -126,42 +166,74 @@ class Loop(object):
     with self.graph.as_default():
       tf.set_random_seed(0)
       model = Classifier(train_x.shape[1], int(train_y.max()) + 1, hidden)
-      common = dict(scope="classifier", max_to_keep=1, optimizer=model.optimizer,
-                    include_global_step=True)
-      self.device = snapstore.SnapshotStore(mode="device", name="device_store",
-                                            **common)
-      self.host = snapstore.SnapshotStore(mode="host", name="host_store", **common)
+      common = dict(
+        scope="classifier",
+        max_to_keep=1,
+        optimizer=model.optimizer,
+        include_global_step=True,
+      )
+      self.device = snapstore.SnapshotStore(
+        mode="device", name="device_store", **common
+      )
+      self.host = snapstore.SnapshotStore(
+        mode="host", name="host_store", **common
+      )
       # The train op a user builds with snapstore (the model's own train_op
       # made the optimizer's slots, which a store with optimizer= needs).
-      self.in_step = snapstore.SnapshotStore(mode="device", name="in_step_store",
-                                             **common)
+      self.in_step = snapstore.SnapshotStore(
+        mode="device", name="in_step_store", **common
+      )
       grads = model.optimizer.compute_gradients(model.loss)
       self.train_in_step = self.in_step.slots.snapshot_before(
-          lambda: model.optimizer.apply_gradients(
-              grads, global_step=model.global_step))
-      self.packed = snapstore.SnapshotStore(mode="device", name="packed_store",
-                                            pack=True, **common)
+        lambda: model.optimizer.apply_gradients(
+          grads, global_step=model.global_step
+        )
+      )
+      self.packed = snapstore.SnapshotStore(
+        mode="device", name="packed_store", pack=True, **common
+      )
       self.train_packed = self.packed.slots.snapshot_before(
-          lambda: model.optimizer.apply_gradients(
-              grads, global_step=model.global_step))
+        lambda: model.optimizer.apply_gradients(
+          grads, global_step=model.global_step
+        )
+      )
       self.guarded_store = snapstore.SnapshotStore(
-          mode="device", name="if_finite_store", **common)
+        mode="device", name="if_finite_store", **common
+      )
       self.train_if_finite = self.guarded_store.slots.snapshot_before(
-          lambda: model.optimizer.apply_gradients(
-              grads, global_step=model.global_step), if_finite=model.loss)
-      self.inside = snapstore.SnapshotStore(mode="device", name="inside_store",
-                                            **common)
+        lambda: model.optimizer.apply_gradients(
+          grads, global_step=model.global_step
+        ),
+        if_finite=model.loss,
+      )
+      self.inside = snapstore.SnapshotStore(
+        mode="device", name="inside_store", **common
+      )
       self.train_minimize_inside = self.inside.slots.snapshot_before(
-          lambda: model.optimizer.minimize(model.loss,
-                                           global_step=model.global_step))
+        lambda: model.optimizer.minimize(
+          model.loss, global_step=model.global_step
+        )
+      )
       # The same bytes in one variable: one assign instead of one per variable.
-      flat = tf.Variable(tf.zeros([self.device.param_nbytes // 4]),
-                         trainable=False, collections=[], name="flat")
-      flat_shadow = tf.Variable(tf.zeros_like(flat.initialized_value()),
-                                trainable=False, collections=[], name="flat_shadow")
+      flat = tf.Variable(
+        tf.zeros([self.device.param_nbytes // 4]),
+        trainable=False,
+        collections=[],
+        name="flat",
+      )
+      flat_shadow = tf.Variable(
+        tf.zeros_like(flat.initialized_value()),
+        trainable=False,
+        collections=[],
+        name="flat_shadow",
+      )
       self.flat_copy = tf.assign(flat_shadow, flat).op
-      init = [tf.global_variables_initializer(), tf.local_variables_initializer(),
-              flat.initializer, flat_shadow.initializer]
+      init = [
+        tf.global_variables_initializer(),
+        tf.local_variables_initializer(),
+        flat.initializer,
+        flat_shadow.initializer,
+      ]
       no_op = tf.no_op()
     self.graph.finalize()
     self.snapshot_op = self.device.slots.snapshot_op(0)
@@ -190,11 +262,13 @@ class Loop(object):
         if i % n == 0:
           store.snapshot(0, session=sess)
         sess.run(train, feed)
+
       return step
 
     def in_step_every(n, train_in_step=self.train_in_step):
       def step(feed, i):
         sess.run(train_in_step if i % n == 0 else train, feed)
+
       return step
 
     def extra_run(feed, i):
@@ -209,43 +283,57 @@ class Loop(object):
 
     def guarded_in_step(feed, i):
       del i
-      with snapstore.Guard(self.in_step, watch=loss, tag="before_step",
-                              session=sess) as guard:
+      with snapstore.Guard(
+        self.in_step, watch=loss, tag="before_step", session=sess
+      ) as guard:
         guard.run(self.train_in_step, feed)
 
     if self.large:
-      return [("baseline", baseline),
-              ("device, every step", every(self.device, 1)),
-              ("in-step, every step", in_step_every(1)),
-              ("in-step packed, every step", in_step_every(1, self.train_packed)),
-              ("in-step if finite, every step",
-               in_step_every(1, self.train_if_finite))]
-    return [
+      return [
         ("baseline", baseline),
         ("device, every step", every(self.device, 1)),
-        ("device, every 10 steps", every(self.device, 10)),
-        ("host, every step", every(self.host, 1)),
-        ("host, every 10 steps", every(self.host, 10)),
         ("in-step, every step", in_step_every(1)),
-        ("in-step, every 10 steps", in_step_every(10)),
         ("in-step packed, every step", in_step_every(1, self.train_packed)),
-        ("in-step if finite, every step", in_step_every(1, self.train_if_finite)),
-        ("in-step, minimize inside", in_step_every(1, self.train_minimize_inside)),
-        ("guard, every step", guarded),
-        ("guard, in-step, every step", guarded_in_step),
-        ("extra no_op run, every step", extra_run),
+        (
+          "in-step if finite, every step",
+          in_step_every(1, self.train_if_finite),
+        ),
+      ]
+    return [
+      ("baseline", baseline),
+      ("device, every step", every(self.device, 1)),
+      ("device, every 10 steps", every(self.device, 10)),
+      ("host, every step", every(self.host, 1)),
+      ("host, every 10 steps", every(self.host, 10)),
+      ("in-step, every step", in_step_every(1)),
+      ("in-step, every 10 steps", in_step_every(10)),
+      ("in-step packed, every step", in_step_every(1, self.train_packed)),
+      ("in-step if finite, every step", in_step_every(1, self.train_if_finite)),
+      (
+        "in-step, minimize inside",
+        in_step_every(1, self.train_minimize_inside),
+      ),
+      ("guard, every step", guarded),
+      ("guard, in-step, every step", guarded_in_step),
+      ("extra no_op run, every step", extra_run),
     ]
 
   def single_calls(self, calls):
     """Median microseconds per call of the pieces a snapshot call is made of."""
     sess = self.sess
     snapshot_op = sess.make_callable(self.snapshot_op)
-    pieces = [("store.snapshot() (device)",
-               lambda: self.device.snapshot(0, session=sess)),
-              ("callable(store.slots.snapshot_op(0))", snapshot_op),
-              ("callable(one assign of the same bytes)",
-               sess.make_callable(self.flat_copy)),
-              ("callable(tf.no_op())", self.no_op)]
+    pieces = [
+      (
+        "store.snapshot() (device)",
+        lambda: self.device.snapshot(0, session=sess),
+      ),
+      ("callable(store.slots.snapshot_op(0))", snapshot_op),
+      (
+        "callable(one assign of the same bytes)",
+        sess.make_callable(self.flat_copy),
+      ),
+      ("callable(tf.no_op())", self.no_op),
+    ]
     result = []
     for name, fn in pieces:
       for _ in range(100):
@@ -271,8 +359,10 @@ def run(args):
   results = {"demo": measure(Loop(args.batch), args.steps, args)}
   if args.large_batch:
     results["large"] = measure(
-        Loop(args.large_batch, args.large_hidden, large=True), args.large_steps,
-        args)
+      Loop(args.large_batch, args.large_hidden, large=True),
+      args.large_steps,
+      args,
+    )
   return results
 
 
@@ -281,7 +371,7 @@ def measure(loop, steps, args):
   variants = loop.variants()
   samples = {name: [] for name, _ in variants}
   for r in range(args.warmup + args.rounds):
-    order = variants[r % len(variants):] + variants[:r % len(variants)]
+    order = variants[r % len(variants) :] + variants[: r % len(variants)]
     for name, step in order:
       seconds = loop.time_round(step, steps)
       if r >= args.warmup:
@@ -292,18 +382,24 @@ def measure(loop, steps, args):
   rows = []
   for name, _ in variants:
     ratios = [s / b for s, b in zip(samples[name], base)]
-    rows.append({
+    rows.append(
+      {
         "variant": name,
         "median_us_per_step": 1e6 * statistics.median(samples[name]),
         "min_us_per_step": 1e6 * min(samples[name]),
         "overhead": statistics.median(ratios) - 1.0,
         "overhead_q1": _quantile(ratios, 0.25) - 1.0,
         "overhead_q3": _quantile(ratios, 0.75) - 1.0,
-    })
-  return {"batch": len(next(iter(loop.feeds[0].values()))),
-          "variables": loop.num_variables, "param_nbytes": loop.param_nbytes,
-          "rows": rows, "samples_seconds_per_step": samples,
-          "single_calls_us": calls}
+      }
+    )
+  return {
+    "batch": len(next(iter(loop.feeds[0].values()))),
+    "variables": loop.num_variables,
+    "param_nbytes": loop.param_nbytes,
+    "rows": rows,
+    "samples_seconds_per_step": samples,
+    "single_calls_us": calls,
+  }
 
 
 def _quantile(values, q):
@@ -314,40 +410,72 @@ def main(argv=None):
   args = parse_args(argv)
   print("stack: %s" % stack(), flush=True)
   tf.logging.set_verbosity(tf.logging.ERROR)
-  info = {"python": platform.python_version(), "tensorflow": tf.__version__,
-          "numpy": np.__version__, "platform": platform.platform(),
-          "cpus": os.cpu_count(), "snapstore": snapstore.__version__}
-  print("bench_training: demo classifier, batch %d, %d steps x %d rounds "
-        "(+%d warm-up), interleaved" % (args.batch, args.steps, args.rounds,
-                                         args.warmup))
+  info = {
+    "python": platform.python_version(),
+    "tensorflow": tf.__version__,
+    "numpy": np.__version__,
+    "platform": platform.platform(),
+    "cpus": os.cpu_count(),
+    "snapstore": snapstore.__version__,
+  }
+  print(
+    "bench_training: demo classifier, batch %d, %d steps x %d rounds "
+    "(+%d warm-up), interleaved"
+    % (args.batch, args.steps, args.rounds, args.warmup)
+  )
   if args.large_batch:
-    print("large model: hidden width %d, batch %d, %d steps x %d rounds"
-          % (args.large_hidden, args.large_batch, args.large_steps, args.rounds))
-  print("%(platform)s, %(cpus)s CPUs, Python %(python)s, TensorFlow "
-        "%(tensorflow)s" % info)
+    print(
+      "large model: hidden width %d, batch %d, %d steps x %d rounds"
+      % (args.large_hidden, args.large_batch, args.large_steps, args.rounds)
+    )
+  print(
+    "%(platform)s, %(cpus)s CPUs, Python %(python)s, TensorFlow "
+    "%(tensorflow)s" % info
+  )
   info["load_before"] = os.getloadavg()
   results = run(args)
   info["load_after"] = os.getloadavg()
   # Other processes on the machine show up as noise in every row.
-  print("load average (1, 5, 15 min): before %s, after %s" % (
+  print(
+    "load average (1, 5, 15 min): before %s, after %s"
+    % (
       " ".join("%.2f" % v for v in info["load_before"]),
-      " ".join("%.2f" % v for v in info["load_after"])))
+      " ".join("%.2f" % v for v in info["load_after"]),
+    )
+  )
   for model, result in results.items():
     print()
-    print("%s model, batch %d: %d variables (model + Adam slots and beta powers "
-          "+ global_step), %.1f KiB per snapshot" % (
-              model, result["batch"], result["variables"],
-              result["param_nbytes"] / 1024.0))
-    print("%-34s %12s %12s %22s" % ("variant", "median us", "min us",
-                                    "overhead (q1..q3)"))
+    print(
+      "%s model, batch %d: %d variables (model + Adam slots and beta powers "
+      "+ global_step), %.1f KiB per snapshot"
+      % (
+        model,
+        result["batch"],
+        result["variables"],
+        result["param_nbytes"] / 1024.0,
+      )
+    )
+    print(
+      "%-34s %12s %12s %22s"
+      % ("variant", "median us", "min us", "overhead (q1..q3)")
+    )
     for row in result["rows"]:
-      print("%-34s %12.1f %12.1f %8.1f%% (%5.1f..%5.1f)" % (
-          row["variant"], row["median_us_per_step"], row["min_us_per_step"],
-          100 * row["overhead"], 100 * row["overhead_q1"],
-          100 * row["overhead_q3"]))
+      print(
+        "%-34s %12.1f %12.1f %8.1f%% (%5.1f..%5.1f)"
+        % (
+          row["variant"],
+          row["median_us_per_step"],
+          row["min_us_per_step"],
+          100 * row["overhead"],
+          100 * row["overhead_q1"],
+          100 * row["overhead_q3"],
+        )
+      )
     if result["single_calls_us"]:
-      print("single calls (median us): " + ", ".join(
-          "%s %.1f" % c for c in result["single_calls_us"]))
+      print(
+        "single calls (median us): "
+        + ", ".join("%s %.1f" % c for c in result["single_calls_us"])
+      )
   print()
   targets = []
   for model, variant, bound in TARGETS:
@@ -355,17 +483,42 @@ def main(argv=None):
       continue
     row = next(r for r in results[model]["rows"] if r["variant"] == variant)
     met = row["overhead"] <= bound
-    targets.append({"model": model, "variant": variant, "bound": bound,
-                    "overhead": row["overhead"], "met": met})
-    print("target: %s model, %s, overhead <= %.0f%%: %s (%.1f%%, q1..q3 "
-          "%.1f..%.1f%%)" % (model, variant, 100 * bound,
-                             "met" if met else "MISSED", 100 * row["overhead"],
-                             100 * row["overhead_q1"], 100 * row["overhead_q3"]))
+    targets.append(
+      {
+        "model": model,
+        "variant": variant,
+        "bound": bound,
+        "overhead": row["overhead"],
+        "met": met,
+      }
+    )
+    print(
+      "target: %s model, %s, overhead <= %.0f%%: %s (%.1f%%, q1..q3 "
+      "%.1f..%.1f%%)"
+      % (
+        model,
+        variant,
+        100 * bound,
+        "met" if met else "MISSED",
+        100 * row["overhead"],
+        100 * row["overhead_q1"],
+        100 * row["overhead_q3"],
+      )
+    )
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
-      json.dump({"config": vars(args), "environment": info, "models": results,
-                 "targets": targets}, f, indent=1, sort_keys=True)
+      json.dump(
+        {
+          "config": vars(args),
+          "environment": info,
+          "models": results,
+          "targets": targets,
+        },
+        f,
+        indent=1,
+        sort_keys=True,
+      )
   return 0
 
 

@@ -22,6 +22,7 @@ of each read, which makes TensorFlow hand its own buffer to numpy).
     .venv/bin/python bench/probe_host_restore.py --size-mb 0.25  # per-call overhead
     .venv/bin/python bench/probe_host_restore.py --sharing-check # aligned feeds shared?
 """
+
 import argparse
 import importlib.util
 import os
@@ -52,7 +53,7 @@ ALIGN = 64  # TF 1.15 (CPU) feeds a numpy array without copying it only at this 
 def aligned_copy(a, align=ALIGN):
   buf = np.empty(a.nbytes + align, np.uint8)
   off = (-buf.ctypes.data) % align
-  out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+  out = buf[off : off + a.nbytes].view(a.dtype).reshape(a.shape)
   out[...] = a
   return out
 
@@ -63,8 +64,12 @@ def timed(fn, n):
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     fn()
-    out.append((1e3 * (time.perf_counter() - t0),
-                resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0))
+    out.append(
+      (
+        1e3 * (time.perf_counter() - t0),
+        resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0,
+      )
+    )
   return out
 
 
@@ -89,7 +94,9 @@ def sharing_check():
     for _ in vs[4:]:  # 16 bytes past a 64-byte boundary
       buf = np.empty(int(np.prod(shape)) * 4 + 128, np.uint8)
       off = (-buf.ctypes.data) % ALIGN + 16
-      a = buf[off:off + int(np.prod(shape)) * 4].view(np.float32).reshape(shape)
+      a = (
+        buf[off : off + int(np.prod(shape)) * 4].view(np.float32).reshape(shape)
+      )
       a[...] = 5.0
       arrays.append(a)
     sess.run(assign, dict(zip(phs, arrays)))
@@ -98,8 +105,13 @@ def sharing_check():
     shared = [bool(v[0, 0] == 7.0) for v in sess.run(vs)]
     sess.run(bump)
     written = [bool(a[0, 1] != 5.0) for a in arrays]
-  print("ResourceVariable assign from fed arrays (4 aligned to 64 bytes, 4 not):")
-  print("  array 64-byte aligned:          %s" % [a.ctypes.data % ALIGN == 0 for a in arrays])
+  print(
+    "ResourceVariable assign from fed arrays (4 aligned to 64 bytes, 4 not):"
+  )
+  print(
+    "  array 64-byte aligned:          %s"
+    % [a.ctypes.data % ALIGN == 0 for a in arrays]
+  )
   print("  variable shares the array:      %s" % shared)
   print("  in-place update wrote the array: %s" % written)
   return 0
@@ -110,31 +122,53 @@ def main():
   p.add_argument("--size-mb", type=float, default=256.0)
   p.add_argument("--num-vars", type=int, default=64)
   p.add_argument("--repeats", type=int, default=15)
-  p.add_argument("--sharing-check", action="store_true",
-                 help="only check whether aligned feeds are shared (see sharing_check)")
+  p.add_argument(
+    "--sharing-check",
+    action="store_true",
+    help="only check whether aligned feeds are shared (see sharing_check)",
+  )
   args = p.parse_args()
   print("stack: %s" % stack(), flush=True)
   if args.sharing_check:
     return sharing_check()
   elems = int(args.size_mb * (1 << 20)) // 4 // args.num_vars
   shape = (elems // 1024, 1024) if elems % 1024 == 0 else (elems,)
-  print("probe_host_restore: %d x %s float32 (%.2f MiB), %d interleaved rounds, "
-        "TF %s" % (args.num_vars, list(shape), args.num_vars * elems * 4 / 2**20,
-                   args.repeats, tf.__version__))
+  print(
+    "probe_host_restore: %d x %s float32 (%.2f MiB), %d interleaved rounds, "
+    "TF %s"
+    % (
+      args.num_vars,
+      list(shape),
+      args.num_vars * elems * 4 / 2**20,
+      args.repeats,
+      tf.__version__,
+    )
+  )
   for kind in ("ref", "resource"):
     graph = tf.Graph()
     with graph.as_default():
       tf.set_random_seed(0)
-      vs = [tf.Variable(tf.random.uniform(shape), name="w%02d" % i,
-                        use_resource=kind == "resource")
-            for i in range(args.num_vars)]
+      vs = [
+        tf.Variable(
+          tf.random.uniform(shape),
+          name="w%02d" % i,
+          use_resource=kind == "resource",
+        )
+        for i in range(args.num_vars)
+      ]
       store = snapstore.SnapshotStore(var_list=vs, mode="host", max_to_keep=1)
-      zero = tf.Variable(tf.zeros(shape), trainable=False,
-                         collections=[tf.GraphKeys.LOCAL_VARIABLES],
-                         use_resource=kind == "resource")
+      zero = tf.Variable(
+        tf.zeros(shape),
+        trainable=False,
+        collections=[tf.GraphKeys.LOCAL_VARIABLES],
+        use_resource=kind == "resource",
+      )
       update = tf.group(*[tf.assign_add(v, zero) for v in vs])
       snap_reads = [array_ops.snapshot(v.read_value()) for v in vs]
-      init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
+      init = [
+        tf.global_variables_initializer(),
+        tf.local_variables_initializer(),
+      ]
     graph.finalize()
     # The mode's own restore op and placeholders (read only, for this probe).
     mode = store._h.mode  # pylint: disable=protected-access
@@ -148,8 +182,9 @@ def main():
       aligned = [aligned_copy(a) for a in arrays]
       for a in aligned:
         a.setflags(write=False)
-      opts = config_pb2.CallableOptions(feed=[t.name for t in placeholders],
-                                        target=[load_op.name])
+      opts = config_pb2.CallableOptions(
+        feed=[t.name for t in placeholders], target=[load_op.name]
+      )
       fast = sess._make_callable_from_options(opts)  # pylint: disable=protected-access
       slow = sess.make_callable(load_op, feed_list=placeholders)
       fetch_snap = sess.make_callable(snap_reads)
@@ -159,10 +194,10 @@ def main():
         state["arrays"] = fetch_snap()
 
       methods = [
-          ("store.restore()", lambda: store.restore(tag, session=sess)),
-          ("same op, fast callable", lambda: fast(*arrays)),
-          ("same op, 64-byte aligned arrays", lambda: slow(*aligned)),
-          ("same op, aligned + fast callable", lambda: fast(*aligned)),
+        ("store.restore()", lambda: store.restore(tag, session=sess)),
+        ("same op, fast callable", lambda: fast(*arrays)),
+        ("same op, 64-byte aligned arrays", lambda: slow(*aligned)),
+        ("same op, aligned + fast callable", lambda: fast(*aligned)),
       ]
       results = {name: [] for name, _ in methods}
       upd = {name: [] for name, _ in methods}
@@ -177,9 +212,11 @@ def main():
       steady = [t for t, _ in timed(lambda: sess.run(update), args.repeats)]
       host_fetch, snap_fetch = [], []
       for r in range(args.repeats + 2):  # interleaved, 2 warm-up rounds
-        pair = [(host_fetch, lambda: store.snapshot(session=sess)),
-                (snap_fetch, fetch_with_snapshot_op)]
-        for out, fn in (pair if r % 2 == 0 else pair[::-1]):
+        pair = [
+          (host_fetch, lambda: store.snapshot(session=sess)),
+          (snap_fetch, fetch_with_snapshot_op),
+        ]
+        for out, fn in pair if r % 2 == 0 else pair[::-1]:
           t = timed(fn, 1)[0]
           if r >= 2:
             out.append(t)
@@ -187,27 +224,53 @@ def main():
       owns = state["arrays"][0].flags.owndata
     print()
     print("== %s variables ==" % kind)
-    print("host snapshot arrays 64-byte aligned: %d of %d" % (n_aligned, len(arrays)))
-    print("%-36s %10s %8s %11s %18s" % ("restore path", "median ms", "min ms",
-                                         "minflt/call", "next update ms"))
+    print(
+      "host snapshot arrays 64-byte aligned: %d of %d"
+      % (n_aligned, len(arrays))
+    )
+    print(
+      "%-36s %10s %8s %11s %18s"
+      % ("restore path", "median ms", "min ms", "minflt/call", "next update ms")
+    )
     for name, _ in methods:
       ts = [t for t, _ in results[name]]
-      print("%-36s %10.2f %8.2f %11d %18.2f" % (
-          name, statistics.median(ts), min(ts),
+      print(
+        "%-36s %10.2f %8.2f %11d %18.2f"
+        % (
+          name,
+          statistics.median(ts),
+          min(ts),
           statistics.median([f for _, f in results[name]]),
-          statistics.median([t for t, _ in upd[name]])))
-    print("%-36s %10s %8s %11s %18.2f" % ("(update alone, steady)", "", "", "",
-                                          statistics.median(steady)))
-    print("%-36s %10s %8s %11s" % ("snapshot fetch (interleaved)", "median ms",
-                                   "min ms", "minflt/call"))
-    for label, samples in (("store.snapshot()", host_fetch),
-                           ("fetch of array_ops.snapshot(read)", snap_fetch)):
+          statistics.median([t for t, _ in upd[name]]),
+        )
+      )
+    print(
+      "%-36s %10s %8s %11s %18.2f"
+      % ("(update alone, steady)", "", "", "", statistics.median(steady))
+    )
+    print(
+      "%-36s %10s %8s %11s"
+      % ("snapshot fetch (interleaved)", "median ms", "min ms", "minflt/call")
+    )
+    for label, samples in (
+      ("store.snapshot()", host_fetch),
+      ("fetch of array_ops.snapshot(read)", snap_fetch),
+    ):
       ts = [t for t, _ in samples]
-      print("%-36s %10.2f %8.2f %11d" % (label, statistics.median(ts), min(ts),
-                                         statistics.median([f for _, f in samples])))
-    print("arrays from array_ops.snapshot fetch: %d of %d 64-byte aligned, "
-          "owndata=%s (numpy wraps TensorFlow's buffer)"
-          % (n_snap_aligned, len(state["arrays"]), owns))
+      print(
+        "%-36s %10.2f %8.2f %11d"
+        % (
+          label,
+          statistics.median(ts),
+          min(ts),
+          statistics.median([f for _, f in samples]),
+        )
+      )
+    print(
+      "arrays from array_ops.snapshot fetch: %d of %d 64-byte aligned, "
+      "owndata=%s (numpy wraps TensorFlow's buffer)"
+      % (n_snap_aligned, len(state["arrays"]), owns)
+    )
   return 0
 
 

@@ -15,6 +15,7 @@ Two measurements behind the notes on `bench_disk.py` in `bench/README.md`:
 
     .venv/bin/python bench/probe_spill.py [--reps 6] [--dir DIR]
 """
+
 import argparse
 import importlib.util
 import os
@@ -57,10 +58,11 @@ def checksum_vs_write(workdir, reps):
   path = os.path.join(workdir, "pwrite.bin")
   fd = os.open(path, os.O_RDWR | os.O_CREAT)
   try:
+
     def write():
       view = memoryview(array)
       for start in range(0, array.size, _SLAB):
-        os.pwrite(fd, view[start:start + _SLAB], start)
+        os.pwrite(fd, view[start : start + _SLAB], start)
 
     def both():
       hasher = threading.Thread(target=xxhash.xxh3_64_intdigest, args=(array,))
@@ -69,10 +71,15 @@ def checksum_vs_write(workdir, reps):
       hasher.join()
 
     write()  # the file's pages exist from here on
-    rows = {"xxh3_64 of 64 MiB": [], "os.pwrite of 64 MiB": [],
-            "both, hash on a second thread": []}
+    rows = {
+      "xxh3_64 of 64 MiB": [],
+      "os.pwrite of 64 MiB": [],
+      "both, hash on a second thread": [],
+    }
     for _ in range(reps):
-      rows["xxh3_64 of 64 MiB"].append(_ms(lambda: xxhash.xxh3_64_intdigest(array)))
+      rows["xxh3_64 of 64 MiB"].append(
+        _ms(lambda: xxhash.xxh3_64_intdigest(array))
+      )
       rows["os.pwrite of 64 MiB"].append(_ms(write))
       rows["both, hash on a second thread"].append(_ms(both))
   finally:
@@ -80,8 +87,10 @@ def checksum_vs_write(workdir, reps):
     os.remove(path)
   print("checksum vs write (%d reps; ms):" % reps)
   for name, times in rows.items():
-    print("  %-32s median %6.1f  min %6.1f  max %6.1f" % (
-        name, statistics.median(times), min(times), max(times)))
+    print(
+      "  %-32s median %6.1f  min %6.1f  max %6.1f"
+      % (name, statistics.median(times), min(times), max(times))
+    )
 
 
 def run_to_run(workdir, reps):
@@ -93,8 +102,13 @@ def run_to_run(workdir, reps):
     varset = VariableSet(scope="net")
   keys = list(varset.keys)
   rng = np.random.RandomState(0)
-  plain = [[rng.standard_normal(spec.shape).astype(np.float32) for spec in varset.specs]
-           for _ in range(6)]
+  plain = [
+    [
+      rng.standard_normal(spec.shape).astype(np.float32)
+      for spec in varset.specs
+    ]
+    for _ in range(6)
+  ]
   path = os.path.join(workdir, "spill.h5")
 
   def write_all(snapshots, threaded):
@@ -104,7 +118,10 @@ def run_to_run(workdir, reps):
 
     def go():
       for i, arrays in enumerate(snapshots):
-        per_snapshot.append(_ms(lambda: f.write(i, time.time(), None, keys, arrays)))
+        per_snapshot.append(
+          _ms(lambda: f.write(i, time.time(), None, keys, arrays))
+        )
+
     if threaded:
       worker = threading.Thread(target=go)
       total = _ms(lambda: (worker.start(), worker.join()))
@@ -114,17 +131,23 @@ def run_to_run(workdir, reps):
     os.remove(path)
     return total, per_snapshot
 
-  print("spill file layer, 6 x 64 MiB into a fresh file, per run: total ms "
-        "(per-snapshot ms)")
+  print(
+    "spill file layer, 6 x 64 MiB into a fresh file, per run: total ms "
+    "(per-snapshot ms)"
+  )
   for rep in range(reps):
     aligned = [[buffers.aligned_copy(a) for a in arrays] for arrays in plain]
     cells = []
-    for name, snapshots, threaded in (("numpy, this thread", plain, False),
-                                      ("numpy, 2nd thread", plain, True),
-                                      ("aligned, this thread", aligned, False),
-                                      ("aligned, 2nd thread", aligned, True)):
+    for name, snapshots, threaded in (
+      ("numpy, this thread", plain, False),
+      ("numpy, 2nd thread", plain, True),
+      ("aligned, this thread", aligned, False),
+      ("aligned, 2nd thread", aligned, True),
+    ):
       total, per = write_all(snapshots, threaded)
-      cells.append("%s %.0f (%s)" % (name, total, " ".join("%.0f" % t for t in per)))
+      cells.append(
+        "%s %.0f (%s)" % (name, total, " ".join("%.0f" % t for t in per))
+      )
     print("  run %d: %s" % (rep + 1, "; ".join(cells)))
     del aligned
 
@@ -132,7 +155,9 @@ def run_to_run(workdir, reps):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--reps", type=int, default=6)
-  parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+  parser.add_argument(
+    "--dir", default=None, help="where to write (default: a temp dir)"
+  )
   args = parser.parse_args(argv)
   print("stack: %s" % stack(), flush=True)
   tf.logging.set_verbosity(tf.logging.ERROR)

@@ -14,6 +14,7 @@ by name: add `bench/bench_<topic>.py` with a `--json PATH` option.
 Exits non-zero if a script fails (a missed performance target is reported in
 the script's output, not as a failure).
 """
+
 import argparse
 import glob
 import os
@@ -27,24 +28,35 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 def discover(patterns=()):
   scripts = sorted(glob.glob(os.path.join(BENCH_DIR, "bench_*.py")))
   if patterns:
-    scripts = [s for s in scripts
-               if any(p in os.path.basename(s) for p in patterns)]
+    scripts = [
+      s for s in scripts if any(p in os.path.basename(s) for p in patterns)
+    ]
   return scripts
 
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("patterns", nargs="*",
-                 help="run only scripts whose file name contains one of these")
-  p.add_argument("--list", action="store_true", help="list the scripts and exit")
-  p.add_argument("--json-dir", default=None,
-                 help="pass --json DIR/<script name>.json to every script")
+  p.add_argument(
+    "patterns",
+    nargs="*",
+    help="run only scripts whose file name contains one of these",
+  )
+  p.add_argument(
+    "--list", action="store_true", help="list the scripts and exit"
+  )
+  p.add_argument(
+    "--json-dir",
+    default=None,
+    help="pass --json DIR/<script name>.json to every script",
+  )
   args = p.parse_args(argv)
 
   scripts = discover(args.patterns)
   if not scripts:
-    print("No bench/bench_*.py script matches %s." % (args.patterns or "anything"),
-          file=sys.stderr)
+    print(
+      "No bench/bench_*.py script matches %s." % (args.patterns or "anything"),
+      file=sys.stderr,
+    )
     return 2
   if args.list:
     for s in scripts:
@@ -65,16 +77,20 @@ def main(argv=None):
     print("$ %s" % " ".join(shown), flush=True)
     t0 = time.perf_counter()
     rc = subprocess.call(cmd, env=env)
-    print("-- %s: exit %d after %.0f s" % (name, rc, time.perf_counter() - t0),
-          flush=True)
+    print(
+      "-- %s: exit %d after %.0f s" % (name, rc, time.perf_counter() - t0),
+      flush=True,
+    )
     if rc != 0:
       failed.append(name)
   print("=" * 78)
   if failed:
     print("FAILED: %s" % ", ".join(failed))
     return 1
-  print("ran %d benchmark script(s): %s" % (
-      len(scripts), ", ".join(os.path.basename(s) for s in scripts)))
+  print(
+    "ran %d benchmark script(s): %s"
+    % (len(scripts), ", ".join(os.path.basename(s) for s in scripts))
+  )
   return 0
 
 

@@ -24,6 +24,7 @@ checked are a few MiB of RSS and a few hundred objects in all.
 Exit status 1 if a check fails (values, ops, files, threads, RSS bound).
 `tests/test_soak.py` runs the same loop, shorter, in the test suite.
 """
+
 import argparse
 import gc
 import importlib.util
@@ -67,31 +68,56 @@ def build(mode, kib, workdir, use_resource=False):
   per = max(1, kib * 1024 // 4 // 4)  # four float32 variables
   with graph.as_default():
     with tf.variable_scope("net", use_resource=use_resource):
-      variables = [tf.get_variable("v%d" % i, [per], dtype=tf.float32,
-                                   initializer=tf.random_normal_initializer(seed=i))
-                   for i in range(4)]
-      variables.append(tf.get_variable("count", [], dtype=tf.int64,
-                                       initializer=tf.zeros_initializer()))
+      variables = [
+        tf.get_variable(
+          "v%d" % i,
+          [per],
+          dtype=tf.float32,
+          initializer=tf.random_normal_initializer(seed=i),
+        )
+        for i in range(4)
+      ]
+      variables.append(
+        tf.get_variable(
+          "count", [], dtype=tf.int64, initializer=tf.zeros_initializer()
+        )
+      )
     # A step that changes every value and depends on the previous ones.
-    updates = [v.assign(v * 0.5 + tf.sin(v), read_value=False) if use_resource
-               else tf.assign(v, v * 0.5 + tf.sin(v)).op for v in variables[:4]]
-    updates.append(variables[4].assign_add(1, read_value=False) if use_resource
-                   else tf.assign_add(variables[4], 1).op)
+    updates = [
+      v.assign(v * 0.5 + tf.sin(v), read_value=False)
+      if use_resource
+      else tf.assign(v, v * 0.5 + tf.sin(v)).op
+      for v in variables[:4]
+    ]
+    updates.append(
+      variables[4].assign_add(1, read_value=False)
+      if use_resource
+      else tf.assign_add(variables[4], 1).op
+    )
     train = tf.group(*updates)
     options = {}
     if mode == "disk":
-      options = {"spill_path": os.path.join(workdir, "soak.h5"),
-                 "memory_budget": 2 * (4 * per * 4 + 8)}
-    store = snapstore.SnapshotStore(scope="net", mode=mode,
-                                    max_to_keep=8 if mode == "disk" else 4,
-                                    **options)
+      options = {
+        "spill_path": os.path.join(workdir, "soak.h5"),
+        "memory_budget": 2 * (4 * per * 4 + 8),
+      }
+    store = snapstore.SnapshotStore(
+      scope="net", mode=mode, max_to_keep=8 if mode == "disk" else 4, **options
+    )
     check = tf.add_n([tf.reduce_sum(v) for v in variables[:4]])
     init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
   return graph, store, variables, train, check, init
 
 
-def soak(mode, cycles, kib=256, workdir=None, check_every=100, use_resource=False,
-         samples=10):
+def soak(
+  mode,
+  cycles,
+  kib=256,
+  workdir=None,
+  check_every=100,
+  use_resource=False,
+  samples=10,
+):
   """Runs `cycles` soak cycles of `mode`; returns a dict of measurements.
 
   Raises:
@@ -100,8 +126,9 @@ def soak(mode, cycles, kib=256, workdir=None, check_every=100, use_resource=Fals
   """
   own_dir = workdir is None
   workdir = workdir or tempfile.mkdtemp(prefix="soak_")
-  graph, store, variables, train, check, init = build(mode, kib, workdir,
-                                                      use_resource)
+  graph, store, variables, train, check, init = build(
+    mode, kib, workdir, use_resource
+  )
   try:
     graph.finalize()
     ops = len(graph.get_operations())
@@ -114,8 +141,12 @@ def soak(mode, cycles, kib=256, workdir=None, check_every=100, use_resource=Fals
         if i == warmup:
           store.files.flush()  # no write in progress: its journal is closed
           gc.collect()
-          baseline = (_rss(), _fds(), threading.active_count(),
-                      len(gc.get_objects()))
+          baseline = (
+            _rss(),
+            _fds(),
+            threading.active_count(),
+            len(gc.get_objects()),
+          )
           start = time.perf_counter()
         sess.run(train)
         tag = store.snapshot(session=sess)
@@ -127,14 +158,23 @@ def soak(mode, cycles, kib=256, workdir=None, check_every=100, use_resource=Fals
         if checking:
           for got, want in zip(sess.run(variables), expected):
             if got.tobytes() != want.tobytes():
-              raise AssertionError("cycle %d: restore of %r is not exact" % (i, tag))
+              raise AssertionError(
+                "cycle %d: restore of %r is not exact" % (i, tag)
+              )
         if i % 10 == 0:
           current = sess.run(variables)
           store.evaluate_with(check, tag=store.tags()[0], session=sess)
-          if any(a.tobytes() != b.tobytes()
-                 for a, b in zip(sess.run(variables), current)):
-            raise AssertionError("cycle %d: evaluate_with changed the variables" % i)
-        if i >= warmup and (i - warmup) % max(1, (cycles - warmup) // samples) == 0:
+          if any(
+            a.tobytes() != b.tobytes()
+            for a, b in zip(sess.run(variables), current)
+          ):
+            raise AssertionError(
+              "cycle %d: evaluate_with changed the variables" % i
+            )
+        if (
+          i >= warmup
+          and (i - warmup) % max(1, (cycles - warmup) // samples) == 0
+        ):
           trace.append((i, _rss()))
       store.files.flush()
       seconds = time.perf_counter() - start
@@ -144,18 +184,24 @@ def soak(mode, cycles, kib=256, workdir=None, check_every=100, use_resource=Fals
     measured = cycles - warmup
     growth = end[0] - baseline[0]
     return {
-        "mode": mode, "kind": "resource" if use_resource else "ref",
-        "cycles": cycles, "warmup": warmup, "param_bytes": store.param_nbytes,
-        "cycles_per_s": measured / seconds, "ops_before": ops,
-        "ops_after": len(graph.get_operations()),
-        "rss_start_mib": baseline[0] / _MIB, "rss_end_mib": end[0] / _MIB,
-        "rss_max_mib": max(r for _, r in trace) / _MIB,
-        "rss_growth_mib": growth / _MIB,
-        "rss_growth_mib_per_1000": growth / _MIB * 1000.0 / measured,
-        "leak_of_one_copy_per_cycle_mib": measured * store.param_nbytes / _MIB,
-        "fds": (baseline[1], end[1]), "threads": (baseline[2], end[2]),
-        "new_objects": end[3] - baseline[3],
-        "trace_mib": [(i, round(r / _MIB, 1)) for i, r in trace],
+      "mode": mode,
+      "kind": "resource" if use_resource else "ref",
+      "cycles": cycles,
+      "warmup": warmup,
+      "param_bytes": store.param_nbytes,
+      "cycles_per_s": measured / seconds,
+      "ops_before": ops,
+      "ops_after": len(graph.get_operations()),
+      "rss_start_mib": baseline[0] / _MIB,
+      "rss_end_mib": end[0] / _MIB,
+      "rss_max_mib": max(r for _, r in trace) / _MIB,
+      "rss_growth_mib": growth / _MIB,
+      "rss_growth_mib_per_1000": growth / _MIB * 1000.0 / measured,
+      "leak_of_one_copy_per_cycle_mib": measured * store.param_nbytes / _MIB,
+      "fds": (baseline[1], end[1]),
+      "threads": (baseline[2], end[2]),
+      "new_objects": end[3] - baseline[3],
+      "trace_mib": [(i, round(r / _MIB, 1)) for i, r in trace],
     }
   finally:
     store.close()
@@ -167,17 +213,22 @@ def problems(result, max_growth_mib, max_new_objects):
   """What in `result` breaks the soak's checks (an empty list if nothing)."""
   out = []
   if result["ops_after"] != result["ops_before"]:
-    out.append("op count %d -> %d" % (result["ops_before"], result["ops_after"]))
+    out.append(
+      "op count %d -> %d" % (result["ops_before"], result["ops_after"])
+    )
   if result["fds"][0] != result["fds"][1]:
     out.append("open files %d -> %d" % result["fds"])
   if result["threads"][0] != result["threads"][1]:
     out.append("threads %d -> %d" % result["threads"])
   if result["rss_growth_mib"] > max_growth_mib:
-    out.append("RSS grew %.1f MiB > %.1f MiB" % (result["rss_growth_mib"],
-                                                  max_growth_mib))
+    out.append(
+      "RSS grew %.1f MiB > %.1f MiB"
+      % (result["rss_growth_mib"], max_growth_mib)
+    )
   if result["new_objects"] > max_new_objects:
-    out.append("%d more Python objects > %d" % (result["new_objects"],
-                                                max_new_objects))
+    out.append(
+      "%d more Python objects > %d" % (result["new_objects"], max_new_objects)
+    )
   return out
 
 
@@ -185,13 +236,20 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--cycles", type=int, default=10000)
   parser.add_argument("--modes", default=",".join(MODES))
-  parser.add_argument("--kib", type=int, default=256,
-                      help="parameter size in KiB (default 256)")
-  parser.add_argument("--resource", action="store_true",
-                      help="resource variables (default: ref variables)")
-  parser.add_argument("--check-every", type=int, default=100,
-                      help="compare a restore bit for bit every N cycles "
-                      "(default 100)")
+  parser.add_argument(
+    "--kib", type=int, default=256, help="parameter size in KiB (default 256)"
+  )
+  parser.add_argument(
+    "--resource",
+    action="store_true",
+    help="resource variables (default: ref variables)",
+  )
+  parser.add_argument(
+    "--check-every",
+    type=int,
+    default=100,
+    help="compare a restore bit for bit every N cycles (default 100)",
+  )
   parser.add_argument("--max-growth-mib", type=float, default=16.0)
   parser.add_argument("--max-new-objects", type=int, default=500)
   parser.add_argument("--json", help="also write the results to this file")
@@ -199,22 +257,41 @@ def main(argv=None):
   print("stack: %s" % stack(), flush=True)
   results, failed = [], False
   for mode in args.modes.split(","):
-    result = soak(mode, args.cycles, kib=args.kib, check_every=args.check_every,
-                  use_resource=args.resource)
+    result = soak(
+      mode,
+      args.cycles,
+      kib=args.kib,
+      check_every=args.check_every,
+      use_resource=args.resource,
+    )
     results.append(result)
     bad = problems(result, args.max_growth_mib, args.max_new_objects)
     failed = failed or bool(bad)
-    print("%-6s %-8s %6d cycles  %7.0f cycles/s  ops %d -> %d  RSS %.1f -> %.1f "
-          "MiB (max %.1f, growth %+.2f MiB, %+.3f MiB/1000 cycles; one leaked copy "
-          "per cycle: %.0f MiB)  objects %+d  files %d -> %d  threads %d -> %d  %s" % (
-              result["mode"], result["kind"], result["cycles"],
-              result["cycles_per_s"], result["ops_before"], result["ops_after"],
-              result["rss_start_mib"], result["rss_end_mib"], result["rss_max_mib"],
-              result["rss_growth_mib"], result["rss_growth_mib_per_1000"],
-              result["leak_of_one_copy_per_cycle_mib"], result["new_objects"],
-              result["fds"][0],
-              result["fds"][1], result["threads"][0], result["threads"][1],
-              "FAILED: " + "; ".join(bad) if bad else "ok"))
+    print(
+      "%-6s %-8s %6d cycles  %7.0f cycles/s  ops %d -> %d  RSS %.1f -> %.1f "
+      "MiB (max %.1f, growth %+.2f MiB, %+.3f MiB/1000 cycles; one leaked copy "
+      "per cycle: %.0f MiB)  objects %+d  files %d -> %d  threads %d -> %d  %s"
+      % (
+        result["mode"],
+        result["kind"],
+        result["cycles"],
+        result["cycles_per_s"],
+        result["ops_before"],
+        result["ops_after"],
+        result["rss_start_mib"],
+        result["rss_end_mib"],
+        result["rss_max_mib"],
+        result["rss_growth_mib"],
+        result["rss_growth_mib_per_1000"],
+        result["leak_of_one_copy_per_cycle_mib"],
+        result["new_objects"],
+        result["fds"][0],
+        result["fds"][1],
+        result["threads"][0],
+        result["threads"][1],
+        "FAILED: " + "; ".join(bad) if bad else "ok",
+      )
+    )
     sys.stdout.flush()
   if args.json:
     with open(args.json, "w") as f:

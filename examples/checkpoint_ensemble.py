@@ -19,6 +19,7 @@ copy of the model:
 The script checks every member's probabilities against a numpy forward pass
 with the weights read from its checkpoint.
 """
+
 import argparse
 import importlib.util
 import os
@@ -53,7 +54,9 @@ def build(features, classes):
 
 
 def numpy_probabilities(x, weights):
-  hidden = np.maximum(0.0, x.dot(weights["dense/kernel"]) + weights["dense/bias"])
+  hidden = np.maximum(
+    0.0, x.dot(weights["dense/kernel"]) + weights["dense/bias"]
+  )
   logits = hidden.dot(weights["dense_1/kernel"]) + weights["dense_1/bias"]
   e = np.exp(logits - logits.max(axis=1, keepdims=True))
   return e / e.sum(axis=1, keepdims=True)
@@ -67,7 +70,8 @@ def train_member(seed, data, classes, steps, path):
     x, y, logits, _ = build(train_x.shape[1], classes)
     loss = tf.losses.sparse_softmax_cross_entropy(y, logits)
     train_op = tf.train.AdamOptimizer(1e-2).minimize(
-        loss, global_step=tf.train.get_or_create_global_step())
+      loss, global_step=tf.train.get_or_create_global_step()
+    )
     saver = tf.train.Saver()
   rng = np.random.RandomState(seed)
   with tf.Session(graph=graph) as sess:
@@ -89,36 +93,57 @@ def main(argv=None):
   classes = int(train_y.max()) + 1
   workdir = tempfile.mkdtemp(prefix="snapstore_ensemble_")
   try:
-    checkpoints = [train_member(seed, data, classes, args.steps,
-                                os.path.join(workdir, "member_%d" % seed, "model.ckpt"))
-                   for seed in range(args.members)]
+    checkpoints = [
+      train_member(
+        seed,
+        data,
+        classes,
+        args.steps,
+        os.path.join(workdir, "member_%d" % seed, "model.ckpt"),
+      )
+      for seed in range(args.members)
+    ]
 
     graph = tf.Graph()
     with graph.as_default():
       x, _, logits, probabilities = build(train_x.shape[1], classes)
-      store = snapstore.SnapshotStore(scope=SCOPE, mode="device",
-                                      max_to_keep=args.members)
+      store = snapstore.SnapshotStore(
+        scope=SCOPE, mode="device", max_to_keep=args.members
+      )
       tags = ["member_%d" % i for i in range(args.members)]
       ensemble = snapstore.Ensemble(
-          store, {"probabilities": probabilities, "label": tf.argmax(logits, 1)},
-          tags=tags, combine={"probabilities": "mean", "label": "vote"})
-      init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
+        store,
+        {"probabilities": probabilities, "label": tf.argmax(logits, 1)},
+        tags=tags,
+        combine={"probabilities": "mean", "label": "vote"},
+      )
+      init = [
+        tf.global_variables_initializer(),
+        tf.local_variables_initializer(),
+      ]
     graph.finalize()
     with tf.Session(graph=graph) as sess:
       sess.run(init)
       own = sess.run(list(store.variables.values()))
       for tag, path in zip(tags, checkpoints):
-        store.files.load_checkpoint(path, tag=tag, allow_extra=True, session=sess)
+        store.files.load_checkpoint(
+          path, tag=tag, allow_extra=True, session=sess
+        )
       result = ensemble.evaluate({x: test_x}, session=sess)
       # The ensemble left the graph's own parameters as they were.
       for before, after in zip(own, sess.run(list(store.variables.values()))):
         assert before.tobytes() == after.tobytes()
     for tag, path in zip(tags, checkpoints):
       reader = tf.train.load_checkpoint(path)
-      weights = {key: reader.get_tensor(SCOPE + "/" + key) for key in store.keys}
-      np.testing.assert_allclose(result.members[tag]["probabilities"],
-                                 numpy_probabilities(test_x, weights),
-                                 rtol=1e-4, atol=1e-6)
+      weights = {
+        key: reader.get_tensor(SCOPE + "/" + key) for key in store.keys
+      }
+      np.testing.assert_allclose(
+        result.members[tag]["probabilities"],
+        numpy_probabilities(test_x, weights),
+        rtol=1e-4,
+        atol=1e-6,
+      )
   finally:
     shutil.rmtree(workdir)
 
@@ -128,14 +153,22 @@ def main(argv=None):
     return float(np.mean(labels == test_y))
 
   for i, probs in enumerate(members):
-    print("member %d (seed %d):        held-out accuracy %.3f"
-          % (i, i, accuracy(probs.argmax(axis=1))))
+    print(
+      "member %d (seed %d):        held-out accuracy %.3f"
+      % (i, i, accuracy(probs.argmax(axis=1)))
+    )
   mean_vote = result.combined["probabilities"].argmax(axis=1)
-  print("ensemble, mean probability:  held-out accuracy %.3f" % accuracy(mean_vote))
-  print("ensemble, majority vote:     held-out accuracy %.3f"
-        % accuracy(result.combined["label"]))
-  print("device memory of the members: %d x %d bytes = %d bytes"
-        % (len(tags), store.param_nbytes, ensemble.device_nbytes))
+  print(
+    "ensemble, mean probability:  held-out accuracy %.3f" % accuracy(mean_vote)
+  )
+  print(
+    "ensemble, majority vote:     held-out accuracy %.3f"
+    % accuracy(result.combined["label"])
+  )
+  print(
+    "device memory of the members: %d x %d bytes = %d bytes"
+    % (len(tags), store.param_nbytes, ensemble.device_nbytes)
+  )
   return 0
 
 

@@ -13,6 +13,7 @@ accuracy of the slow weights is measured with `evaluate_with`, which leaves
 the fast weights as they were. One `session.run(train_op)` is one step: the
 synchronization every k steps happens in the graph.
 """
+
 import argparse
 import importlib.util
 import os
@@ -44,11 +45,15 @@ def train(data, steps, lr, lookahead, k, alpha):
       hidden = tf.layers.dense(x, 64, tf.nn.relu)
       logits = tf.layers.dense(hidden, int(train_y.max()) + 1)
     loss = tf.losses.sparse_softmax_cross_entropy(y, logits)
-    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
+    accuracy = tf.reduce_mean(
+      tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32)
+    )
     opt = tf.train.MomentumOptimizer(lr, 0.9)
     if lookahead:
       opt = snapstore.Lookahead(opt, k=k, alpha=alpha)
-    train_op = opt.minimize(loss, global_step=tf.train.get_or_create_global_step())
+    train_op = opt.minimize(
+      loss, global_step=tf.train.get_or_create_global_step()
+    )
     init = tf.global_variables_initializer()  # initializes the slow weights too
   graph.finalize()
   rng = np.random.RandomState(1)
@@ -61,7 +66,9 @@ def train(data, steps, lr, lookahead, k, alpha):
     result = {"fast": sess.run(accuracy, test)}
     if lookahead:
       result["slow"] = opt.evaluate_with(accuracy, test, session=sess)
-      assert sess.run(accuracy, test) == result["fast"]  # fast weights untouched
+      assert (
+        sess.run(accuracy, test) == result["fast"]
+      )  # fast weights untouched
   return result
 
 
@@ -76,12 +83,19 @@ def main(argv=None):
   data = make_data()
   plain = train(data, args.steps, args.lr, False, args.k, args.alpha)
   ahead = train(data, args.steps, args.lr, True, args.k, args.alpha)
-  print("%d steps of momentum SGD (lr %g), held-out accuracy:" % (args.steps, args.lr))
+  print(
+    "%d steps of momentum SGD (lr %g), held-out accuracy:"
+    % (args.steps, args.lr)
+  )
   print("  momentum alone:                      %.3f" % plain["fast"])
-  print("  Lookahead(k=%d, alpha=%g), fast weights: %.3f" % (args.k, args.alpha,
-                                                             ahead["fast"]))
-  print("  Lookahead(k=%d, alpha=%g), slow weights: %.3f" % (args.k, args.alpha,
-                                                             ahead["slow"]))
+  print(
+    "  Lookahead(k=%d, alpha=%g), fast weights: %.3f"
+    % (args.k, args.alpha, ahead["fast"])
+  )
+  print(
+    "  Lookahead(k=%d, alpha=%g), slow weights: %.3f"
+    % (args.k, args.alpha, ahead["slow"])
+  )
   if min(ahead.values()) < 0.6:
     print("FAILED: Lookahead did not learn the task")
     return 1

@@ -24,6 +24,7 @@ before the loss started to grow (as `python -m snapstore.demo` does).
 The script trains all three from the same initial weights on the same
 batches and prints what happened.
 """
+
 import argparse
 import importlib.util
 import os
@@ -49,12 +50,13 @@ RELATIVE_TOLERANCE = 0.25
 def make_data(seed=0, n=2000, features=8):
   rng = np.random.RandomState(seed)
   x = rng.randn(n, features).astype(np.float32)
-  y = (np.sin(x.dot(rng.randn(features))) + 0.1 * rng.randn(n)).astype(np.float32)
+  y = (np.sin(x.dot(rng.randn(features))) + 0.1 * rng.randn(n)).astype(
+    np.float32
+  )
   return x, y
 
 
 class Model(object):
-
   def __init__(self, features, lr, rollback):
     self.x = tf.placeholder(tf.float32, [None, features])
     self.y = tf.placeholder(tf.float32, [None])
@@ -67,14 +69,19 @@ class Model(object):
     self.optimizer = tf.train.MomentumOptimizer(self.lr, 0.9)
     if rollback:
       self.optimizer = snapstore.RollbackOptimizer(
-          self.optimizer, learning_rate=self.lr, backoff=0.5,
-          relative_tolerance=RELATIVE_TOLERANCE)
+        self.optimizer,
+        learning_rate=self.lr,
+        backoff=0.5,
+        relative_tolerance=RELATIVE_TOLERANCE,
+      )
     self.train_op = self.optimizer.minimize(self.loss, global_step=self.step)
 
 
 def not_worse(before, after):
   """RollbackOptimizer's criterion, for snapstore.Trial."""
-  return np.isfinite(after) and after - before <= RELATIVE_TOLERANCE * abs(before)
+  return np.isfinite(after) and after - before <= RELATIVE_TOLERANCE * abs(
+    before
+  )
 
 
 def run(mode, data, steps, lr, out):
@@ -86,15 +93,18 @@ def run(mode, data, steps, lr, out):
     tf.set_random_seed(0)
     model = Model(x.shape[1], lr, rollback=mode == "rollback")
     if mode == "trial":
-      store = snapstore.SnapshotStore(scope="net", optimizer=model.optimizer,
-                                      include_global_step=True)
+      store = snapstore.SnapshotStore(
+        scope="net", optimizer=model.optimizer, include_global_step=True
+      )
     init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
   graph.finalize()
   rng = np.random.RandomState(1)
   summary = {"rollbacks": 0, "diverged_at": None}
   with tf.Session(graph=graph) as sess:
     sess.run(init)
-    summary["start"] = sess.run(model.loss, {model.x: x[held_out], model.y: y[held_out]})
+    summary["start"] = sess.run(
+      model.loss, {model.x: x[held_out], model.y: y[held_out]}
+    )
     for step in range(steps):
       batch = rng.randint(0, 1500, 32)
       feed = {model.x: x[batch], model.y: y[batch]}
@@ -107,20 +117,34 @@ def run(mode, data, steps, lr, out):
         sess.run(model.train_op, feed)
         summary["rollbacks"] += int(sess.run(model.optimizer.check, feed))
       else:
-        with snapstore.Trial(store, metric=model.loss, feed_dict=feed, accept=not_worse,
-                         session=sess) as trial:
+        with snapstore.Trial(
+          store,
+          metric=model.loss,
+          feed_dict=feed,
+          accept=not_worse,
+          session=sess,
+        ) as trial:
           sess.run(model.train_op, feed)
         if not trial.kept:  # the store restored the snapshot: go slower
           model.lr.load(sess.run(model.lr) * 0.5, sess)
           summary["rollbacks"] += 1
-    summary["end"] = sess.run(model.loss, {model.x: x[held_out], model.y: y[held_out]})
+    summary["end"] = sess.run(
+      model.loss, {model.x: x[held_out], model.y: y[held_out]}
+    )
     summary["lr"] = sess.run(model.lr)
   if summary["diverged_at"] is not None:
     out("%-9s loss NaN after step %d" % (mode, summary["diverged_at"]))
   else:
-    out("%-9s held-out loss %.4f -> %.4f, %d rollbacks, learning rate now %g"
-        % (mode, summary["start"], summary["end"], summary["rollbacks"],
-           summary["lr"]))
+    out(
+      "%-9s held-out loss %.4f -> %.4f, %d rollbacks, learning rate now %g"
+      % (
+        mode,
+        summary["start"],
+        summary["end"],
+        summary["rollbacks"],
+        summary["lr"],
+      )
+    )
   return summary
 
 
@@ -132,14 +156,23 @@ def main(argv=None):
   tf.logging.set_verbosity(tf.logging.ERROR)
   data = make_data()
   print("momentum SGD at learning rate %g, %d steps" % (args.lr, args.steps))
-  results = {mode: run(mode, data, args.steps, args.lr, print)
-             for mode in ("plain", "rollback", "trial")}
+  results = {
+    mode: run(mode, data, args.steps, args.lr, print)
+    for mode in ("plain", "rollback", "trial")
+  }
   ok = results["plain"]["diverged_at"] is not None
   for mode in ("rollback", "trial"):
     r = results[mode]
-    ok = ok and r["rollbacks"] > 0 and np.isfinite(r["end"]) and r["end"] < r["start"]
+    ok = (
+      ok
+      and r["rollbacks"] > 0
+      and np.isfinite(r["end"])
+      and r["end"] < r["start"]
+    )
   if not ok:
-    print("FAILED: expected the plain run to diverge and both rollbacks to learn")
+    print(
+      "FAILED: expected the plain run to diverge and both rollbacks to learn"
+    )
     return 1
   return 0
 

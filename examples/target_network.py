@@ -20,6 +20,7 @@ the train step (`snapstore.MovingAverage(store, tau, form="lerp")`: the
 targets are computed with `store.evaluate_with(..., tag="target")`, which
 leaves the online parameters exactly as they were.
 """
+
 import argparse
 import importlib.util
 import os
@@ -69,10 +70,18 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--states", type=int, default=6)
   parser.add_argument("--steps", type=int, default=1500)
-  parser.add_argument("--sync", type=int, default=50,
-                      help="hard target update every this many steps")
-  parser.add_argument("--tau", type=float, default=None,
-                      help="instead: Polyak target update with this rate each step")
+  parser.add_argument(
+    "--sync",
+    type=int,
+    default=50,
+    help="hard target update every this many steps",
+  )
+  parser.add_argument(
+    "--tau",
+    type=float,
+    default=None,
+    help="instead: Polyak target update with this rate each step",
+  )
   args = parser.parse_args(argv)
   tf.logging.set_verbosity(tf.logging.ERROR)
 
@@ -102,8 +111,9 @@ def main(argv=None):
       update = train_op
     else:  # the average is updated after every step, in the same run
       with tf.control_dependencies([train_op]):
-        average = snapstore.MovingAverage(store, tau=args.tau, form="lerp",
-                                          tag="target")
+        average = snapstore.MovingAverage(
+          store, tau=args.tau, form="lerp", tag="target"
+        )
       update = average.update_op
     init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
   graph.finalize()  # no op is added from here on
@@ -111,7 +121,9 @@ def main(argv=None):
   with tf.Session(graph=graph) as sess:
     sess.run(init)  # the target starts as a copy of the initial network
     for step in range(args.steps):
-      next_q = store.evaluate_with(q, {s: next_states}, tag="target", session=sess)
+      next_q = store.evaluate_with(
+        q, {s: next_states}, tag="target", session=sess
+      )
       td = rewards + GAMMA * not_done * next_q.max(axis=1)
       _, value = sess.run([update, loss], {s: states, a: actions, target: td})
       if args.tau is None and (step + 1) % args.sync == 0:
@@ -125,8 +137,10 @@ def main(argv=None):
   greedy = learned[:-1].argmax(axis=1)
   print("Q*(s, right):      %s" % np.round(best[:-1, RIGHT], 3))
   print("learned Q(s, right): %s" % np.round(learned[:-1, RIGHT], 3))
-  print("largest error %.4f; greedy policy %s" % (
-      error, "".join("R" if g == RIGHT else "L" for g in greedy)))
+  print(
+    "largest error %.4f; greedy policy %s"
+    % (error, "".join("R" if g == RIGHT else "L" for g in greedy))
+  )
   if error > 0.05 or not np.all(greedy == RIGHT):
     print("FAILED: the learner did not find the optimal values")
     return 1

@@ -1,4 +1,5 @@
 """`python -m snapstore`: the command-line tool (see `snapstore.cli`)."""
+
 import sys
 
 from snapstore import cli

@@ -38,6 +38,7 @@ installed and TF_USE_LEGACY_KERAS=1 is set (before TensorFlow is imported).
 Keras 3 has no graph mode, no `tf.compat.v1.layers` and no `get_session`;
 snapstore refuses its models and variables with `KERAS_3_FIX` in the message.
 """
+
 import os
 import re
 import sys
@@ -48,12 +49,16 @@ _MIN_TF2 = (2, 15)
 def _install_fix():
   """How to install a TensorFlow snapstore supports on this Python."""
   if sys.version_info[:2] <= (3, 7):
-    return ("Install TensorFlow 1.15 on Python 3.7: `pip install 'snapstore[cpu]'` "
-            "(tensorflow==1.15.*) or `pip install 'snapstore[gpu]'` "
-            "(tensorflow-gpu==1.15.*).")
-  return ("Install TensorFlow 2.15 or newer with tf-keras (Python 3.11 and "
-          "newer): `pip install 'snapstore[cpu]'` or `pip install "
-          "'snapstore[gpu]'`; or TensorFlow 1.15 on Python 3.7.")
+    return (
+      "Install TensorFlow 1.15 on Python 3.7: `pip install 'snapstore[cpu]'` "
+      "(tensorflow==1.15.*) or `pip install 'snapstore[gpu]'` "
+      "(tensorflow-gpu==1.15.*)."
+    )
+  return (
+    "Install TensorFlow 2.15 or newer with tf-keras (Python 3.11 and "
+    "newer): `pip install 'snapstore[cpu]'` or `pip install "
+    "'snapstore[gpu]'`; or TensorFlow 1.15 on Python 3.7."
+  )
 
 
 def _import():
@@ -65,12 +70,14 @@ def _import():
     # "Descriptors cannot not be created directly".
     if "Descriptors cannot" in str(e):
       raise ImportError(
-          "TensorFlow 1.15 cannot import with this protobuf version (%s). "
-          "Fix: pip install 'protobuf<3.21'" % e)
+        "TensorFlow 1.15 cannot import with this protobuf version (%s). "
+        "Fix: pip install 'protobuf<3.21'" % e
+      )
     raise
   except ImportError as e:
-    raise ImportError("snapstore could not import TensorFlow (%s). %s"
-                      % (e, _install_fix()))
+    raise ImportError(
+      "snapstore could not import TensorFlow (%s). %s" % (e, _install_fix())
+    )
   return tensorflow, check_version(tensorflow.__version__)
 
 
@@ -83,8 +90,9 @@ def check_version(text):
   version = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
   if not (version == (1, 15) or version >= _MIN_TF2):
     raise ImportError(
-        "snapstore needs TensorFlow 1.15, or 2.15 or newer (in compat.v1 graph "
-        "mode); found TensorFlow %s. %s" % (text, _install_fix()))
+      "snapstore needs TensorFlow 1.15, or 2.15 or newer (in compat.v1 graph "
+      "mode); found TensorFlow %s. %s" % (text, _install_fix())
+    )
   return version
 
 
@@ -112,13 +120,17 @@ def _ensure_graph_mode():
       tf.disable_v2_behavior()
     return
   raise ImportError(
-      "snapstore needs graph mode (TF1-style graphs and tf.Session), but eager "
-      "execution is on and %s. Fix: call "
-      "tf.compat.v1.disable_v2_behavior() at the start of the program, before "
-      "any TensorFlow op runs, or import snapstore before running any."
-      % ("TensorFlow ops already ran eagerly" if VERSION[0] >= 2
-         else "tf.enable_eager_execution() was called (or TF2_BEHAVIOR=1 is "
-         "set in the environment, as importing TF 2.x sets it)"))
+    "snapstore needs graph mode (TF1-style graphs and tf.Session), but eager "
+    "execution is on and %s. Fix: call "
+    "tf.compat.v1.disable_v2_behavior() at the start of the program, before "
+    "any TensorFlow op runs, or import snapstore before running any."
+    % (
+      "TensorFlow ops already ran eagerly"
+      if VERSION[0] >= 2
+      else "tf.enable_eager_execution() was called (or TF2_BEHAVIOR=1 is "
+      "set in the environment, as importing TF 2.x sets it)"
+    )
+  )
 
 
 _ensure_graph_mode()
@@ -128,35 +140,47 @@ _ensure_graph_mode()
 # deprecated and warns), name_scope, name_from_scope_name, the gradient
 # registry that a rewired op's gradient override looks up.
 from tensorflow.python.framework import ops
+
 # Switch, RefSwitch and Merge as Python wrappers (a shadow initialized once,
 # snapshot_before's copy that runs only on a finite loss), and CondContext,
 # which a copied tf.cond branch gets (as import_meta_graph rebuilds it).
 from tensorflow.python.ops import control_flow_ops
+
 # IsInWhileLoop: which ops a copy of a subgraph cannot take.
 from tensorflow.python.ops import control_flow_util
+
 # The raw ops a ResourceVariable is built from (shadows made from their parts).
 from tensorflow.python.ops import resource_variable_ops
+
 # variable_op_v2 (a ref variable's op) and the ref assigns with use_locking.
 from tensorflow.python.ops import state_ops
+
 # The Variable base class (isinstance of every variable kind), PartitionedVariable
 # and SaveSliceInfo (parts of a partitioned variable).
 from tensorflow.python.ops import variables as tf_variables
+
 # silence(): TF's deprecation warnings about its own constructors' arguments.
 from tensorflow.python.util import deprecation
+
 # _MonitoredSession and _WrappedSession, unwrapped to the raw tf.Session.
 from tensorflow.python.training import monitored_session
+
 # BaseSession: tf.Session and tf.InteractiveSession, told from wrappers.
 from tensorflow.python.client import session as tf_session
+
 # VariableDef, which shadows are made from (as import_meta_graph makes them).
 from tensorflow.core.framework import variable_pb2
+
 # CallableOptions, for Session._make_callable_from_options.
 from tensorflow.core.protobuf import config_pb2
+
 # FunctionDef: a function body (of a tf.function, a v2 tf.cond...) as the
 # graph's library holds it, for what snapshot_before's check reads in it.
 from tensorflow.core.framework import function_pb2
 # pylint: enable=g-direct-tensorflow-import,g-import-not-at-top,wrong-import-position,unused-import
 
 # -- shims: one name for what differs between versions ------------------------
+
 
 def new_operation(node_def, graph, inputs, control_inputs, op_def):
   """An op built from `node_def` in `graph`, as import_graph_def builds one.
@@ -165,8 +189,9 @@ def new_operation(node_def, graph, inputs, control_inputs, op_def):
   and aborts the interpreter when given a NodeDef); TF 1.15 with the constructor.
   """
   make = getattr(ops.Operation, "from_node_def", ops.Operation)
-  return make(node_def, graph, inputs=inputs, control_inputs=control_inputs,
-              op_def=op_def)
+  return make(
+    node_def, graph, inputs=inputs, control_inputs=control_inputs, op_def=op_def
+  )
 
 
 def graph_element(variable):
@@ -184,8 +209,8 @@ def graph_element(variable):
 # The VarHandleOp of a ResourceVariable, with its handle data: renamed with a
 # leading underscore in TF 2.x.
 variable_handle_from_shape_and_dtype = getattr(
-    resource_variable_ops, "variable_handle_from_shape_and_dtype", None) or getattr(
-        resource_variable_ops, "_variable_handle_from_shape_and_dtype")
+  resource_variable_ops, "variable_handle_from_shape_and_dtype", None
+) or getattr(resource_variable_ops, "_variable_handle_from_shape_and_dtype")
 
 
 def _object_graph_key():
@@ -249,8 +274,11 @@ def callable_with_exact_feeds(session, feeds, target):
   make = getattr(session, "_make_callable_from_options", None)
   if make is None:
     return None
-  return make(config_pb2.CallableOptions(feed=[t.name for t in feeds],
-                                         target=[target.name]))
+  return make(
+    config_pb2.CallableOptions(
+      feed=[t.name for t in feeds], target=[target.name]
+    )
+  )
 
 
 def raw_session(session):
@@ -283,7 +311,8 @@ def session_closed(session):
   """Whether tf.Session `session` was closed (`BaseSession._closed`; TF has no
   public flag). False for objects that are not sessions."""
   return isinstance(session, tf_session.BaseSession) and bool(
-      getattr(session, "_closed", False))
+    getattr(session, "_closed", False)
+  )
 
 
 def function_def(graph, name):
@@ -297,7 +326,9 @@ def function_def(graph, name):
   """
   found = graph._get_function(name)
   definition = getattr(found, "definition", None) if found is not None else None
-  return definition if isinstance(definition, function_pb2.FunctionDef) else None
+  return (
+    definition if isinstance(definition, function_pb2.FunctionDef) else None
+  )
 
 
 def create_slots(optimizer, variables):
@@ -310,16 +341,19 @@ def create_slots(optimizer, variables):
 
 # -- Keras --------------------------------------------------------------------
 
-KERAS_3_FIX = ("snapstore works with TF1-style Keras in graph mode, which Keras "
-               "3 does not have: install tf-keras (`pip install tf-keras`, the "
-               "version matching TensorFlow) and set TF_USE_LEGACY_KERAS=1 "
-               "before TensorFlow is imported.")
+KERAS_3_FIX = (
+  "snapstore works with TF1-style Keras in graph mode, which Keras "
+  "3 does not have: install tf-keras (`pip install tf-keras`, the "
+  "version matching TensorFlow) and set TF_USE_LEGACY_KERAS=1 "
+  "before TensorFlow is imported."
+)
 
 
 def _keras_major():
   """The major version of the installed `keras` package, or None."""
   try:
     from importlib import metadata  # pylint: disable=g-import-not-at-top
+
     return int(metadata.version("keras").split(".")[0])
   except Exception:  # pylint: disable=broad-except
     return None  # no importlib.metadata (Python 3.7), or no keras package
@@ -331,10 +365,14 @@ def uses_keras_3():
   Decided as TF's own lazy loader decides, without importing Keras.
   """
   if VERSION < (2, 16):
-    return False  # tf.keras is TensorFlow's own Keras 2 (or the keras 2 package)
+    return (
+      False  # tf.keras is TensorFlow's own Keras 2 (or the keras 2 package)
+    )
   if os.environ.get("TF_USE_LEGACY_KERAS", None) in ("true", "True", "1"):
     return False  # tf-keras
-  return (_keras_major() or 3) >= 3  # no keras package: no TF1-style Keras either
+  return (
+    _keras_major() or 3
+  ) >= 3  # no keras package: no TF1-style Keras either
 
 
 def is_keras_3_object(obj):
@@ -344,7 +382,8 @@ def is_keras_3_object(obj):
 
 def _is_keras_3_class(cls):
   return (cls.__module__ or "").split(".")[0] == "keras" and (
-      _keras_major() or 0) >= 3
+    _keras_major() or 0
+  ) >= 3
 
 
 def keras_callback_base():
@@ -371,8 +410,11 @@ def _no_graph_mode_keras(problem):
 
     def __init__(self, *args, **kwargs):
       del args, kwargs
-      raise RuntimeError("%s needs TF1-style Keras, but %s. %s"
-                         % (type(self).__name__, problem, KERAS_3_FIX))
+      raise RuntimeError(
+        "%s needs TF1-style Keras, but %s. %s"
+        % (type(self).__name__, problem, KERAS_3_FIX)
+      )
+
   return NoGraphModeKeras
 
 
@@ -380,8 +422,11 @@ def stack():
   """The stack this process runs on, for benchmarks and bootstrap output."""
   import numpy  # pylint: disable=g-import-not-at-top
   import h5py  # pylint: disable=g-import-not-at-top
+
   return "TensorFlow %s (%s), Python %s, numpy %s, h5py %s" % (
-      _tensorflow.__version__,
-      "compat.v1 graph mode" if VERSION[0] >= 2 else "graph mode",
-      ".".join(str(v) for v in sys.version_info[:3]), numpy.__version__,
-      h5py.__version__)
+    _tensorflow.__version__,
+    "compat.v1 graph mode" if VERSION[0] >= 2 else "graph mode",
+    ".".join(str(v) for v in sys.version_info[:3]),
+    numpy.__version__,
+    h5py.__version__,
+  )

@@ -19,6 +19,7 @@ still lists and verifies the others: `verify` exits 1 and names the intact
 ones, which `export` can save. Names read from a file are printed quoted when
 they hold control characters.
 """
+
 import argparse
 import datetime
 import os
@@ -62,10 +63,18 @@ class _Source(object):
     if self._spill is not None:
       return self._spill.entries()
     declared = self._archive.declared()
-    return [spill_file.SpillEntry(
-        os.path.basename(self.path), os.path.getmtime(self.path), None,
-        sum(int(np.prod(shape)) * dtype.itemsize
-            for shape, dtype in declared.values()), tuple(sorted(declared)))]
+    return [
+      spill_file.SpillEntry(
+        os.path.basename(self.path),
+        os.path.getmtime(self.path),
+        None,
+        sum(
+          int(np.prod(shape)) * dtype.itemsize
+          for shape, dtype in declared.values()
+        ),
+        tuple(sorted(declared)),
+      )
+    ]
 
   def incomplete(self):
     return self._spill.incomplete() if self._spill is not None else []
@@ -75,8 +84,11 @@ class _Source(object):
 
   def declared(self, tag):
     """`{key: (shape, dtype)}` of snapshot `tag`, sorted by key."""
-    declared = (self._archive.declared() if self._spill is None
-                else self._spill.declared(tag))
+    declared = (
+      self._archive.declared()
+      if self._spill is None
+      else self._spill.declared(tag)
+    )
     return dict(sorted(declared.items()))
 
   def read_variable(self, tag, key):
@@ -89,13 +101,16 @@ class _Source(object):
     if self._spill is None:
       if text is not None:
         raise errors.SnapshotFileError(
-            "%s is an .npz archive, which holds one snapshot; name it without "
-            ":%s." % (self.path, text))
+          "%s is an .npz archive, which holds one snapshot; name it without "
+          ":%s." % (self.path, text)
+        )
       return None
     if text is None:
       entries = self._spill.entries()
       if not entries:
-        raise errors.UnknownTagError("%s holds no complete snapshots." % self.path)
+        raise errors.UnknownTagError(
+          "%s holds no complete snapshots." % self.path
+        )
       return entries[-1].tag
     if text.lstrip("-").isdigit() and int(text) in self._spill:
       return int(text)
@@ -147,7 +162,11 @@ def _time(seconds):
 def _size(nbytes):
   for unit in ("B", "KiB", "MiB", "GiB"):
     if nbytes < 1024 or unit == "GiB":
-      return ("%d %s" % (nbytes, unit)) if unit == "B" else "%.1f %s" % (nbytes, unit)
+      return (
+        ("%d %s" % (nbytes, unit))
+        if unit == "B"
+        else "%.1f %s" % (nbytes, unit)
+      )
     nbytes /= 1024.0
 
 
@@ -157,17 +176,29 @@ def cmd_list(args, out):
     entries = source.entries()
     rows = [("tag", "time", "step", "size", "variables")]
     for e in entries:
-      rows.append((repr(e.tag), _time(e.time), "-" if e.step is None else str(e.step),
-                   _size(e.nbytes), str(len(e.keys))))
+      rows.append(
+        (
+          repr(e.tag),
+          _time(e.time),
+          "-" if e.step is None else str(e.step),
+          _size(e.nbytes),
+          str(len(e.keys)),
+        )
+      )
     _table(rows, out, caps={0: _TAG_WIDTH})
     for tag in source.incomplete():
       out.write("incomplete (write interrupted, never read): %r\n" % (tag,))
     damaged = source.damaged()
     for d in damaged:
       out.write("damaged %s: %s\n" % (_damaged_name(d), d.problem))
-    out.write("%d snapshot(s) in %s%s\n" % (
-        len(entries), args.file,
-        ", %d damaged" % len(damaged) if damaged else ""))
+    out.write(
+      "%d snapshot(s) in %s%s\n"
+      % (
+        len(entries),
+        args.file,
+        ", %d damaged" % len(damaged) if damaged else "",
+      )
+    )
   finally:
     source.close()
   return 0
@@ -182,15 +213,23 @@ def cmd_show(args, out):
       entry = [spill_file.SpillEntry(tag, None, None, None, ())]
     for key, (shape, dtype) in source.declared(tag).items():
       # One variable in memory at a time, summarized in chunks.
-      rows.append((key, str(tuple(shape)), dtype.name)
-                  + _summary(source.read_variable(tag, key)))
+      rows.append(
+        (key, str(tuple(shape)), dtype.name)
+        + _summary(source.read_variable(tag, key))
+      )
   finally:
     source.close()
   entry = entry[0]
-  out.write("snapshot %r of %s: time %s, step %s, %s\n" % (
-      entry.tag, source.path, "-" if entry.time is None else _time(entry.time),
+  out.write(
+    "snapshot %r of %s: time %s, step %s, %s\n"
+    % (
+      entry.tag,
+      source.path,
+      "-" if entry.time is None else _time(entry.time),
       "-" if entry.step is None else entry.step,
-      "-" if entry.nbytes is None else _size(entry.nbytes)))
+      "-" if entry.nbytes is None else _size(entry.nbytes),
+    )
+  )
   _table(rows, out)
   return 0
 
@@ -200,7 +239,7 @@ def _summary(a):
   flat = a.reshape(-1)
   low, high, total, finite = np.inf, -np.inf, 0.0, 0
   for start in range(0, flat.size, _CHUNK):
-    values = _as_float(flat[start:start + _CHUNK])
+    values = _as_float(flat[start : start + _CHUNK])
     if values.dtype.kind == "c":
       values = np.abs(values)
     values = values[np.isfinite(values)]
@@ -210,8 +249,12 @@ def _summary(a):
       finite += values.size
   if not finite:
     return ("-", "-", "-", str(flat.size))
-  return ("%.6g" % low, "%.6g" % high, "%.6g" % (total / finite),
-          str(flat.size - finite))
+  return (
+    "%.6g" % low,
+    "%.6g" % high,
+    "%.6g" % (total / finite),
+    str(flat.size - finite),
+  )
 
 
 def cmd_diff(args, out):
@@ -223,7 +266,9 @@ def cmd_diff(args, out):
       rows.append((key, "only in %s" % (args.a if key in a else args.b), ""))
       status = 1
     elif a[key].shape != b[key].shape:
-      rows.append((key, "shapes differ: %s vs %s" % (a[key].shape, b[key].shape), ""))
+      rows.append(
+        (key, "shapes differ: %s vs %s" % (a[key].shape, b[key].shape), "")
+      )
       status = 1
     else:
       rows.append((key,) + _difference(a[key], b[key]))
@@ -236,8 +281,11 @@ def cmd_verify(args, out):
   source = _Source(path)
   failed, intact = 0, []
   try:
-    tags = ([source.resolve(tag_text)] if tag_text is not None
-            else [e.tag for e in source.entries()])
+    tags = (
+      [source.resolve(tag_text)]
+      if tag_text is not None
+      else [e.tag for e in source.entries()]
+    )
     damaged = source.damaged() if tag_text is None else []
     for tag in tags:
       name = repr(tag) if tag is not None else path
@@ -250,8 +298,9 @@ def cmd_verify(args, out):
       bad = _non_finite(arrays) if args.finite else []
       if bad:
         failed += 1
-        out.write("FAILED  %s: non-finite values in %s\n"
-                  % (name, errors.names(bad)))
+        out.write(
+          "FAILED  %s: non-finite values in %s\n" % (name, errors.names(bad))
+        )
       else:
         intact.append(name)
         out.write("ok      %s\n" % name)
@@ -264,14 +313,19 @@ def cmd_verify(args, out):
   checked, failed = len(tags) + len(damaged), failed + len(damaged)
   out.write("%d checked, %d failed\n" % (checked, failed))
   if failed and intact:
-    out.write("intact, can be saved (snapstore export %s:TAG out.npz): %s\n"
-              % (path, ", ".join(intact)))
+    out.write(
+      "intact, can be saved (snapstore export %s:TAG out.npz): %s\n"
+      % (path, ", ".join(intact))
+    )
   return 1 if failed else 0
 
 
 def _damaged_name(damaged):
-  return repr(damaged.tag) if damaged.tag is not None else \
-      "/snapshots/%s" % errors.names([damaged.name])
+  return (
+    repr(damaged.tag)
+    if damaged.tag is not None
+    else "/snapshots/%s" % errors.names([damaged.name])
+  )
 
 
 def _non_finite(arrays):
@@ -288,15 +342,20 @@ def _non_finite(arrays):
 def cmd_export(args, out):
   source, tag = _open(args.snapshot, args.tag)
   try:
-    if os.path.exists(args.output) and os.path.samefile(source.path, args.output):
+    if os.path.exists(args.output) and os.path.samefile(
+      source.path, args.output
+    ):
       raise errors.SnapshotFileError(
-          "Refusing to export %s onto itself: writing %s would replace the "
-          "file being read. Name another output file."
-          % (args.snapshot, args.output))
+        "Refusing to export %s onto itself: writing %s would replace the "
+        "file being read. Name another output file."
+        % (args.snapshot, args.output)
+      )
     arrays = source.read(tag)
   finally:
     source.close()
-  npz.save(args.output, list(arrays), list(arrays.values()), compress=args.compress)
+  npz.save(
+    args.output, list(arrays), list(arrays.values()), compress=args.compress
+  )
   out.write("wrote %s (%d variables)\n" % (args.output, len(arrays)))
   return 0
 
@@ -317,8 +376,9 @@ def _difference(a, b):
   """
   with np.errstate(all="ignore"):
     d = (_as_float(a) - _as_float(b)).reshape(-1)
-    same = (_bits(a) == _bits(b) if a.dtype == b.dtype
-            else np.zeros(d.shape, bool))
+    same = (
+      _bits(a) == _bits(b) if a.dtype == b.dtype else np.zeros(d.shape, bool)
+    )
     d[same] = 0
     d = np.abs(d)
     max_abs = d.max() if d.size else 0.0
@@ -329,8 +389,11 @@ def _difference(a, b):
 def _bits(a):
   """Per element, the raw bytes as one comparable value."""
   flat = np.ascontiguousarray(a).reshape(-1)
-  return flat.view(np.dtype((np.void, a.dtype.itemsize))) if a.dtype.itemsize \
-      else flat
+  return (
+    flat.view(np.dtype((np.void, a.dtype.itemsize)))
+    if a.dtype.itemsize
+    else flat
+  )
 
 
 def _as_float(a):
@@ -343,16 +406,22 @@ def _table(rows, out, caps=None):
   """Writes `rows` in columns; `caps` maps a column to its widest padding."""
   # A name from a hostile file must not move the cursor or clear the screen.
   rows = [[c if c.isprintable() else repr(c) for c in row] for row in rows]
-  widths = [min(max(len(r[i]) for r in rows), (caps or {}).get(i, float("inf")))
-            for i in range(len(rows[0]))]
+  widths = [
+    min(max(len(r[i]) for r in rows), (caps or {}).get(i, float("inf")))
+    for i in range(len(rows[0]))
+  ]
   for row in rows:
-    out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
+    out.write(
+      "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n"
+    )
 
 
 def _parser():
   parser = argparse.ArgumentParser(
-      prog="snapstore", description=__doc__.split("\n\n")[0],
-      formatter_class=argparse.RawDescriptionHelpFormatter)
+    prog="snapstore",
+    description=__doc__.split("\n\n")[0],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   sub = parser.add_subparsers(dest="command", metavar="command")
   sub.required = True
   p = sub.add_parser("list", help="list the snapshots of a spill file or .npz")
@@ -369,8 +438,11 @@ def _parser():
   p = sub.add_parser("verify", help="check the checksums of every snapshot")
   p.add_argument("file", help="file.h5, file.h5:tag or file.npz")
   p.add_argument("--tag", help="check only this tag")
-  p.add_argument("--finite", action="store_true",
-                 help="also fail snapshots holding NaN or infinite values")
+  p.add_argument(
+    "--finite",
+    action="store_true",
+    help="also fail snapshots holding NaN or infinite values",
+  )
   p.set_defaults(run=cmd_verify)
   p = sub.add_parser("export", help="write one snapshot as .npz")
   p.add_argument("snapshot", help="file.h5:tag (default: newest) or file.npz")
@@ -392,4 +464,3 @@ def main(argv=None, out=None, err=None):
   except (errors.Error, OSError, ValueError) as e:
     err.write("snapstore %s: error: %s\n" % (args.command, e))
     return 1
-

@@ -10,6 +10,7 @@ next to the current parameters on held-out data, and prints timings per mode.
 In disk mode the store keeps one snapshot in memory and spills the older ones to
 an HDF5 file in a temporary directory, so the evaluations read from both tiers.
 """
+
 import argparse
 import importlib.util
 import os
@@ -58,18 +59,26 @@ class Classifier(object):
   def __init__(self, features, classes, hidden=64):
     self.x = tf.placeholder(tf.float32, [None, features], name="x")
     self.y = tf.placeholder(tf.int64, [None], name="y")
-    self.learning_rate = tf.placeholder_with_default(LEARNING_RATE, [], name="lr")
+    self.learning_rate = tf.placeholder_with_default(
+      LEARNING_RATE, [], name="lr"
+    )
     with tf.variable_scope("classifier"):
       out = tf.layers.dense(self.x, hidden, activation=tf.nn.relu)
       out = tf.layers.dense(out, hidden, activation=tf.nn.relu)
       logits = tf.layers.dense(out, classes)
     self.loss = tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=self.y, logits=logits))
+      tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=self.y, logits=logits
+      )
+    )
     self.accuracy = tf.reduce_mean(
-        tf.cast(tf.equal(tf.argmax(logits, axis=1), self.y), tf.float32))
+      tf.cast(tf.equal(tf.argmax(logits, axis=1), self.y), tf.float32)
+    )
     self.global_step = tf.train.get_or_create_global_step()
     self.optimizer = tf.train.AdamOptimizer(self.learning_rate)
-    self.train_op = self.optimizer.minimize(self.loss, global_step=self.global_step)
+    self.train_op = self.optimizer.minimize(
+      self.loss, global_step=self.global_step
+    )
 
 
 class Timer(object):
@@ -111,13 +120,21 @@ def _run_mode(mode, steps, data, spikes, out, spill_dir=None):
     if spill_dir:
       # A budget of one snapshot (the store covers every variable of this
       # graph): each new snapshot sends the one before to the spill file.
-      disk_options = {"spill_path": os.path.join(spill_dir, "spill.h5"),
-                      "memory_budget": sum(
-                          v.shape.num_elements() * v.dtype.base_dtype.size
-                          for v in tf.global_variables())}
-    store = snapstore.SnapshotStore(scope="classifier", mode=mode, max_to_keep=3,
-                                    optimizer=model.optimizer, include_global_step=True,
-                                    **disk_options)
+      disk_options = {
+        "spill_path": os.path.join(spill_dir, "spill.h5"),
+        "memory_budget": sum(
+          v.shape.num_elements() * v.dtype.base_dtype.size
+          for v in tf.global_variables()
+        ),
+      }
+    store = snapstore.SnapshotStore(
+      scope="classifier",
+      mode=mode,
+      max_to_keep=3,
+      optimizer=model.optimizer,
+      include_global_step=True,
+      **disk_options,
+    )
   timer = Timer()
   test_feed = {model.x: test_x, model.y: test_y}
   rollbacks = 0
@@ -125,9 +142,14 @@ def _run_mode(mode, steps, data, spikes, out, spill_dir=None):
   spikes = set(spikes)
   try:
     with tf.Session(graph=graph) as sess:
-      sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
-      out("[%s] store covers %d variables (%d KiB per snapshot): model, Adam slots and "
-          "beta powers, global_step" % (mode, len(store.keys), store.param_nbytes // 1024))
+      sess.run(
+        [tf.global_variables_initializer(), tf.local_variables_initializer()]
+      )
+      out(
+        "[%s] store covers %d variables (%d KiB per snapshot): model, Adam slots and "
+        "beta powers, global_step"
+        % (mode, len(store.keys), store.param_nbytes // 1024)
+      )
       recent = []
       for _ in range(steps):
         step = sess.run(model.global_step)
@@ -141,28 +163,65 @@ def _run_mode(mode, steps, data, spikes, out, spill_dir=None):
         _, loss = sess.run([model.train_op, model.loss], feed)
         check = sess.run(model.loss, feed)  # the same batch, after the step
         median = float(np.median(recent)) if recent else None
-        if not np.isfinite(check) or (median and check > DIVERGENCE_FACTOR * max(median, 0.1)):
+        if not np.isfinite(check) or (
+          median and check > DIVERGENCE_FACTOR * max(median, 0.1)
+        ):
           tag = store.tags()[-1]
           timer.time("restore", store.restore, tag, session=sess)
           rollbacks += 1
-          out("[%s] step %d: loss %.3g after a learning-rate spike (recent median %.3g) "
-              "-> rolled back to snapshot %r taken at step %d"
-              % (mode, step, check, median or float("nan"), tag, sess.run(model.global_step)))
+          out(
+            "[%s] step %d: loss %.3g after a learning-rate spike (recent median %.3g) "
+            "-> rolled back to snapshot %r taken at step %d"
+            % (
+              mode,
+              step,
+              check,
+              median or float("nan"),
+              tag,
+              sess.run(model.global_step),
+            )
+          )
           continue
         recent = (recent + [loss])[-20:]
-      current_acc, current_loss = sess.run([model.accuracy, model.loss], test_feed)
-      for tag in store.tags():  # every held snapshot next to the current parameters
-        past_acc, past_loss = timer.time("evaluate_with", store.evaluate_with,
-                                         [model.accuracy, model.loss], test_feed,
-                                         tag=tag, session=sess)
-        out("[%s] held-out data: snapshot %r (step %d, %s) accuracy %.3f loss %.3f"
-            % (mode, tag, step_of[tag], store.files.tier(tag), past_acc, past_loss))
-      out("[%s] held-out data: current (step %d)    accuracy %.3f loss %.3f"
-          % (mode, sess.run(model.global_step), current_acc, current_loss))
+      current_acc, current_loss = sess.run(
+        [model.accuracy, model.loss], test_feed
+      )
+      for (
+        tag
+      ) in store.tags():  # every held snapshot next to the current parameters
+        past_acc, past_loss = timer.time(
+          "evaluate_with",
+          store.evaluate_with,
+          [model.accuracy, model.loss],
+          test_feed,
+          tag=tag,
+          session=sess,
+        )
+        out(
+          "[%s] held-out data: snapshot %r (step %d, %s) accuracy %.3f loss %.3f"
+          % (
+            mode,
+            tag,
+            step_of[tag],
+            store.files.tier(tag),
+            past_acc,
+            past_loss,
+          )
+        )
+      out(
+        "[%s] held-out data: current (step %d)    accuracy %.3f loss %.3f"
+        % (mode, sess.run(model.global_step), current_acc, current_loss)
+      )
       # evaluate_with left the current parameters as they were.
       assert sess.run(model.loss, test_feed) == current_loss
       for _ in range(20):  # more timed calls, for steadier figures
-        timer.time("evaluate_with", store.evaluate_with, model.loss, test_feed, session=sess)
+        timer.time(
+          "evaluate_with",
+          store.evaluate_with,
+          model.loss,
+          test_feed,
+          session=sess,
+        )
         timer.time("restore", store.restore, session=sess)
   finally:
     store.close()  # waits for the disk writer; the spill file is then complete
@@ -172,31 +231,59 @@ def _run_mode(mode, steps, data, spikes, out, spill_dir=None):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=300)
-  parser.add_argument("--modes", nargs="+", default=["device", "host", "disk"],
-                      choices=sorted(snapstore.MODES))
+  parser.add_argument(
+    "--modes",
+    nargs="+",
+    default=["device", "host", "disk"],
+    choices=sorted(snapstore.MODES),
+  )
   args = parser.parse_args(argv)
   tf.logging.set_verbosity(tf.logging.ERROR)
   data = make_data()
   spikes = {int(args.steps * 0.4) + 7, int(args.steps * 0.7) + 3}
-  print("snapstore %s demo: %d training steps per mode, learning-rate spikes at steps "
-        "%s, snapshot every %d steps" % (snapstore.__version__, args.steps,
-                                         sorted(spikes), SNAPSHOT_EVERY))
+  print(
+    "snapstore %s demo: %d training steps per mode, learning-rate spikes at steps "
+    "%s, snapshot every %d steps"
+    % (snapstore.__version__, args.steps, sorted(spikes), SNAPSHOT_EVERY)
+  )
   print("on %s" % stack())
   results = {}
   for mode in args.modes:
     start = time.perf_counter()
     results[mode] = run_mode(mode, args.steps, data, spikes, print) + (
-        time.perf_counter() - start,)
+      time.perf_counter() - start,
+    )
   print("\nper mode (median ms per call; model + optimizer state)")
-  print("%-8s %9s %9s %9s %14s %9s %9s %8s" % (
-      "mode", "snapshot", "restore", "eval_with", "snapshots", "rollbacks",
-      "accuracy", "total s"))  # total: graph building and session start included
+  print(
+    "%-8s %9s %9s %9s %14s %9s %9s %8s"
+    % (
+      "mode",
+      "snapshot",
+      "restore",
+      "eval_with",
+      "snapshots",
+      "rollbacks",
+      "accuracy",
+      "total s",
+    )
+  )  # total: graph building and session start included
   for mode, (timer, summary, seconds) in results.items():
-    print("%-8s %9.3f %9.3f %9.3f %14d %9d %9.3f %8.1f" % (
-        mode, timer.median_ms("snapshot"), timer.median_ms("restore"),
-        timer.median_ms("evaluate_with"), timer.count("snapshot"),
-        summary["rollbacks"], summary["accuracy"], seconds))
-  failed = [m for m, (_, s, _) in results.items() if s["rollbacks"] != len(spikes)]
+    print(
+      "%-8s %9.3f %9.3f %9.3f %14d %9d %9.3f %8.1f"
+      % (
+        mode,
+        timer.median_ms("snapshot"),
+        timer.median_ms("restore"),
+        timer.median_ms("evaluate_with"),
+        timer.count("snapshot"),
+        summary["rollbacks"],
+        summary["accuracy"],
+        seconds,
+      )
+    )
+  failed = [
+    m for m, (_, s, _) in results.items() if s["rollbacks"] != len(spikes)
+  ]
   if failed:
     print("unexpected: modes %s did not roll back every spike" % failed)
     return 1

@@ -52,6 +52,7 @@ Combining, over the members in tag order, per output:
 `combine` is one of these for every output, or a structure like `outputs`
 with one per output.
 """
+
 import collections
 
 import numpy as np
@@ -60,7 +61,9 @@ from snapstore._tf import tf
 from snapstore.core import checks
 from snapstore import errors
 
-EnsembleResult = collections.namedtuple("EnsembleResult", ["combined", "members"])
+EnsembleResult = collections.namedtuple(
+  "EnsembleResult", ["combined", "members"]
+)
 EnsembleResult.__doc__ = """What `Ensemble.evaluate` returns.
 
 Attributes:
@@ -93,9 +96,10 @@ def vote(stacked):
   if stacked.dtype.kind == "f":
     if stacked.ndim < 2:
       raise ValueError(
-          "vote needs class labels (integers) or class scores with a class "
-          "axis; got one float per member. Vote on tf.argmax(scores, -1) or "
-          "scores of shape [..., classes].")
+        "vote needs class labels (integers) or class scores with a class "
+        "axis; got one float per member. Vote on tf.argmax(scores, -1) or "
+        "scores of shape [..., classes]."
+      )
     labels, classes = stacked.argmax(axis=-1), stacked.shape[-1]
   elif stacked.dtype.kind in "iub":
     labels = stacked.astype(np.int64)
@@ -103,11 +107,15 @@ def vote(stacked):
       raise ValueError("vote needs class labels >= 0, got %d." % labels.min())
     classes = int(labels.max()) + 1 if labels.size else 1
   else:
-    raise ValueError("vote needs integer labels or float scores, got dtype %s."
-                     % stacked.dtype.name)
+    raise ValueError(
+      "vote needs integer labels or float scores, got dtype %s."
+      % stacked.dtype.name
+    )
   flat = labels.reshape(labels.shape[0], -1)  # [member, position]
   counts = np.zeros((flat.shape[1], classes), np.int64)
-  np.add.at(counts, (np.broadcast_to(np.arange(flat.shape[1]), flat.shape), flat), 1)
+  np.add.at(
+    counts, (np.broadcast_to(np.arange(flat.shape[1]), flat.shape), flat), 1
+  )
   return counts.argmax(axis=1).reshape(labels.shape[1:])
 
 
@@ -163,19 +171,22 @@ class Ensemble(object):
     if rewire:
       if slots is None:
         raise errors.ModeError(
-            "Ensemble(rewire=True) runs the members from device slots. %s Or "
-            "pass rewire=False." % no_slots)
+          "Ensemble(rewire=True) runs the members from device slots. %s Or "
+          "pass rewire=False." % no_slots
+        )
       try:
         for slot in range(len(slots)):
           slots.past(outputs, slot)
       except errors.ModeError as e:  # a packed store has no shadow per variable
         raise errors.ModeError(
-            "%s Or pass Ensemble(..., rewire=False) to evaluate the members "
-            "one after another, swapping them into the variables." % e) from e
+          "%s Or pass Ensemble(..., rewire=False) to evaluate the members "
+          "one after another, swapping them into the variables." % e
+        ) from e
       except errors.RewireError as e:
         raise errors.RewireError(
-            "%s Ensemble(..., rewire=False) evaluates the members one after "
-            "another that way." % e) from e
+          "%s Ensemble(..., rewire=False) evaluates the members one after "
+          "another that way." % e
+        ) from e
     self._rewire = bool(rewire)
 
   @property
@@ -239,24 +250,37 @@ class Ensemble(object):
     """
     if self._tags is None and not self._store.tags():
       raise errors.UnknownTagError(
-          "The ensemble's store holds no snapshots yet; load the members with "
-          "store.files.load_checkpoint / load_npz, or take snapshots, first.")
-    members = self._store.evaluate_each(self._outputs, feed_dict, tags=self._tags,
-                                        together=self._rewire, session=session)
+        "The ensemble's store holds no snapshots yet; load the members with "
+        "store.files.load_checkpoint / load_npz, or take snapshots, first."
+      )
+    members = self._store.evaluate_each(
+      self._outputs,
+      feed_dict,
+      tags=self._tags,
+      together=self._rewire,
+      session=session,
+    )
     return EnsembleResult(self._combine(list(members.values())), members)
 
   def __repr__(self):
     return "<Ensemble of %s in store %r, %s>" % (
-        "every snapshot" if self._tags is None else "%d members" % len(self._tags),
-        self._store.name, "one run" if self._rewire else "one member at a time")
+      "every snapshot"
+      if self._tags is None
+      else "%d members" % len(self._tags),
+      self._store.name,
+      "one run" if self._rewire else "one member at a time",
+    )
 
   # -- internals -------------------------------------------------------------------
 
   def _nbytes_in(self, tier):
     held = self._store.tags()
-    members = held if self._tags is None else [t for t in self._tags if t in held]
-    return sum(self._store.param_nbytes for t in members
-               if self._tier(t) == tier)
+    members = (
+      held if self._tags is None else [t for t in self._tags if t in held]
+    )
+    return sum(
+      self._store.param_nbytes for t in members if self._tier(t) == tier
+    )
 
   def _tier(self, tag):
     try:
@@ -279,8 +303,9 @@ def _check_outputs(outputs, graph):
   for t in leaves:
     if not isinstance(t, tf.Tensor):
       raise TypeError(
-          "Ensemble outputs must be tensors (or a list, tuple or dict of "
-          "them), got %r." % (t,))
+        "Ensemble outputs must be tensors (or a list, tuple or dict of "
+        "them), got %r." % (t,)
+      )
     checks.same_graph(t, graph, "Ensemble output %s" % t.name)
   return leaves
 
@@ -294,36 +319,43 @@ def _combiners(combine, outputs, leaves):
       tf.nest.assert_same_structure(outputs, combine)
     except (ValueError, TypeError) as e:
       raise ValueError(
-          "combine must be 'mean', 'vote', a function, or a structure like "
-          "outputs with one of these per output: %s" % e)
+        "combine must be 'mean', 'vote', a function, or a structure like "
+        "outputs with one of these per output: %s" % e
+      )
     specs = tf.nest.flatten(combine)
   functions = []
   for spec, t in zip(specs, leaves):
     if isinstance(spec, str):
       if spec not in _COMBINERS:
-        raise ValueError("Invalid combine %r; must be one of %s, or a function."
-                         % (spec, ", ".join(_COMBINERS)))
+        raise ValueError(
+          "Invalid combine %r; must be one of %s, or a function."
+          % (spec, ", ".join(_COMBINERS))
+        )
       if spec == "vote":
         _check_votable(t)
       functions.append(_COMBINERS[spec])
     elif callable(spec):
       functions.append(spec)
     else:
-      raise TypeError("combine must be 'mean', 'vote' or a function, got %r."
-                      % (spec,))
+      raise TypeError(
+        "combine must be 'mean', 'vote' or a function, got %r." % (spec,)
+      )
   return functions
 
 
 def _check_votable(t):
   dtype = t.dtype.base_dtype
   if not (dtype.is_integer or dtype.is_floating or dtype == tf.bool):
-    raise ValueError("combine='vote' needs integer labels or float scores; %s "
-                     "has dtype %s." % (t.name, dtype.name))
+    raise ValueError(
+      "combine='vote' needs integer labels or float scores; %s "
+      "has dtype %s." % (t.name, dtype.name)
+    )
   if dtype.is_floating and t.shape.ndims == 0:
     raise ValueError(
-        "combine='vote' on %s: a float scalar holds no class scores. Vote on "
-        "labels (tf.argmax(scores, -1)) or on scores of shape [..., classes]."
-        % t.name)
+      "combine='vote' on %s: a float scalar holds no class scores. Vote on "
+      "labels (tf.argmax(scores, -1)) or on scores of shape [..., classes]."
+      % t.name
+    )
 
 
 def _check_tags(tags):
@@ -331,14 +363,19 @@ def _check_tags(tags):
     raise TypeError("tags must be a list of tags, got %r." % (tags,))
   tags = list(tags)
   if any(t is None for t in tags):
-    raise TypeError("tags must be ints or non-empty strings, got None in %r."
-                    % (tags,))
+    raise TypeError(
+      "tags must be ints or non-empty strings, got None in %r." % (tags,)
+    )
   tags = [checks.tag(t) for t in tags]
   if not tags:
-    raise ValueError("An Ensemble needs at least one member; tags is empty "
-                     "(pass tags=None for every snapshot of the store).")
+    raise ValueError(
+      "An Ensemble needs at least one member; tags is empty "
+      "(pass tags=None for every snapshot of the store)."
+    )
   repeated = sorted(set(repr(t) for t in tags if tags.count(t) > 1))
   if repeated:
-    raise ValueError("tags names %s more than once; each member is one "
-                     "snapshot." % ", ".join(repeated))
+    raise ValueError(
+      "tags names %s more than once; each member is one "
+      "snapshot." % ", ".join(repeated)
+    )
   return tags

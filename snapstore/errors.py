@@ -16,7 +16,9 @@ class Error(Exception):
 def first_line(error):
   """The first line of `error`'s message (a TF OpError's without its traceback)."""
   message = getattr(error, "message", None) or str(error)
-  return message.strip().splitlines()[0] if message.strip() else type(error).__name__
+  return (
+    message.strip().splitlines()[0] if message.strip() else type(error).__name__
+  )
 
 
 def names(items, limit=10):
@@ -25,7 +27,9 @@ def names(items, limit=10):
   A hostile file can hold thousands of names, or names with control
   characters; the message stays short and one line.
   """
-  items = [n if isinstance(n, str) and n.isprintable() else repr(n) for n in items]
+  items = [
+    n if isinstance(n, str) and n.isprintable() else repr(n) for n in items
+  ]
   shown = ", ".join(items[:limit])
   if len(items) > limit:
     shown += ", and %d more" % (len(items) - limit)

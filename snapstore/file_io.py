@@ -18,6 +18,7 @@ Loading never touches the variables: it stores a snapshot, which `restore`
 writes into them. Every source is read and checked in full (names, shapes,
 dtypes, checksums) before anything is stored; see `snapstore.files.sources`.
 """
+
 from snapstore.files import checkpoints
 from snapstore.files import npz
 from snapstore.files import sources
@@ -58,8 +59,16 @@ class Files(object):
     npz.save(path, self._h.varset.keys, values, compress=compress)
     return tag
 
-  def load_npz(self, path, tag=None, strip_prefix=None, add_prefix=None,
-               mapping=None, allow_extra=False, session=None):
+  def load_npz(
+    self,
+    path,
+    tag=None,
+    strip_prefix=None,
+    add_prefix=None,
+    mapping=None,
+    allow_extra=False,
+    session=None,
+  ):
     """Reads an `.npz` archive (see `snapstore.files.npz`) into the store as a snapshot.
 
     The archive is checked in full before anything is stored, and loaded with
@@ -77,12 +86,25 @@ class Files(object):
         arrays, each named.
       ValueError, TypeError: A bad mapping, or two members mapped to one variable.
     """
-    return self._load("load_npz", lambda: npz.Archive(path),
-                      sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping),
-                      allow_extra, tag, session)
+    return self._load(
+      "load_npz",
+      lambda: npz.Archive(path),
+      sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping),
+      allow_extra,
+      tag,
+      session,
+    )
 
-  def load_checkpoint(self, path, tag=None, strip_prefix=None, add_prefix=None,
-                      mapping=None, allow_extra=False, session=None):
+  def load_checkpoint(
+    self,
+    path,
+    tag=None,
+    strip_prefix=None,
+    add_prefix=None,
+    mapping=None,
+    allow_extra=False,
+    session=None,
+  ):
     """Reads a `tf.train.Saver` checkpoint into the store as a snapshot.
 
     The checkpoint (V1 or V2, written by any process) is read with TF's
@@ -130,12 +152,26 @@ class Files(object):
     """
     if strip_prefix is None and not callable(mapping):
       strip_prefix = self._h.varset.scope
-    return self._load("load_checkpoint", lambda: checkpoints.Checkpoint(path),
-                      sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping),
-                      allow_extra, tag, session)
+    return self._load(
+      "load_checkpoint",
+      lambda: checkpoints.Checkpoint(path),
+      sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping),
+      allow_extra,
+      tag,
+      session,
+    )
 
-  def load_spill(self, path, snapshot, tag=None, strip_prefix=None,
-                 add_prefix=None, mapping=None, allow_extra=False, session=None):
+  def load_spill(
+    self,
+    path,
+    snapshot,
+    tag=None,
+    strip_prefix=None,
+    add_prefix=None,
+    mapping=None,
+    allow_extra=False,
+    session=None,
+  ):
     """Reads snapshot `snapshot` of the spill file `path` into the store.
 
     For a file another run or store wrote (this store's own spilled snapshots
@@ -164,9 +200,14 @@ class Files(object):
         variables, all named.
       ValueError: Two names mapped to one variable.
     """
-    return self._load("load_spill", lambda: spill_file.open_snapshot(path, snapshot),
-                      sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping),
-                      allow_extra, tag, session)
+    return self._load(
+      "load_spill",
+      lambda: spill_file.open_snapshot(path, snapshot),
+      sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping),
+      allow_extra,
+      tag,
+      session,
+    )
 
   def spill(self, tag=None, session=None):
     """Moves snapshot `tag` (default: the newest) to the store's spill file.
@@ -194,8 +235,11 @@ class Files(object):
       tiered = self._tiers("spill")
       tag = self._h.existing(tag, sess, "spill")
       self._h.catalog.check_unpinned(
-          tag, "it cannot leave the slot. Snapshot it under another tag and "
-          "spill that", lambda t: self._h.mode.slot_set.slot_of(t))
+        tag,
+        "it cannot leave the slot. Snapshot it under another tag and "
+        "spill that",
+        lambda t: self._h.mode.slot_set.slot_of(t),
+      )
       with failures.translated("spill", tag, self._h.mode.uninitialized):
         tiered.spill(tag, self._h.catalog.info(tag), sess)
       return tag
@@ -233,14 +277,17 @@ class Files(object):
     """
     self._h.data_session(session, what)
     with open_source() as source:
-      arrays = sources.read(source, self._h.varset, names, allow_extra=allow_extra)
+      arrays = sources.read(
+        source, self._h.varset, names, allow_extra=allow_extra
+      )
     return self._h.put(arrays, tag, session, what)
 
   def _tiers(self, what):
     tiers = self._h.mode.tiers
     if tiers is None:
       raise errors.ModeError(
-          "files.%s() needs a spill file; this %s-mode store has none. Pass "
-          "spill_path='file.h5' when building it, or use mode='disk'."
-          % (what, self._h.mode.name))
+        "files.%s() needs a spill file; this %s-mode store has none. Pass "
+        "spill_path='file.h5' when building it, or use mode='disk'."
+        % (what, self._h.mode.name)
+      )
     return tiers

@@ -14,6 +14,7 @@ The mode declares what it can do, and only through two attributes: `slot_set`
 (device slots, or None) and `tiers` (a spill file, or None); see
 `modes/base.py`.
 """
+
 import threading
 import time
 
@@ -81,9 +82,11 @@ class Holdings(object):
 
   def put_back(self, token, sess):
     """Writes back values `mode.stash` set aside; kept for later if it fails."""
+
     def keep():  # written back by the next call's prepare, or recover()
       self._pending = token
       return ""
+
     with failures.translated("put_back", note=keep):
       self.mode.unstash(token, sess)
 
@@ -102,7 +105,8 @@ class Holdings(object):
       note = self.places.dropped_note(tag)
       if note:
         raise errors.SessionMismatchError(
-            note if tag is not None else "The store holds no snapshots. " + note)
+          note if tag is not None else "The store holds no snapshots. " + note
+        )
     tag = self.catalog.existing(tag, allow_default)
     place = self.place(sess)
     if place is not None and self.mode.tier(tag) == "device":
@@ -121,8 +125,11 @@ class Holdings(object):
     self.catalog.record(tag, victim, time.time())
     self.mode.settle(self.catalog.infos())
     self.places.keep_only(set(self.catalog.tags()))
-    if (place is not None and self.mode.tier(tag) == "device"
-        and tag not in self.catalog.pinned()):
+    if (
+      place is not None
+      and self.mode.tier(tag) == "device"
+      and tag not in self.catalog.pinned()
+    ):
       self.places.bind(tag, place)
     else:
       self.places.unbind(tag)

@@ -16,6 +16,7 @@ naming the mode that has them. A store with `pack=True` has slots but no
 shadow per variable: `shadows()` and `past()` raise `ModeError`
 (`per_variable` tells).
 """
+
 import collections
 
 from snapstore.core import checks
@@ -107,8 +108,10 @@ class Slots(object):
     with self._h.lock:
       if self._rewirer is None:
         self._rewirer = rewire.Rewirer(
-            self._h.name, self._h.varset.variables,
-            [self._set.shadows(k, "past") for k in range(self._set.num_slots)])
+          self._h.name,
+          self._h.varset.variables,
+          [self._set.shadows(k, "past") for k in range(self._set.num_slots)],
+        )
       return self._rewirer.past(outputs, slot)
 
   def rewired(self, fetches, feed_dict, tag):
@@ -132,8 +135,9 @@ class Slots(object):
       tag = self._h.catalog.existing(tag, allow_default=False)
       if self._h.mode.tier(tag) != "device":
         raise errors.ModeError(
-            "Snapshot %r is in the spill file (%s tier), not in a device slot."
-            % (tag, self._h.mode.tier(tag)))
+          "Snapshot %r is in the spill file (%s tier), not in a device slot."
+          % (tag, self._h.mode.tier(tag))
+        )
       return self._set.slot_of(tag)
 
   def pin(self, slot, tag):
@@ -168,8 +172,14 @@ class Slots(object):
     with self._h.lock:
       return self._h.catalog.pinned()
 
-  def snapshot_before(self, update, slot=0, tag="before_step", if_finite=None,
-                      name="snapshot_before"):
+  def snapshot_before(
+    self,
+    update,
+    slot=0,
+    tag="before_step",
+    if_finite=None,
+    name="snapshot_before",
+  ):
     """A train op that snapshots into slot `slot`, then runs the update.
 
     One `session.run` of the returned op copies the variables into the slot
@@ -224,8 +234,9 @@ class Slots(object):
     """
     with self._h.lock:
       pin = self._check_pin("snapshot_before", slot, tag)
-      entry = in_step.build(update, self._set, pin[0], self._h.varset.variables,
-                            name, if_finite)
+      entry = in_step.build(
+        update, self._set, pin[0], self._h.varset.variables, name, if_finite
+      )
       self._in_step[entry.train_op] = entry
       self._pin(*pin)
       return entry.train_op
@@ -257,19 +268,27 @@ class Slots(object):
     with self._h.lock:
       entry = self._in_step.get(train_op)
       if entry is None:
-        raise ValueError("%r is not a train op built by this store's "
-                         "snapshot_before() (those are %s)." % (
-                             getattr(train_op, "name", train_op),
-                             errors.names(sorted(op.name for op in self._in_step))
-                             or "none"))
+        raise ValueError(
+          "%r is not a train op built by this store's "
+          "snapshot_before() (those are %s)."
+          % (
+            getattr(train_op, "name", train_op),
+            errors.names(sorted(op.name for op in self._in_step)) or "none",
+          )
+        )
       return entry.condition
 
   # -- internals ---------------------------------------------------------------
 
   def _check_slot(self, slot):
     n = self._set.num_slots
-    return checks.integer(slot, "slot", 0, n - 1, hint="this store has %d "
-                          "slot(s); set max_to_keep for more" % n)
+    return checks.integer(
+      slot,
+      "slot",
+      0,
+      n - 1,
+      hint="this store has %d slot(s); set max_to_keep for more" % n,
+    )
 
   def _check_pin(self, what, slot, tag):
     """(slot, tag, tag held in the slot) for pinning `tag` to `slot`."""
@@ -282,11 +301,14 @@ class Slots(object):
       holder = self._set.tag_in(slot)
       if holder is not None and holder != tag:
         raise ValueError(
-            "Slot %d holds snapshot %r; delete it first or pin another slot."
-            % (slot, holder))
+          "Slot %d holds snapshot %r; delete it first or pin another slot."
+          % (slot, holder)
+        )
       if holder is None and tag in self._h.catalog:
-        raise ValueError("Tag %r is held in slot %d, not slot %d."
-                         % (tag, self._set.slot_of(tag), slot))
+        raise ValueError(
+          "Tag %r is held in slot %d, not slot %d."
+          % (tag, self._set.slot_of(tag), slot)
+        )
       return slot, tag, holder
 
   def _pin(self, slot, tag, holder):
@@ -301,7 +323,8 @@ class Slots(object):
 def no_slots(mode):
   """The ModeError for `store.slots` on a store of `mode` (no device slots)."""
   return errors.ModeError(
-      "store.slots: this store uses mode %r, whose snapshots are not graph "
-      "variables, so it has no device slots (snapshot_op, restore_op, "
-      "shadows, past, pin, snapshot_before). mode='device' has them; with "
-      "this store, use snapshot() and restore()." % mode)
+    "store.slots: this store uses mode %r, whose snapshots are not graph "
+    "variables, so it has no device slots (snapshot_op, restore_op, "
+    "shadows, past, pin, snapshot_before). mode='device' has them; with "
+    "this store, use snapshot() and restore()." % mode
+  )

@@ -31,6 +31,7 @@ Thread safety: every method takes the store's lock, so calls from several
 threads are serialized. Do not run training ops that write the covered
 variables concurrently with `restore` or `evaluate_with`.
 """
+
 import collections
 import collections.abc
 
@@ -92,27 +93,43 @@ class SnapshotStore(object):
     IncompatibleSnapshotError: A spill file of other variables.
   """
 
-  def __init__(self, var_list=None, scope=None, collection=None, mode="device",
-               max_to_keep=None, optimizer=None, include_global_step=False,
-               name="snapstore", **mode_options):
+  def __init__(
+    self,
+    var_list=None,
+    scope=None,
+    collection=None,
+    mode="device",
+    max_to_keep=None,
+    optimizer=None,
+    include_global_step=False,
+    name="snapstore",
+    **mode_options,
+  ):
     mode_cls = mode_table.get(mode)
     mode_table.check_options(mode_cls, mode_options)
     max_to_keep = mode_table.check_max_to_keep(max_to_keep, mode_cls)
-    varset = VariableSet(var_list=var_list, scope=scope, collection=collection,
-                         optimizer=optimizer,
-                         include_global_step=include_global_step)
+    varset = VariableSet(
+      var_list=var_list,
+      scope=scope,
+      collection=collection,
+      optimizer=optimizer,
+      include_global_step=include_global_step,
+    )
     mode_table.check_fits(mode_cls, max_to_keep, varset)
     # The store's ops run on their own: they must not inherit the control
     # dependencies (a train op) of the block the store is built in.
-    with varset.graph.as_default(), tf.control_dependencies(None), \
-        tf.name_scope(name) as scope_name:
+    with varset.graph.as_default(), tf.control_dependencies(
+      None
+    ), tf.name_scope(name) as scope_name:
       scope_name = scope_name.rstrip("/")
-      built = mode_table.build(mode_cls, varset, max_to_keep, scope_name,
-                               mode_options)
+      built = mode_table.build(
+        mode_cls, varset, max_to_keep, scope_name, mode_options
+      )
     self._h = holdings.Holdings(varset, built, scope_name)
     self._files = file_io.Files(self._h)
-    self._slots = (slots_part.Slots(self._h) if built.slot_set is not None
-                   else None)
+    self._slots = (
+      slots_part.Slots(self._h) if built.slot_set is not None else None
+    )
 
   # -- what the store covers -----------------------------------------------------
 
@@ -158,7 +175,6 @@ class SnapshotStore(object):
     not the slots hold snapshots. Host mode: the bytes of the held arrays.
     """
     return self._h.mode.nbytes
-
 
   # -- snapshots -----------------------------------------------------------------
 
@@ -277,14 +293,17 @@ class SnapshotStore(object):
       self._h.check_open()
       tag = self._h.catalog.existing(tag, allow_default=False)
       self._h.catalog.check_unpinned(
-          tag, "it cannot be deleted while the store exists",
-          lambda t: self._h.mode.slot_set.slot_of(t))
+        tag,
+        "it cannot be deleted while the store exists",
+        lambda t: self._h.mode.slot_set.slot_of(t),
+      )
       self._h.mode.delete(tag)
       self._h.catalog.drop(tag)
       self._h.places.unbind(tag)
 
-  def evaluate_with(self, fetches, feed_dict=None, past=True, tag=None,
-                    session=None):
+  def evaluate_with(
+    self, fetches, feed_dict=None, past=True, tag=None, session=None
+  ):
     """Runs `fetches` with the parameters of a snapshot, then puts back the current ones.
 
     The current values are set aside, the snapshot is loaded, `fetches` run
@@ -337,8 +356,9 @@ class SnapshotStore(object):
       finally:
         self._h.put_back(token, sess)
 
-  def evaluate_each(self, fetches, feed_dict=None, tags=None, together=True,
-                    session=None):
+  def evaluate_each(
+    self, fetches, feed_dict=None, tags=None, together=True, session=None
+  ):
     """Runs `fetches` with each of several snapshots, as `evaluate_with` would.
 
     Snapshots held in device slots, for which every fetch has a rewired version
@@ -373,11 +393,13 @@ class SnapshotStore(object):
         if not tags:
           self._h.catalog.existing(None)  # the "no snapshots yet" error
       elif isinstance(tags, (str, bytes)) or not isinstance(
-          tags, collections.abc.Iterable):
+        tags, collections.abc.Iterable
+      ):
         raise TypeError(
-            "evaluate_each() takes a list of tags, got tags=%r. For one "
-            "snapshot pass tags=[%r], or call evaluate_with(..., tag=%r)."
-            % (tags, tags, tags))
+          "evaluate_each() takes a list of tags, got tags=%r. For one "
+          "snapshot pass tags=[%r], or call evaluate_with(..., tag=%r)."
+          % (tags, tags, tags)
+        )
       for tag in tags:
         self._h.existing(tag, sess, "evaluate_each", allow_default=False)
       in_one_run, fetch_list, feeds = [], [], dict(feed_dict or {})
@@ -392,7 +414,9 @@ class SnapshotStore(object):
         values.update(zip(in_one_run, sess.run(fetch_list, feed_dict=feeds)))
       for tag in tags:
         if tag not in values:
-          values[tag] = self.evaluate_with(fetches, feed_dict, tag=tag, session=sess)
+          values[tag] = self.evaluate_with(
+            fetches, feed_dict, tag=tag, session=sess
+          )
       return collections.OrderedDict((tag, values[tag]) for tag in tags)
 
   def recover(self, session=None):
@@ -447,27 +471,41 @@ class SnapshotStore(object):
     """
     if not isinstance(arrays, collections.abc.Mapping):
       raise TypeError(
-          "load_arrays() takes a dict {key: numpy array}, got %s. For values in "
-          "the order of store.keys, pass dict(zip(store.keys, values))."
-          % type(arrays).__name__)
+        "load_arrays() takes a dict {key: numpy array}, got %s. For values in "
+        "the order of store.keys, pass dict(zip(store.keys, values))."
+        % type(arrays).__name__
+      )
     declared = {}
     for key, value in arrays.items():
-      kind = ("a variable" if isinstance(value, tf_variables.Variable) else
-              "a tensor" if isinstance(value, tf.Tensor) else
-              "an op" if isinstance(value, tf.Operation) else None)
+      kind = (
+        "a variable"
+        if isinstance(value, tf_variables.Variable)
+        else "a tensor"
+        if isinstance(value, tf.Tensor)
+        else "an op"
+        if isinstance(value, tf.Operation)
+        else None
+      )
       if kind:
         raise TypeError(
-            "load_arrays() takes numpy arrays; %r is %s (%s). Evaluate it first "
-            "(session.run), or take a snapshot of the variables with snapshot()."
-            % (key, kind, value.name))
+          "load_arrays() takes numpy arrays; %r is %s (%s). Evaluate it first "
+          "(session.run), or take a snapshot of the variables with snapshot()."
+          % (key, kind, value.name)
+        )
       value = np.asarray(value)
       if value.dtype.hasobject:
-        raise TypeError("load_arrays() takes numeric arrays; %r holds Python "
-                        "objects (%s)." % (key, type(arrays[key]).__name__))
+        raise TypeError(
+          "load_arrays() takes numeric arrays; %r holds Python "
+          "objects (%s)." % (key, type(arrays[key]).__name__)
+        )
       declared[key] = (value.shape, value.dtype)
     self._h.varset.check_declared(declared, "The dict of arrays")
-    return self._h.put([np.asarray(arrays[k]) for k in self._h.varset.keys], tag,
-                     session, "load_arrays")
+    return self._h.put(
+      [np.asarray(arrays[k]) for k in self._h.varset.keys],
+      tag,
+      session,
+      "load_arrays",
+    )
 
   # -- the parts: files, and device slots ------------------------------------------
 
@@ -518,8 +556,12 @@ class SnapshotStore(object):
 
   def __repr__(self):
     return "<SnapshotStore %r mode=%s variables=%d (%d bytes) tags=%r>" % (
-        self._h.name, self._h.mode.name, len(self._h.varset), self.param_nbytes,
-        self.tags())
+      self._h.name,
+      self._h.mode.name,
+      len(self._h.varset),
+      self.param_nbytes,
+      self.tags(),
+    )
 
   # -- internals -----------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ format: `D/linear/model.ckpt` and `D/classifier/model.ckpt-<steps>` (with a
 as JSON. The test modules import the model builders from here, so the
 evaluating graph builds the same models.
 """
+
 import argparse
 import json
 import os
@@ -40,8 +41,9 @@ def build_linear(scope, use_resource=False):
 def build_classifier(scope, use_resource=False):
   """The MLP under `scope`; returns (x, logits, probabilities)."""
   x = tf.placeholder(tf.float32, [None, FEATURES], name="x")
-  logits = helpers.dense_net(x, scope=scope, use_resource=use_resource,
-                             hidden=HIDDEN, outputs=CLASSES)
+  logits = helpers.dense_net(
+    x, scope=scope, use_resource=use_resource, hidden=HIDDEN, outputs=CLASSES
+  )
   return x, logits, tf.nn.softmax(logits)
 
 
@@ -84,15 +86,29 @@ def main(argv=None):
   parser.add_argument("--format", choices=["v1", "v2"], default="v2")
   args = parser.parse_args(argv)
   tf.logging.set_verbosity(tf.logging.ERROR)
-  version = tf.train.SaverDef.V1 if args.format == "v1" else tf.train.SaverDef.V2
+  version = (
+    tf.train.SaverDef.V1 if args.format == "v1" else tf.train.SaverDef.V2
+  )
   for sub in ("linear", "classifier"):
     os.makedirs(os.path.join(args.dir, sub))  # V1 does not create it
-  print(json.dumps({
-      "linear": write_linear(os.path.join(args.dir, "linear", "model.ckpt"),
-                             args.w, args.scope, version),
-      "classifier": write_classifier(
-          os.path.join(args.dir, "classifier", "model.ckpt"), args.seed,
-          args.scope, version)}))
+  print(
+    json.dumps(
+      {
+        "linear": write_linear(
+          os.path.join(args.dir, "linear", "model.ckpt"),
+          args.w,
+          args.scope,
+          version,
+        ),
+        "classifier": write_classifier(
+          os.path.join(args.dir, "classifier", "model.ckpt"),
+          args.seed,
+          args.scope,
+          version,
+        ),
+      }
+    )
+  )
   return 0
 
 

@@ -12,6 +12,7 @@ does not exit in time.
 
 Run as `python -m tests.cluster SPEC JOB TASK` it is one task's server.
 """
+
 import json
 import os
 import selectors
@@ -99,8 +100,9 @@ class LoopbackCluster(object):
     self.spec = {}
     for job in sorted(tasks):
       self.spec[job] = ["127.0.0.1:%d" % ports.pop() for _ in range(tasks[job])]
-    self._tasks = [(job, task) for job in sorted(tasks)
-                   for task in range(tasks[job])]
+    self._tasks = [
+      (job, task) for job in sorted(tasks) for task in range(tasks[job])
+    ]
     for job, task in self._tasks:
       self._procs.append(self._spawn(job, task))
     self._wait_ready(timeout, self._procs)
@@ -109,10 +111,20 @@ class LoopbackCluster(object):
     env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.cluster", json.dumps(self.spec), job,
-         str(task)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=_ROOT,
-        env=env)
+      [
+        sys.executable,
+        "-m",
+        "tests.cluster",
+        json.dumps(self.spec),
+        job,
+        str(task),
+      ],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=log,
+      cwd=_ROOT,
+      env=env,
+    )
     return proc, log
 
   def _wait_ready(self, timeout, procs):
@@ -125,15 +137,19 @@ class LoopbackCluster(object):
         left = deadline - time.time()
         events = waiting.select(max(0, left))
         if not events:
-          raise ClusterError("%d task(s) did not start within %d s."
-                             % (len(waiting.get_map()), timeout))
+          raise ClusterError(
+            "%d task(s) did not start within %d s."
+            % (len(waiting.get_map()), timeout)
+          )
         for key, _ in events:
           proc, log = key.data
           if proc.stdout.readline() != _READY:
             proc.wait()
             log.seek(0)
-            raise ClusterError("A server exited with status %s: %s" % (
-                proc.returncode, log.read()[-2000:].decode(errors="replace")))
+            raise ClusterError(
+              "A server exited with status %s: %s"
+              % (proc.returncode, log.read()[-2000:].decode(errors="replace"))
+            )
           waiting.unregister(proc.stdout)
     finally:
       waiting.close()
@@ -155,9 +171,13 @@ def _free_ports(n):
 
 def _serve(spec, job, task):
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
-  server = tf.train.Server(tf.train.ClusterSpec(spec), job_name=job,
-                           task_index=task,
-                           config=tf.ConfigProto(device_count={"CPU": 1}))
+
+  server = tf.train.Server(
+    tf.train.ClusterSpec(spec),
+    job_name=job,
+    task_index=task,
+    config=tf.ConfigProto(device_count={"CPU": 1}),
+  )
   sys.stdout.buffer.write(_READY)
   sys.stdout.flush()
   sys.stdin.read()  # until the parent closes stdin or dies

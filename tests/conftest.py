@@ -1,4 +1,5 @@
 """pytest configuration: quiet TensorFlow logs and pick TF1-style Keras before TF is imported."""
+
 import importlib.util
 import os
 
@@ -18,7 +19,11 @@ def pytest_collection_modifyitems(items):
   test."), which showed as one skipped test per test class.
   """
   from tensorflow.python.framework import test_util  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+
   helper = getattr(test_util.TensorFlowTestCase, "test_session", None)
-  items[:] = [item for item in items
-              if getattr(getattr(item, "cls", None), "test_session", None) is not helper
-              or item.name != "test_session"]
+  items[:] = [
+    item
+    for item in items
+    if getattr(getattr(item, "cls", None), "test_session", None) is not helper
+    or item.name != "test_session"
+  ]

@@ -19,6 +19,7 @@ reads the files into a store of resource variables on this stack
 (`load_npz`, `load_spill`) and through `open_spill`, restores each snapshot
 into the variables and compares every value bit for bit with numpy's.
 """
+
 import hashlib
 import os
 import sys
@@ -38,9 +39,13 @@ SEEDS = {"a": 1, "b": 2}
 def expected(seed):
   """{key: array} that `Model.randomize(sess, seed)` loads, from numpy alone."""
   rng = np.random.RandomState(seed)
-  return dict(("v%d_%s" % (i, dtype.name),
-               helpers.random_value(rng, [3, 5], dtype.as_numpy_dtype))
-              for i, dtype in enumerate(helpers.DTYPES))
+  return dict(
+    (
+      "v%d_%s" % (i, dtype.name),
+      helpers.random_value(rng, [3, 5], dtype.as_numpy_dtype),
+    )
+    for i, dtype in enumerate(helpers.DTYPES)
+  )
 
 
 def digest(values):
@@ -56,9 +61,13 @@ def write(directory):
   with graph.as_default():
     model = helpers.Model(use_resource=False)
     host = snapstore.SnapshotStore(scope="net", mode="host", max_to_keep=1)
-    disk = snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
-                                   spill_path=os.path.join(directory, "spill.h5"),
-                                   name="disk")
+    disk = snapstore.SnapshotStore(
+      scope="net",
+      mode="disk",
+      memory_budget=0,
+      spill_path=os.path.join(directory, "spill.h5"),
+      name="disk",
+    )
   with tf.Session(graph=graph) as sess, host, disk:
     helpers.init(sess)
     loaded = {}
@@ -68,11 +77,16 @@ def write(directory):
       helpers.assert_state(loaded[tag], expected(seed), "written %s" % tag)
       disk.snapshot(tag, session=sess)
       if tag == "a":
-        host.files.save_npz(os.path.join(directory, "model.npz"),
-                      host.snapshot(session=sess), session=sess)
+        host.files.save_npz(
+          os.path.join(directory, "model.npz"),
+          host.snapshot(session=sess),
+          session=sess,
+        )
     disk.files.flush()
   with open(os.path.join(directory, "writer.txt"), "w") as f:
-    f.write("%s\n%s\n" % (_tf.stack(), digest(loaded["a"]) + digest(loaded["b"])))
+    f.write(
+      "%s\n%s\n" % (_tf.stack(), digest(loaded["a"]) + digest(loaded["b"]))
+    )
   print("wrote on %s" % _tf.stack())
 
 
@@ -81,7 +95,8 @@ def check(directory):
     writer, writer_digest = f.read().splitlines()
   want = dict((tag, expected(seed)) for tag, seed in SEEDS.items())
   assert digest(want["a"]) + digest(want["b"]) == writer_digest, (
-      "numpy here draws other values from the seeds than the writer loaded")
+    "numpy here draws other values from the seeds than the writer loaded"
+  )
   spill = os.path.join(directory, "spill.h5")
   graph = tf.Graph()
   with graph.as_default():
@@ -89,7 +104,9 @@ def check(directory):
     store = snapstore.SnapshotStore(scope="net", mode="host", max_to_keep=0)
   with tf.Session(graph=graph) as sess, store:
     helpers.init(sess)
-    store.files.load_npz(os.path.join(directory, "model.npz"), tag="npz", session=sess)
+    store.files.load_npz(
+      os.path.join(directory, "model.npz"), tag="npz", session=sess
+    )
     for tag in sorted(SEEDS):
       store.files.load_spill(spill, tag, tag=tag, session=sess)
     for tag, values in (("npz", want["a"]), ("a", want["a"]), ("b", want["b"])):
@@ -100,7 +117,9 @@ def check(directory):
   with snapstore.open_spill(spill) as f:
     for tag in sorted(SEEDS):
       helpers.assert_state(dict(f.read(tag)), want[tag], "open_spill %s" % tag)
-  print("checked npz and spill written on %s, here on %s" % (writer, _tf.stack()))
+  print(
+    "checked npz and spill written on %s, here on %s" % (writer, _tf.stack())
+  )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Shared test helpers: parameter cases, small models, bit-exact and graph checks."""
+
 import contextlib
 import itertools
 import os
@@ -17,8 +18,10 @@ VARIABLE_KINDS = (("ref", False), ("resource", True))
 
 def mode_and_kind_cases(modes=MODES):
   """named_parameters cases: (name, mode, use_resource) for modes x variable kinds."""
-  return [("%s_%s" % (mode, kind), mode, use_resource)
-          for mode, (kind, use_resource) in itertools.product(modes, VARIABLE_KINDS)]
+  return [
+    ("%s_%s" % (mode, kind), mode, use_resource)
+    for mode, (kind, use_resource) in itertools.product(modes, VARIABLE_KINDS)
+  ]
 
 
 def kind_cases():
@@ -28,9 +31,9 @@ def kind_cases():
 # Values a bit-exact restore must keep: signed zeros, NaN payloads, infinities
 # and denormals, not just "nearby" floats.
 _SPECIALS = {
-    np.float16: [0.0, -0.0, np.inf, -np.inf, np.nan, 6e-8],
-    np.float32: [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45],
-    np.float64: [0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324],
+  np.float16: [0.0, -0.0, np.inf, -np.inf, np.nan, 6e-8],
+  np.float32: [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45],
+  np.float64: [0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324],
 }
 
 
@@ -39,28 +42,41 @@ def random_value(rng, shape, dtype):
   dtype = np.dtype(dtype)
   if dtype.kind == "f":
     # Random bit patterns cover every float, NaN payloads included.
-    bits = rng.randint(0, 2 ** 16, size=int(np.prod(shape)) * dtype.itemsize // 2)
+    bits = rng.randint(0, 2**16, size=int(np.prod(shape)) * dtype.itemsize // 2)
     value = bits.astype(np.uint16).view(dtype).reshape(shape).copy()
     flat = value.reshape(-1)
-    for i, special in enumerate(_SPECIALS[dtype.type][:flat.size]):
+    for i, special in enumerate(_SPECIALS[dtype.type][: flat.size]):
       flat[i] = special
     return value
   if dtype.kind == "b":
     return rng.randint(0, 2, size=shape).astype(bool)
   info = np.iinfo(dtype)
-  return rng.randint(info.min, info.max, size=shape, dtype=np.int64).astype(dtype)
+  return rng.randint(info.min, info.max, size=shape, dtype=np.int64).astype(
+    dtype
+  )
 
 
 def assert_bit_equal(actual, expected, msg=""):
   actual, expected = np.asarray(actual), np.asarray(expected)
-  assert actual.dtype == expected.dtype, "%s dtype %s != %s" % (msg, actual.dtype, expected.dtype)
-  assert actual.shape == expected.shape, "%s shape %s != %s" % (msg, actual.shape, expected.shape)
-  assert actual.tobytes() == expected.tobytes(), "%s values differ bitwise" % msg
+  assert actual.dtype == expected.dtype, "%s dtype %s != %s" % (
+    msg,
+    actual.dtype,
+    expected.dtype,
+  )
+  assert actual.shape == expected.shape, "%s shape %s != %s" % (
+    msg,
+    actual.shape,
+    expected.shape,
+  )
+  assert actual.tobytes() == expected.tobytes(), (
+    "%s values differ bitwise" % msg
+  )
 
 
 def assert_bits_differ(actual, expected, msg=""):
   assert np.asarray(actual).tobytes() != np.asarray(expected).tobytes(), (
-      "%s: values are equal, the test would not see a restore" % msg)
+    "%s: values are equal, the test would not see a restore" % msg
+  )
 
 
 DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64, tf.bool)
@@ -71,13 +87,19 @@ def change_op(variables, use_resource):
   updates = []
   for var in variables:
     if var.dtype.base_dtype == tf.bool:
-      updates.append(tf.assign(var, tf.logical_not(var)) if not use_resource
-                     else var.assign(tf.logical_not(var.read_value())))
+      updates.append(
+        tf.assign(var, tf.logical_not(var))
+        if not use_resource
+        else var.assign(tf.logical_not(var.read_value()))
+      )
     else:
-      noise = tf.cast(tf.random.uniform(var.shape, 1, 100, dtype=tf.int32),
-                      var.dtype.base_dtype)
-      updates.append(tf.assign_add(var, noise) if not use_resource
-                     else var.assign_add(noise))
+      noise = tf.cast(
+        tf.random.uniform(var.shape, 1, 100, dtype=tf.int32),
+        var.dtype.base_dtype,
+      )
+      updates.append(
+        tf.assign_add(var, noise) if not use_resource else var.assign_add(noise)
+      )
   return tf.group(*updates)
 
 
@@ -90,7 +112,9 @@ class Model(object):
       the bools; a new change every run, built once.
   """
 
-  def __init__(self, scope="net", use_resource=False, dtypes=DTYPES, devices=None):
+  def __init__(
+    self, scope="net", use_resource=False, dtypes=DTYPES, devices=None
+  ):
     self.scope = scope
     self.variables = {}
     with tf.variable_scope(scope, use_resource=use_resource):
@@ -98,9 +122,13 @@ class Model(object):
         device = devices[i % len(devices)] if devices else None
         with tf.device(device):
           self.variables["v%d_%s" % (i, dtype.name)] = tf.get_variable(
-              "v%d_%s" % (i, dtype.name), shape=[3, 5], dtype=dtype,
-              initializer=tf.ones_initializer() if dtype != tf.bool
-              else tf.zeros_initializer())
+            "v%d_%s" % (i, dtype.name),
+            shape=[3, 5],
+            dtype=dtype,
+            initializer=tf.ones_initializer()
+            if dtype != tf.bool
+            else tf.zeros_initializer(),
+          )
     self.train_op = change_op(self.variables.values(), use_resource)
 
   def randomize(self, sess, seed):
@@ -111,16 +139,28 @@ class Model(object):
     """
     rng = np.random.RandomState(seed)
     for var in self.variables.values():
-      var.load(random_value(rng, var.shape.as_list(),
-                            var.dtype.base_dtype.as_numpy_dtype), sess)
+      var.load(
+        random_value(
+          rng, var.shape.as_list(), var.dtype.base_dtype.as_numpy_dtype
+        ),
+        sess,
+      )
     return self.values(sess)
 
   def values(self, sess):
     return dict(zip(self.variables, sess.run(list(self.variables.values()))))
 
 
-def dense_net(x, scope="net", use_resource=False, hidden=8, outputs=2,
-              activation=tf.nn.relu, seed=None, with_hidden=False):
+def dense_net(
+  x,
+  scope="net",
+  use_resource=False,
+  hidden=8,
+  outputs=2,
+  activation=tf.nn.relu,
+  seed=None,
+  with_hidden=False,
+):
   """The small network many tests share: two dense layers under a variable scope.
 
   The variables are `<scope>/dense/{kernel,bias}` (the hidden layer) and
@@ -143,10 +183,14 @@ def dense_net(x, scope="net", use_resource=False, hidden=8, outputs=2,
     The output tensor, or (hidden output, output) if `with_hidden`.
   """
   init = tf.glorot_uniform_initializer(seed=seed) if seed is not None else None
-  with (tf.variable_scope(scope, use_resource=use_resource) if scope is not None
-        else contextlib.nullcontext()):
-    hidden_out = tf.layers.dense(x, hidden, activation=activation,
-                                 kernel_initializer=init)
+  with (
+    tf.variable_scope(scope, use_resource=use_resource)
+    if scope is not None
+    else contextlib.nullcontext()
+  ):
+    hidden_out = tf.layers.dense(
+      x, hidden, activation=activation, kernel_initializer=init
+    )
     out = tf.layers.dense(hidden_out, outputs, kernel_initializer=init)
   return (hidden_out, out) if with_hidden else out
 
@@ -169,8 +213,10 @@ def dense_net_data(examples=16, seed=0):
 
 def dense_net_placeholders():
   """Placeholders to feed `dense_net_data` through: x [None, 4] and y [None, 2]."""
-  return (tf.placeholder(tf.float32, [None, 4], name="x"),
-          tf.placeholder(tf.float32, [None, 2], name="y"))
+  return (
+    tf.placeholder(tf.float32, [None, 4], name="x"),
+    tf.placeholder(tf.float32, [None, 2], name="y"),
+  )
 
 
 def dense_net_numpy(x, params, activation=lambda h: np.maximum(0.0, h)):
@@ -211,8 +257,10 @@ def assert_no_new_ops(graph):
   with new_ops(graph) as added:
     yield
   if added:
-    raise AssertionError("%d new ops in the graph: %s"
-                         % (len(added), ", ".join(op.name for op in added[:20])))
+    raise AssertionError(
+      "%d new ops in the graph: %s"
+      % (len(added), ", ".join(op.name for op in added[:20]))
+    )
 
 
 @contextlib.contextmanager
@@ -274,6 +322,7 @@ class CountingSession(object):
     def counted(*values, **options):
       self.runs += 1
       return fn(*values, **options)
+
     return counted
 
 
@@ -290,8 +339,11 @@ class CountingHook(tf.train.SessionRunHook):
 def placements(sess, fetch):
   """{node name: device it ran on} for one traced run of `fetch`."""
   metadata = tf.RunMetadata()
-  sess.run(fetch, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
-           run_metadata=metadata)
+  sess.run(
+    fetch,
+    options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+    run_metadata=metadata,
+  )
   placed = {}
   for dev in metadata.step_stats.dev_stats:
     if dev.device.endswith("/host:CPU"):  # host-side records, not a placement
@@ -303,7 +355,9 @@ def placements(sess, fetch):
 
 def init(sess):
   with sess.graph.as_default():
-    sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
+    sess.run(
+      [tf.global_variables_initializer(), tf.local_variables_initializer()]
+    )
 
 
 def assert_state(values, expected, msg=""):
@@ -313,5 +367,7 @@ def assert_state(values, expected, msg=""):
 
 
 def assert_state_differs(values, expected):
-  assert any(np.asarray(values[k]).tobytes() != np.asarray(expected[k]).tobytes()
-             for k in expected), "state did not change; the test would not see a restore"
+  assert any(
+    np.asarray(values[k]).tobytes() != np.asarray(expected[k]).tobytes()
+    for k in expected
+  ), "state did not change; the test would not see a restore"

@@ -6,6 +6,7 @@ disk store over them, each holding a snapshot "good". After a hostile file is
 refused, `assert_usable` checks that the store is as before and still works;
 `peak_bytes` measures what a call allocates (numpy's buffers included).
 """
+
 import io
 import os
 import tempfile
@@ -29,8 +30,10 @@ ALLOCATION_BOUND = 8 << 20
 def values(seed):
   """Random values of the model's variables, special floats included."""
   rng = np.random.RandomState(seed)
-  return dict((k, helpers.random_value(rng, shape, dtype))
-              for k, (shape, dtype) in SHAPES.items())
+  return dict(
+    (k, helpers.random_value(rng, shape, dtype))
+    for k, (shape, dtype) in SHAPES.items()
+  )
 
 
 def peak_bytes(call):
@@ -67,15 +70,23 @@ class HostileFileCase(tf.test.TestCase):
     with cls.graph.as_default():
       with tf.variable_scope("net"):
         cls.variables = dict(
-            (k, tf.get_variable(k, shape, dtype=tf.as_dtype(dtype)))
-            for k, (shape, dtype) in SHAPES.items())
+          (k, tf.get_variable(k, shape, dtype=tf.as_dtype(dtype)))
+          for k, (shape, dtype) in SHAPES.items()
+        )
       cls.stores = {}
       for mode in MODES:
-        options = ({"spill_path": os.path.join(cls.dir, "store.h5"),
-                    "memory_budget": 0} if mode == "disk" else {})
+        options = (
+          {"spill_path": os.path.join(cls.dir, "store.h5"), "memory_budget": 0}
+          if mode == "disk"
+          else {}
+        )
         cls.stores[mode] = snapstore.SnapshotStore(
-            scope="net", mode=mode, max_to_keep=3, name=mode, **options)
-      init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
+          scope="net", mode=mode, max_to_keep=3, name=mode, **options
+        )
+      init = [
+        tf.global_variables_initializer(),
+        tf.local_variables_initializer(),
+      ]
     cls.sess = tf.Session(graph=cls.graph)
     cls.sess.run(init)
     cls.good = values(0)
@@ -116,7 +127,9 @@ class HostileFileCase(tf.test.TestCase):
     if not isinstance(outcome, error):
       self.fail("expected %s(%s), got %r" % (error.__name__, message, outcome))
     self.assertRegex(str(outcome), message)
-    self.assertLess(peak, ALLOCATION_BOUND, "a refusal allocated %d bytes" % peak)
+    self.assertLess(
+      peak, ALLOCATION_BOUND, "a refusal allocated %d bytes" % peak
+    )
     return outcome
 
   def assert_usable(self, store):

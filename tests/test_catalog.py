@@ -4,6 +4,7 @@ These tests import only the catalog and what it imports. `test_runs_without_tens
 runs them again in a child process where importing TensorFlow fails, which
 proves the catalog needs none.
 """
+
 import os
 import subprocess
 import sys
@@ -35,7 +36,6 @@ sys.exit(0 if result.wasSuccessful() else 1)
 
 
 class CatalogTest(unittest.TestCase):
-
   def test_automatic_tags_count_up_and_skip_given_ints(self):
     c = catalog.Catalog(capacity=None)
     self.assertEqual(c.record(c.new_tag(None), None, 1.0), 0)
@@ -51,6 +51,7 @@ class CatalogTest(unittest.TestCase):
 
   def test_numpy_integer_tags_are_ints(self):
     import numpy as np  # pylint: disable=g-import-not-at-top
+
     c = catalog.Catalog(capacity=None)
     tag = c.new_tag(np.int64(3))
     self.assertIs(type(tag), int)
@@ -58,7 +59,9 @@ class CatalogTest(unittest.TestCase):
   def test_bad_tags(self):
     c = catalog.Catalog(capacity=None)
     for bad in ("", True, 1.5, b"x", [1]):
-      with self.assertRaisesRegex(TypeError, "A tag must be an int or a non-empty string"):
+      with self.assertRaisesRegex(
+        TypeError, "A tag must be an int or a non-empty string"
+      ):
         c.new_tag(bad)
 
   def test_order_is_oldest_first_and_a_replaced_tag_becomes_newest(self):
@@ -90,8 +93,10 @@ class CatalogTest(unittest.TestCase):
     for tag in ("a", "b"):
       c.record(tag, None, 1.0)
       c.pin(tag)
-    with self.assertRaisesRegex(errors.PinnedTagError,
-                                r"'c': every slot of the store is pinned \('a', 'b'\)"):
+    with self.assertRaisesRegex(
+      errors.PinnedTagError,
+      r"'c': every slot of the store is pinned \('a', 'b'\)",
+    ):
       c.victim("c")
     self.assertIsNone(c.victim("a"))  # a pinned tag can be overwritten
     self.assertEqual(c.pinned(), ["a", "b"])
@@ -105,14 +110,19 @@ class CatalogTest(unittest.TestCase):
 
   def test_unknown_tags_name_the_held_ones(self):
     c = catalog.Catalog(capacity=3)
-    with self.assertRaisesRegex(errors.UnknownTagError, "holds no snapshots yet"):
+    with self.assertRaisesRegex(
+      errors.UnknownTagError, "holds no snapshots yet"
+    ):
       c.existing(None)
     c.record("a", None, 1.0)
     c.record(1, None, 2.0)
-    with self.assertRaisesRegex(errors.UnknownTagError,
-                                r"No snapshot tagged 'x'.*'a', 1\b"):
+    with self.assertRaisesRegex(
+      errors.UnknownTagError, r"No snapshot tagged 'x'.*'a', 1\b"
+    ):
       c.existing("x")
-    with self.assertRaisesRegex(errors.UnknownTagError, "No snapshot tagged None"):
+    with self.assertRaisesRegex(
+      errors.UnknownTagError, "No snapshot tagged None"
+    ):
       c.existing(None, allow_default=False)
 
   def test_check_unpinned(self):
@@ -121,8 +131,10 @@ class CatalogTest(unittest.TestCase):
     c.record("b", None, 2.0)
     c.check_unpinned("b", "never", lambda t: self.fail("asked for a slot"))
     c.pin("slow")
-    with self.assertRaisesRegex(errors.PinnedTagError,
-                                r"'slow' is pinned to device slot 3.*it cannot be deleted"):
+    with self.assertRaisesRegex(
+      errors.PinnedTagError,
+      r"'slow' is pinned to device slot 3.*it cannot be deleted",
+    ):
       c.check_unpinned("slow", "it cannot be deleted", lambda t: 3)
 
   def test_keep_only_forgets_lost_tags_and_their_pins(self):
@@ -134,8 +146,10 @@ class CatalogTest(unittest.TestCase):
     self.assertEqual(c.tags(), ["a"])
     self.assertEqual(c.pinned(), [])
     self.assertEqual(catalog.lost_note([]), "")
-    self.assertRegex(catalog.lost_note(["b", 3]),
-                     r"Snapshot\(s\) 'b', 3 were being overwritten and are dropped")
+    self.assertRegex(
+      catalog.lost_note(["b", 3]),
+      r"Snapshot\(s\) 'b', 3 were being overwritten and are dropped",
+    )
 
   def test_adopted_tags_move_automatic_tags_past_them(self):
     c = catalog.Catalog(capacity=None)
@@ -146,14 +160,23 @@ class CatalogTest(unittest.TestCase):
 
 
 class WithoutTensorFlowTest(unittest.TestCase):
-
   def test_runs_without_tensorflow(self):
     result = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_TF], cwd=_ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, universal_newlines=True, timeout=120)
+      [sys.executable, "-c", _WITHOUT_TF],
+      cwd=_ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      universal_newlines=True,
+      timeout=120,
+    )
     self.assertEqual(result.returncode, 0, result.stdout)
-    self.assertIn("ran %d" % unittest.defaultTestLoader.loadTestsFromTestCase(
-        CatalogTest).countTestCases(), result.stdout)
+    self.assertIn(
+      "ran %d"
+      % unittest.defaultTestLoader.loadTestsFromTestCase(
+        CatalogTest
+      ).countTestCases(),
+      result.stdout,
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ and checked). The other stacks are the venvs that `make venv`, `make venv-tf2`
 and `make venv-tf215` build at the repository root; `.ci/run` builds them all
 before running any suite, so in CI (CI=true) a missing one is a failure.
 """
+
 import os
 import subprocess
 import sys
@@ -32,32 +33,44 @@ def _other_pythons():
 
 
 class CrossStackFilesTest(unittest.TestCase):
-
   def _run(self, python, command, directory):
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
-               TF_USE_LEGACY_KERAS="1")
+    env = dict(
+      os.environ,
+      PYTHONPATH=ROOT,
+      TF_CPP_MIN_LOG_LEVEL="2",
+      TF_USE_LEGACY_KERAS="1",
+    )
     # Importing TF 2.x sets TF2_BEHAVIOR=1 in its process's environment, which
     # would turn on eager execution in a TF 1.15 child.
     env.pop("TF2_BEHAVIOR", None)
-    result = subprocess.run([python, SCRIPT, command, directory], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            universal_newlines=True, timeout=300)
-    self.assertEqual(result.returncode, 0, "%s %s:\n%s" % (python, command,
-                                                           result.stdout))
+    result = subprocess.run(
+      [python, SCRIPT, command, directory],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      universal_newlines=True,
+      timeout=300,
+    )
+    self.assertEqual(
+      result.returncode, 0, "%s %s:\n%s" % (python, command, result.stdout)
+    )
     return result.stdout
 
   def test_files_read_bit_exactly_across_stacks(self):
     others = _other_pythons()
     if not others:
-      message = ("no other TensorFlow stack is built at the repository root "
-                 "(`make venv-tf2` or `make venv` builds one)")
+      message = (
+        "no other TensorFlow stack is built at the repository root "
+        "(`make venv-tf2` or `make venv` builds one)"
+      )
       if os.environ.get("CI") == "true":
         self.fail(message + "; .ci/run builds every stack first")
       self.skipTest(message)
     for venv, other in others:
       for writer, reader in ((other, sys.executable), (sys.executable, other)):
-        with self.subTest(venv=venv, writer=writer), \
-            tempfile.TemporaryDirectory() as directory:
+        with self.subTest(
+          venv=venv, writer=writer
+        ), tempfile.TemporaryDirectory() as directory:
           self._run(writer, "write", directory)
           out = self._run(reader, "check", directory)
           self.assertIn("checked npz and spill written on TensorFlow", out)

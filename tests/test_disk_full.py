@@ -8,6 +8,7 @@ write cannot write either is always tested. In both, the store reports a
 memory (saying how far over the budget), stays usable, refuses to close
 rather than drop them, and writes them bit-exact once space is freed.
 """
+
 import errno
 import os
 import shutil
@@ -26,7 +27,6 @@ _SHAPE = [32, 1024]  # 128 KiB of float32 per snapshot
 
 
 class _FullDiskCase(tf.test.TestCase):
-
   def _setup(self, path):
     self.path = path
     self.graph = tf.Graph()
@@ -34,8 +34,9 @@ class _FullDiskCase(tf.test.TestCase):
       with tf.variable_scope("net"):
         self.w = tf.get_variable("w", _SHAPE, tf.float32)
         self.n = tf.get_variable("n", [3], tf.int64)
-      self.store = snapstore.SnapshotStore(scope="net", mode="disk",
-                                           spill_path=path, memory_budget=0)
+      self.store = snapstore.SnapshotStore(
+        scope="net", mode="disk", spill_path=path, memory_budget=0
+      )
     self.addCleanup(_close_quietly, self.store)
     self.sess = tf.Session(graph=self.graph)
     self.addCleanup(self.sess.close)
@@ -44,8 +45,10 @@ class _FullDiskCase(tf.test.TestCase):
 
   def _state(self, seed):
     rng = np.random.RandomState(seed)
-    return {"w": helpers.random_value(rng, _SHAPE, np.float32),
-            "n": helpers.random_value(rng, [3], np.int64)}
+    return {
+      "w": helpers.random_value(rng, _SHAPE, np.float32),
+      "n": helpers.random_value(rng, [3], np.int64),
+    }
 
   def _take(self, tag):
     """Snapshots state `tag`; returns the SpillErrors raised on the way."""
@@ -67,8 +70,11 @@ class _FullDiskCase(tf.test.TestCase):
   def _assert_restores(self, tags):
     for tag in tags:
       self.store.restore(tag, session=self.sess)
-      helpers.assert_state(dict(zip(("w", "n"), self.sess.run([self.w, self.n]))),
-                           self.states[tag], "snapshot %r" % (tag,))
+      helpers.assert_state(
+        dict(zip(("w", "n"), self.sess.run([self.w, self.n]))),
+        self.states[tag],
+        "snapshot %r" % (tag,),
+      )
 
   def _assert_file_holds(self, path, tags, incomplete=()):
     with snapstore.open_spill(path) as f:
@@ -93,27 +99,37 @@ class _FullDiskCase(tf.test.TestCase):
     for message in messages:
       self.assertRegex(message, r"no space left")
       self.assertIn(self.path, message)
-      self.assertRegex(message, r"kept in host memory \(host memory now holds "
-                       r"\d+ bytes of snapshots, \d+ over memory_budget=0\)")
+      self.assertRegex(
+        message,
+        r"kept in host memory \(host memory now holds "
+        r"\d+ bytes of snapshots, \d+ over memory_budget=0\)",
+      )
     every = before + fill_tags
     self.assertEqual(self.store.tags(), every)
     in_memory = [t for t in every if self.store.files.tier(t) == "host"]
     self.assertTrue(in_memory)
     self._assert_restores(every)  # every tier, still usable
     with helpers.assert_raises_naming(
-        self, snapstore.SpillError, r"no space left", r"stays open",
-        r"nothing is dropped"):
+      self,
+      snapstore.SpillError,
+      r"no space left",
+      r"stays open",
+      r"nothing is dropped",
+    ):
       self.store.close()
     self.assertEqual(self.store.tags(), every)
     self._assert_restores(in_memory)
     # The file is valid meanwhile: a copy (with any journal) reads as of its
     # last commit, the snapshots written before the disk filled.
-    copy = os.path.join(self.get_temp_dir(), "copy_%s.h5" % self._testMethodName)
+    copy = os.path.join(
+      self.get_temp_dir(), "copy_%s.h5" % self._testMethodName
+    )
     for suffix in ("", "-journal"):
       if os.path.exists(self.path + suffix):
         shutil.copy(self.path + suffix, copy + suffix)
-    self._assert_file_holds(copy, [t for t in every if t not in in_memory],
-                            incomplete=in_memory)
+    self._assert_file_holds(
+      copy, [t for t in every if t not in in_memory], incomplete=in_memory
+    )
     free()
     self._take(len(every))  # writing resumes
     self.store.close()
@@ -128,7 +144,6 @@ class FaultInjectionTest(_FullDiskCase):
     failing = [True]
 
     class FullDisk(object):
-
       def __getattr__(self, name):
         return getattr(os, name)
 
@@ -141,6 +156,7 @@ class FaultInjectionTest(_FullDiskCase):
         if failing[0]:
           raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return os.write(fd, data)
+
     journal.os = FullDisk()
     self.addCleanup(setattr, journal, "os", os)
     return lambda: failing.__setitem__(0, False)
@@ -164,12 +180,14 @@ class FaultInjectionTest(_FullDiskCase):
     def data_fails(f, ds, array):
       free[0] = free[0] or self._fail_every_write()
       return real(f, ds, array)
+
     spill_file.SpillFile._write_dataset = data_fails  # pylint: disable=protected-access
     self.addCleanup(setattr, spill_file.SpillFile, "_write_dataset", real)
 
     def free_space():
       spill_file.SpillFile._write_dataset = real  # pylint: disable=protected-access
       free[0]()
+
     self._assert_full_then_freed(free_space, [0, 1, 2])
 
 
@@ -181,14 +199,20 @@ class RealFullDiskTest(_FullDiskCase):
     self.mount = tempfile.mkdtemp(prefix="snapstore_tmpfs_")
     self.addCleanup(os.rmdir, self.mount)
     try:
-      subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs",
-                      self.mount], check=True, stdout=subprocess.PIPE,
-                     stderr=subprocess.PIPE, timeout=30)
+      subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", self.mount],
+        check=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        timeout=30,
+      )
     except (OSError, subprocess.SubprocessError) as e:
       detail = getattr(e, "stderr", None)
-      self.skipTest("cannot mount a 2 MiB tmpfs here (needs root), so the real "
-                    "full-disk test is skipped; the fault-injection test still "
-                    "runs: %s" % (detail.decode().strip() if detail else e))
+      self.skipTest(
+        "cannot mount a 2 MiB tmpfs here (needs root), so the real "
+        "full-disk test is skipped; the fault-injection test still "
+        "runs: %s" % (detail.decode().strip() if detail else e)
+      )
     self.addCleanup(subprocess.run, ["umount", self.mount], check=True)
 
   def test_disk_that_stays_full(self):

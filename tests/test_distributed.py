@@ -10,6 +10,7 @@ evaluate_with are bit-exact; and the documented between-graph pattern (the
 chief owns the snapshots, other workers build the same graph and only read)
 holds, including a non-chief worker's MonitoredSession start.
 """
+
 from absl.testing import parameterized
 import numpy as np
 
@@ -35,10 +36,12 @@ class TracingSession(object):
 
   def run(self, fetches, feed_dict=None):
     metadata = tf.RunMetadata()
-    options = tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE,
-                            output_partition_graphs=True)
-    out = self._sess.run(fetches, feed_dict=feed_dict, options=options,
-                         run_metadata=metadata)
+    options = tf.RunOptions(
+      trace_level=tf.RunOptions.FULL_TRACE, output_partition_graphs=True
+    )
+    out = self._sess.run(
+      fetches, feed_dict=feed_dict, options=options, run_metadata=metadata
+    )
     self.runs.append(metadata)
     return out
 
@@ -113,41 +116,60 @@ def _assigns(op):
 class Replica(object):
   """One worker's graph: a two-layer net on the ps tasks, Adam, a store."""
 
-  def __init__(self, spec, worker, scope, use_resource, mode="device",
-               extra_after_store=False, with_store=True, pack=False):
+  def __init__(
+    self,
+    spec,
+    worker,
+    scope,
+    use_resource,
+    mode="device",
+    extra_after_store=False,
+    with_store=True,
+    pack=False,
+  ):
     self.graph = tf.Graph()
     setter = tf.train.replica_device_setter(
-        worker_device="/job:worker/task:%d" % worker, cluster=spec)
+      worker_device="/job:worker/task:%d" % worker, cluster=spec
+    )
     with self.graph.as_default(), tf.device(setter):
       self.x = tf.placeholder(tf.float32, [None, 6])
       self.y = tf.placeholder(tf.float32, [None, 3])
-      self.out = helpers.dense_net(self.x, scope=scope, use_resource=use_resource,
-                                   outputs=3, activation=tf.nn.tanh)
+      self.out = helpers.dense_net(
+        self.x,
+        scope=scope,
+        use_resource=use_resource,
+        outputs=3,
+        activation=tf.nn.tanh,
+      )
       loss = tf.reduce_mean(tf.square(self.out - self.y))
       opt = tf.train.AdamOptimizer(0.1)
       self.train = opt.minimize(loss)
       self.store = None
       if with_store:
         options = {"pack": True} if pack else {}
-        self.store = snapstore.SnapshotStore(scope=scope, optimizer=opt,
-                                             mode=mode, max_to_keep=2, **options)
+        self.store = snapstore.SnapshotStore(
+          scope=scope, optimizer=opt, mode=mode, max_to_keep=2, **options
+        )
         if mode == "device" and not pack:
           self.past = self.store.slots.past(self.out, slot=0)
       if extra_after_store:  # placed after the store: must not shift
         with tf.variable_scope(scope + "_after", use_resource=use_resource):
           self.after = [tf.get_variable("a%d" % i, [2]) for i in range(3)]
-      self.init = [tf.global_variables_initializer(),
-                   tf.local_variables_initializer()]
-    self.variables = (self.store.variables if self.store is not None
-                      else None)
+      self.init = [
+        tf.global_variables_initializer(),
+        tf.local_variables_initializer(),
+      ]
+    self.variables = self.store.variables if self.store is not None else None
 
   def session(self, target):
     return tf.Session(target, graph=self.graph, config=_CONFIG)
 
   def feed(self, seed):
     rng = np.random.RandomState(seed)
-    return {self.x: rng.randn(16, 6).astype(np.float32),
-            self.y: rng.randn(16, 3).astype(np.float32)}
+    return {
+      self.x: rng.randn(16, 6).astype(np.float32),
+      self.y: rng.randn(16, 3).astype(np.float32),
+    }
 
   def load(self, sess, seed, finite=True):
     """Loads random values into every covered variable; returns them."""
@@ -156,8 +178,11 @@ class Replica(object):
     for key, var in self.variables.items():
       shape = var.shape.as_list()
       dtype = var.dtype.base_dtype.as_numpy_dtype
-      values[key] = (np.asarray(rng.randn(*shape), dtype) if finite
-                     else helpers.random_value(rng, shape, dtype))
+      values[key] = (
+        np.asarray(rng.randn(*shape), dtype)
+        if finite
+        else helpers.random_value(rng, shape, dtype)
+      )
       var.load(values[key], sess)
     return values
 
@@ -166,7 +191,6 @@ class Replica(object):
 
 
 class DistributedTest(tf.test.TestCase, parameterized.TestCase):
-
   cluster = None
   skip_reason = None
 
@@ -176,7 +200,9 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
     try:
       cls.cluster = cluster_lib.LoopbackCluster({"ps": 2, "worker": 2})
     except cluster_lib.ClusterError as e:
-      cls.skip_reason = "loopback tf.train.Server processes did not start: %s" % e
+      cls.skip_reason = (
+        "loopback tf.train.Server processes did not start: %s" % e
+      )
 
   @classmethod
   def tearDownClass(cls):
@@ -235,20 +261,29 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
       # for each task's check that the slot is initialized): no parameter data.
       self.assertEqual(_data_crossing(traced.runs[-1]), set())
       for name in _crossing(traced.runs[-1]):
-        self.assertIn(replica.graph.get_operation_by_name(name).type,
-                      ("NoOp", "Assert"), name)
+        self.assertIn(
+          replica.graph.get_operation_by_name(name).type,
+          ("NoOp", "Assert"),
+          name,
+        )
 
   @parameterized.named_parameters(*helpers.kind_cases())
   def test_packed_buffers_and_copies_stay_on_each_ps_task(self, use_resource):
     replica = self._replica(use_resource=use_resource, pack=True)
     store = replica.store
     graph = replica.graph
-    buffers = [v for v in graph.get_collection(snapstore.SHADOW_VARIABLES)
-               if "/packed_" in v.op.name]
+    buffers = [
+      v
+      for v in graph.get_collection(snapstore.SHADOW_VARIABLES)
+      if "/packed_" in v.op.name
+    ]
     # The variables (and Adam's slots) of each ps task, in one buffer per slot
     # and the scratch, on that task.
-    tasks = set(_task(v.device) for v in store.variables.values()
-                if v.dtype.base_dtype == tf.float32)
+    tasks = set(
+      _task(v.device)
+      for v in store.variables.values()
+      if v.dtype.base_dtype == tf.float32
+    )
     self.assertEqual(tasks, {("ps", 0), ("ps", 1)})
     self.assertLen(buffers, 3 * len(tasks))
     self.assertEqual(set(_task(b.device) for b in buffers), tasks)
@@ -267,8 +302,15 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
       op = _graph_op(graph, name)
       if op is not None and "/packed_" in name:
         self.assertIn(task, tasks, name)
-        self.assertEqual(task, _task(graph.get_operation_by_name(
-            op.colocation_groups()[0].decode()[len("loc:@"):]).device), name)
+        self.assertEqual(
+          task,
+          _task(
+            graph.get_operation_by_name(
+              op.colocation_groups()[0].decode()[len("loc:@") :]
+            ).device
+          ),
+          name,
+        )
     store.snapshot("a", session=sess)
     sess.run(replica.train, replica.feed(2))
     store.restore("a", session=sess)
@@ -299,7 +341,9 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
       helpers.assert_state(store.arrays(tag, session=sess), expected, tag)
 
   @parameterized.named_parameters(*helpers.kind_cases())
-  def test_host_snapshot_gathers_from_every_ps_task_in_one_run(self, use_resource):
+  def test_host_snapshot_gathers_from_every_ps_task_in_one_run(
+    self, use_resource
+  ):
     replica = self._replica(use_resource=use_resource, mode="host")
     sess = self._session(replica)
     sess.run(replica.init)
@@ -311,8 +355,11 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
     read_tasks = {}
     for name, task in _ran_on(traced.runs[0]).items():
       op = _graph_op(replica.graph, name)
-      if op is not None and op.type in ("Identity", "ReadVariableOp") and \
-          op.inputs[0].op.name in covered:
+      if (
+        op is not None
+        and op.type in ("Identity", "ReadVariableOp")
+        and op.inputs[0].op.name in covered
+      ):
         read_tasks[op.inputs[0].op.name] = task
     self.assertEqual(sorted(read_tasks), sorted(covered))
     for var in replica.variables.values():
@@ -326,16 +373,23 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
     helpers.assert_state(replica.values(sess), expected)
 
   @parameterized.named_parameters(*helpers.kind_cases())
-  def test_between_graph_replication_chief_owns_the_snapshots(self, use_resource):
+  def test_between_graph_replication_chief_owns_the_snapshots(
+    self, use_resource
+  ):
     chief = self._replica(0, use_resource=use_resource, extra_after_store=True)
     other = self._replica(1, use_resource=use_resource, extra_after_store=True)
     # The store places nothing by round-robin: variables built after it land
     # where they would without it, so every worker's graph places alike.
-    bare = self._replica(0, use_resource=use_resource, with_store=False,
-                         extra_after_store=True)
-    self.assertEqual([v.device for v in chief.after], [v.device for v in bare.after])
-    self.assertEqual([v.device for v in chief.store.variables.values()],
-                     [v.device for v in other.store.variables.values()])
+    bare = self._replica(
+      0, use_resource=use_resource, with_store=False, extra_after_store=True
+    )
+    self.assertEqual(
+      [v.device for v in chief.after], [v.device for v in bare.after]
+    )
+    self.assertEqual(
+      [v.device for v in chief.store.variables.values()],
+      [v.device for v in other.store.variables.values()],
+    )
 
     chief_sess = self._session(chief, 0)
     chief_sess.run(chief.init)
@@ -350,7 +404,8 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
     # waits for the chief's initialization, then runs its local_init_op,
     # which must not reset the shared shadows, and trains.
     creator = tf.train.WorkerSessionCreator(
-        master=self.cluster.target("worker", 1), config=_CONFIG)
+      master=self.cluster.target("worker", 1), config=_CONFIG
+    )
     with other.graph.as_default():
       with tf.train.MonitoredSession(session_creator=creator) as worker_sess:
         for _ in range(3):
@@ -359,8 +414,9 @@ class DistributedTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(other.store.tags(), [])  # its store holds no tags
         # It reads the chief's snapshot: the shadows are shared ps variables.
         shadows = other.store.slots.shadows(0)
-        helpers.assert_state(dict(zip(shadows, raw.run(list(shadows.values())))),
-                             good)
+        helpers.assert_state(
+          dict(zip(shadows, raw.run(list(shadows.values())))), good
+        )
         helpers.assert_bit_equal(raw.run(other.past, feed), good_out)
         trained = other.values(raw)
     helpers.assert_state_differs(trained, good)

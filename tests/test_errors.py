@@ -1,4 +1,5 @@
 """Every user-facing error: its message, and that nothing was changed."""
+
 import io
 import os
 import zipfile
@@ -19,9 +20,12 @@ class _StoreCase(tf.test.TestCase, parameterized.TestCase):
   def _setup(self, mode, use_resource):
     self.graph = tf.Graph()
     with self.graph.as_default():
-      self.model = helpers.Model(use_resource=use_resource,
-                                 dtypes=(tf.float32, tf.int32))
-      self.store = snapstore.SnapshotStore(scope="net", mode=mode, max_to_keep=3)
+      self.model = helpers.Model(
+        use_resource=use_resource, dtypes=(tf.float32, tf.int32)
+      )
+      self.store = snapstore.SnapshotStore(
+        scope="net", mode=mode, max_to_keep=3
+      )
     self.sess = tf.Session(graph=self.graph)
     self.addCleanup(self.sess.close)
     helpers.init(self.sess)
@@ -43,24 +47,28 @@ class _StoreCase(tf.test.TestCase, parameterized.TestCase):
     return path
 
   def _good_arrays(self):
-    return {"v0_float32": np.zeros([3, 5], np.float32),
-            "v1_int32": np.zeros([3, 5], np.int32)}
+    return {
+      "v0_float32": np.zeros([3, 5], np.float32),
+      "v1_int32": np.zeros([3, 5], np.int32),
+    }
 
 
 class TagErrorsTest(_StoreCase):
-
   @parameterized.named_parameters(*CASES)
   def test_unknown_tag_lists_existing(self, mode, use_resource):
     self._setup(mode, use_resource)
     self.store.snapshot(4, session=self.sess)
     self.live = self.model.values(self.sess)
     self.tags = self.store.tags()
-    for call in (lambda: self.store.restore("bad", session=self.sess),
-                 lambda: self.store.evaluate_with([], tag="bad", session=self.sess),
-                 lambda: self.store.arrays("bad", session=self.sess),
-                 lambda: self.store.delete("bad")):
-      with self.assertRaisesRegex(snapstore.UnknownTagError,
-                                  r"No snapshot tagged 'bad'.*'good', 4\b"):
+    for call in (
+      lambda: self.store.restore("bad", session=self.sess),
+      lambda: self.store.evaluate_with([], tag="bad", session=self.sess),
+      lambda: self.store.arrays("bad", session=self.sess),
+      lambda: self.store.delete("bad"),
+    ):
+      with self.assertRaisesRegex(
+        snapstore.UnknownTagError, r"No snapshot tagged 'bad'.*'good', 4\b"
+      ):
         call()
     self.assertUnchanged()
 
@@ -68,8 +76,10 @@ class TagErrorsTest(_StoreCase):
   def test_restore_from_empty_store(self, mode, use_resource):
     self._setup(mode, use_resource)
     self.store.delete("good")
-    with self.assertRaisesRegex(snapstore.UnknownTagError,
-                                "holds no snapshots yet; take one with snapshot"):
+    with self.assertRaisesRegex(
+      snapstore.UnknownTagError,
+      "holds no snapshots yet; take one with snapshot",
+    ):
       self.store.restore(session=self.sess)
     helpers.assert_state(self.model.values(self.sess), self.live)
 
@@ -77,13 +87,14 @@ class TagErrorsTest(_StoreCase):
   def test_bad_tag_type(self, mode, use_resource):
     self._setup(mode, use_resource)
     for tag in (1.5, True, "", ("a",)):
-      with self.assertRaisesRegex(TypeError, "A tag must be an int or a non-empty string"):
+      with self.assertRaisesRegex(
+        TypeError, "A tag must be an int or a non-empty string"
+      ):
         self.store.snapshot(tag, session=self.sess)
     self.assertUnchanged()
 
 
 class SessionErrorsTest(_StoreCase):
-
   @parameterized.named_parameters(*CASES)
   def test_session_of_another_graph(self, mode, use_resource):
     self._setup(mode, use_resource)
@@ -93,8 +104,9 @@ class SessionErrorsTest(_StoreCase):
     with tf.Session(graph=other_graph) as other:
       for call in (self.store.snapshot, self.store.restore, self.store.recover):
         with self.assertRaisesRegex(
-            snapstore.GraphMismatchError,
-            r"session belongs to another graph than the store's variables"):
+          snapstore.GraphMismatchError,
+          r"session belongs to another graph than the store's variables",
+        ):
           call(session=other)
     self.assertUnchanged()
 
@@ -102,11 +114,17 @@ class SessionErrorsTest(_StoreCase):
   def test_no_session(self, mode, use_resource):
     self._setup(mode, use_resource)
     self.assertIsNone(tf.get_default_session())
-    with helpers.assert_raises_naming(self, snapstore.NoSessionError,
-                                      r"restore\(\) needs a session", r"session=",
-                                      r"session\.as_default\(\)"):
+    with helpers.assert_raises_naming(
+      self,
+      snapstore.NoSessionError,
+      r"restore\(\) needs a session",
+      r"session=",
+      r"session\.as_default\(\)",
+    ):
       self.store.restore()
-    with self.assertRaisesRegex(snapstore.NoSessionError, r"snapshot\(\) needs a session"):
+    with self.assertRaisesRegex(
+      snapstore.NoSessionError, r"snapshot\(\) needs a session"
+    ):
       self.store.snapshot()
     self.assertUnchanged()
 
@@ -118,20 +136,27 @@ class SessionErrorsTest(_StoreCase):
 
 
 class NpzErrorsTest(_StoreCase):
-
   @parameterized.named_parameters(*CASES)
-  def test_missing_extra_shape_and_dtype_named_together(self, mode, use_resource):
+  def test_missing_extra_shape_and_dtype_named_together(
+    self, mode, use_resource
+  ):
     self._setup(mode, use_resource)
-    path = self._npz({"v0_float32": np.zeros([5, 3], np.float64),
-                      "surplus": np.zeros([2], np.float32),
-                      "other/extra": np.zeros([1], np.int8)})
+    path = self._npz(
+      {
+        "v0_float32": np.zeros([5, 3], np.float64),
+        "surplus": np.zeros([2], np.float32),
+        "other/extra": np.zeros([1], np.int8),
+      }
+    )
     with helpers.assert_raises_naming(
-        self, snapstore.IncompatibleSnapshotError,
-        r"x\.npz does not match",
-        r"missing variables: v1_int32\b",
-        r"variables the store does not have: other/extra, surplus\b",
-        r"v0_float32 has shape \(5, 3\), the variable has shape \(3, 5\)",
-        r"v0_float32 has dtype float64, the variable has dtype float32"):
+      self,
+      snapstore.IncompatibleSnapshotError,
+      r"x\.npz does not match",
+      r"missing variables: v1_int32\b",
+      r"variables the store does not have: other/extra, surplus\b",
+      r"v0_float32 has shape \(5, 3\), the variable has shape \(3, 5\)",
+      r"v0_float32 has dtype float64, the variable has dtype float32",
+    ):
       self.store.files.load_npz(path, session=self.sess)
     self.assertUnchanged()
 
@@ -139,12 +164,18 @@ class NpzErrorsTest(_StoreCase):
   def test_each_problem_alone(self, mode, use_resource):
     self._setup(mode, use_resource)
     cases = {
-        "missing variables: v1_int32": {"v0_float32": np.zeros([3, 5], np.float32)},
-        "variables the store does not have: w": dict(self._good_arrays(), w=np.zeros(1)),
-        r"v1_int32 has shape \(15,\), the variable has shape \(3, 5\)": dict(
-            self._good_arrays(), v1_int32=np.zeros([15], np.int32)),
-        "v1_int32 has dtype int64, the variable has dtype int32": dict(
-            self._good_arrays(), v1_int32=np.zeros([3, 5], np.int64)),
+      "missing variables: v1_int32": {
+        "v0_float32": np.zeros([3, 5], np.float32)
+      },
+      "variables the store does not have: w": dict(
+        self._good_arrays(), w=np.zeros(1)
+      ),
+      r"v1_int32 has shape \(15,\), the variable has shape \(3, 5\)": dict(
+        self._good_arrays(), v1_int32=np.zeros([15], np.int32)
+      ),
+      "v1_int32 has dtype int64, the variable has dtype int32": dict(
+        self._good_arrays(), v1_int32=np.zeros([3, 5], np.int64)
+      ),
     }
     for message, arrays in cases.items():
       with self.assertRaisesRegex(snapstore.IncompatibleSnapshotError, message):
@@ -155,10 +186,13 @@ class NpzErrorsTest(_StoreCase):
   def test_pickled_npz(self, mode, use_resource):
     self._setup(mode, use_resource)
     arrays = self._good_arrays()
-    arrays["v1_int32"] = np.array([{"evil": 1}] * 15, dtype=object).reshape(3, 5)
+    arrays["v1_int32"] = np.array([{"evil": 1}] * 15, dtype=object).reshape(
+      3, 5
+    )
     path = self._npz(arrays)
-    with self.assertRaisesRegex(snapstore.SnapshotFileError,
-                                r"holds pickled Python objects in v1_int32"):
+    with self.assertRaisesRegex(
+      snapstore.SnapshotFileError, r"holds pickled Python objects in v1_int32"
+    ):
       self.store.files.load_npz(path, session=self.sess)
     self.assertUnchanged()
 
@@ -168,11 +202,13 @@ class NpzErrorsTest(_StoreCase):
     path = os.path.join(self.get_temp_dir(), "junk.npz")
     with open(path, "wb") as f:
       f.write(b"this is not a zip archive" * 10)
-    with self.assertRaisesRegex(snapstore.SnapshotFileError,
-                                r"junk\.npz is not an \.npz archive"):
+    with self.assertRaisesRegex(
+      snapstore.SnapshotFileError, r"junk\.npz is not an \.npz archive"
+    ):
       self.store.files.load_npz(path, session=self.sess)
-    with self.assertRaisesRegex(snapstore.SnapshotFileError,
-                                r"junk\.npz\.missing: no such file"):
+    with self.assertRaisesRegex(
+      snapstore.SnapshotFileError, r"junk\.npz\.missing: no such file"
+    ):
       self.store.files.load_npz(path + ".missing", session=self.sess)
     self.assertUnchanged()
 
@@ -186,8 +222,10 @@ class NpzErrorsTest(_StoreCase):
     path = os.path.join(self.get_temp_dir(), "flipped.npz")
     with open(path, "wb") as f:
       f.write(bytes(data))
-    with self.assertRaisesRegex(snapstore.SnapshotFileError,
-                                r"flipped\.npz: array '\w+' (is truncated or corrupt|has no valid)"):
+    with self.assertRaisesRegex(
+      snapstore.SnapshotFileError,
+      r"flipped\.npz: array '\w+' (is truncated or corrupt|has no valid)",
+    ):
       self.store.files.load_npz(path, session=self.sess)
     self.assertUnchanged()
 
@@ -200,35 +238,43 @@ class NpzErrorsTest(_StoreCase):
     with zipfile.ZipFile(path, "w") as zf:
       zf.writestr("v0_float32.npy", buf.getvalue())
       zf.writestr("README.txt", "hello")
-    with self.assertRaisesRegex(snapstore.SnapshotFileError,
-                                r"holds 'README\.txt', which is not a \.npy array"):
+    with self.assertRaisesRegex(
+      snapstore.SnapshotFileError,
+      r"holds 'README\.txt', which is not a \.npy array",
+    ):
       self.store.files.load_npz(path, session=self.sess)
     self.assertUnchanged()
 
   @parameterized.named_parameters(*CASES)
   def test_load_arrays_checks_like_npz(self, mode, use_resource):
     self._setup(mode, use_resource)
-    with self.assertRaisesRegex(snapstore.IncompatibleSnapshotError,
-                                r"missing variables: v1_int32\b"):
-      self.store.load_arrays({"v0_float32": np.zeros([3, 5], np.float32)},
-                             session=self.sess)
+    with self.assertRaisesRegex(
+      snapstore.IncompatibleSnapshotError, r"missing variables: v1_int32\b"
+    ):
+      self.store.load_arrays(
+        {"v0_float32": np.zeros([3, 5], np.float32)}, session=self.sess
+      )
     self.assertUnchanged()
 
   def test_save_into_missing_directory(self):
     self._setup("host", False)
-    with self.assertRaisesRegex(snapstore.SnapshotFileError,
-                                r"Cannot write .*: directory .*nowhere does not exist"):
-      self.store.files.save_npz(os.path.join(self.get_temp_dir(), "nowhere", "x.npz"))
+    with self.assertRaisesRegex(
+      snapstore.SnapshotFileError,
+      r"Cannot write .*: directory .*nowhere does not exist",
+    ):
+      self.store.files.save_npz(
+        os.path.join(self.get_temp_dir(), "nowhere", "x.npz")
+      )
     self.assertUnchanged()
 
 
 class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
-
   def test_unknown_mode_lists_valid_ones(self):
     with tf.Graph().as_default():
       helpers.Model()
-      with self.assertRaisesRegex(ValueError,
-                                  r"Invalid mode 'gpu'; must be one of device, disk, host"):
+      with self.assertRaisesRegex(
+        ValueError, r"Invalid mode 'gpu'; must be one of device, disk, host"
+      ):
         snapstore.SnapshotStore(mode="gpu")
 
   def test_unknown_mode_option(self):
@@ -236,28 +282,39 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
       helpers.Model()
       # The message names the option and lists the valid ones.
       with helpers.assert_raises_naming(
-          self, TypeError, r"Mode 'host' takes no option saveable",
-          r"spill_path, compression, compression_opts, max_pending, durable\b"):
+        self,
+        TypeError,
+        r"Mode 'host' takes no option saveable",
+        r"spill_path, compression, compression_opts, max_pending, durable\b",
+      ):
         snapstore.SnapshotStore(mode="host", saveable=True)
       with helpers.assert_raises_naming(
-          self, TypeError, r"Mode 'device' takes no option colour",
-          r"saveable, pack, spill_path, compression, compression_opts, max_pending, durable\b"):
+        self,
+        TypeError,
+        r"Mode 'device' takes no option colour",
+        r"saveable, pack, spill_path, compression, compression_opts, max_pending, durable\b",
+      ):
         snapstore.SnapshotStore(mode="device", colour=1)
 
   def test_empty_variable_sets(self):
     with tf.Graph().as_default():
       helpers.Model()
       with self.assertRaisesRegex(
-          ValueError, r"collection 'variables' under scope 'nothing' is empty"):
+        ValueError, r"collection 'variables' under scope 'nothing' is empty"
+      ):
         snapstore.SnapshotStore(scope="nothing")
       with self.assertRaisesRegex(ValueError, r"var_list is empty"):
         snapstore.SnapshotStore(var_list=[])
       with self.assertRaisesRegex(
-          ValueError, r"collection 'model_variables' of the default graph is empty"):
+        ValueError,
+        r"collection 'model_variables' of the default graph is empty",
+      ):
         snapstore.SnapshotStore(collection=tf.GraphKeys.MODEL_VARIABLES)
     with tf.Graph().as_default():
       with self.assertRaisesRegex(
-          ValueError, r"collection 'trainable_variables' of the default graph is empty"):
+        ValueError,
+        r"collection 'trainable_variables' of the default graph is empty",
+      ):
         snapstore.SnapshotStore()
 
   def test_scope_does_not_match_longer_names(self):
@@ -270,15 +327,23 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
   def test_var_list_and_collection(self):
     with tf.Graph().as_default():
       v = tf.Variable(1.0)
-      with self.assertRaisesRegex(ValueError, "Pass var_list or collection, not both"):
-        snapstore.SnapshotStore(var_list=[v], collection=tf.GraphKeys.GLOBAL_VARIABLES)
+      with self.assertRaisesRegex(
+        ValueError, "Pass var_list or collection, not both"
+      ):
+        snapstore.SnapshotStore(
+          var_list=[v], collection=tf.GraphKeys.GLOBAL_VARIABLES
+        )
 
   def test_non_variables(self):
     with tf.Graph().as_default():
-      with self.assertRaisesRegex(TypeError, r"var_list holds .*Tensor.*not a tf\.Variable"):
+      with self.assertRaisesRegex(
+        TypeError, r"var_list holds .*Tensor.*not a tf\.Variable"
+      ):
         snapstore.SnapshotStore(var_list=[tf.constant(1.0)])
       tf.add_to_collection("stuff", tf.constant(1.0))
-      with self.assertRaisesRegex(TypeError, r"Collection 'stuff' holds .*not a variable"):
+      with self.assertRaisesRegex(
+        TypeError, r"Collection 'stuff' holds .*not a variable"
+      ):
         snapstore.SnapshotStore(collection="stuff")
 
   def test_duplicate_keys(self):
@@ -287,18 +352,27 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
         inside = tf.get_variable("w", [1])
       outside = tf.get_variable("w", [1])  # keeps its full name "w" as key
       with helpers.assert_raises_naming(
-          self, ValueError, r"a/w:0 and w:0 both map to key 'w'", r"dict var_list"):
+        self, ValueError, r"a/w:0 and w:0 both map to key 'w'", r"dict var_list"
+      ):
         snapstore.SnapshotStore(var_list=[inside, outside], scope="a")
-      store = snapstore.SnapshotStore(var_list={"inner": inside, "outer": outside})
+      store = snapstore.SnapshotStore(
+        var_list={"inner": inside, "outer": outside}
+      )
       self.assertEqual(store.keys, ("inner", "outer"))
 
   def test_unknown_shape_and_unsupported_dtype(self):
     with tf.Graph().as_default():
-      v = tf.Variable(tf.zeros([3]), validate_shape=False, shape=tf.TensorShape(None))
-      with self.assertRaisesRegex(ValueError, r"has shape <unknown>, which is not fully defined"):
+      v = tf.Variable(
+        tf.zeros([3]), validate_shape=False, shape=tf.TensorShape(None)
+      )
+      with self.assertRaisesRegex(
+        ValueError, r"has shape <unknown>, which is not fully defined"
+      ):
         snapstore.SnapshotStore(var_list=[v])
       s = tf.Variable("text")
-      with self.assertRaisesRegex(ValueError, r"has dtype string, which snapstore does not support"):
+      with self.assertRaisesRegex(
+        ValueError, r"has dtype string, which snapstore does not support"
+      ):
         snapstore.SnapshotStore(var_list=[s])
 
   def test_variables_of_two_graphs(self):
@@ -313,21 +387,28 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       helpers.Model(dtypes=(tf.float32,))
       with helpers.assert_raises_naming(
-          self, ValueError, r"Optimizer Adam has no variables yet", r"train op"):
+        self, ValueError, r"Optimizer Adam has no variables yet", r"train op"
+      ):
         snapstore.SnapshotStore(optimizer=tf.train.AdamOptimizer())
       with helpers.assert_raises_naming(
-          self, ValueError, r"include_global_step=True, but the graph has no global step",
-          r"get_or_create_global_step"):
+        self,
+        ValueError,
+        r"include_global_step=True, but the graph has no global step",
+        r"get_or_create_global_step",
+      ):
         snapstore.SnapshotStore(include_global_step=True)
 
   @parameterized.parameters(
-      ("device", 0, r">= 1\b.*got 0"),
-      ("device", -1, r">= 1\b.*got -1"),
-      ("host", -2, r">= 0\b.*got -2"))
+    ("device", 0, r">= 1\b.*got 0"),
+    ("device", -1, r">= 1\b.*got -1"),
+    ("host", -2, r">= 0\b.*got -2"),
+  )
   def test_bad_max_to_keep(self, mode, value, fragment):
     with tf.Graph().as_default():
       helpers.Model()
-      with self.assertRaisesRegex(ValueError, "max_to_keep must be " + fragment):
+      with self.assertRaisesRegex(
+        ValueError, "max_to_keep must be " + fragment
+      ):
         snapstore.SnapshotStore(mode=mode, max_to_keep=value)
       with self.assertRaisesRegex(TypeError, "max_to_keep must be an int"):
         snapstore.SnapshotStore(mode=mode, max_to_keep=2.0)
@@ -337,9 +418,14 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
       helpers.Model()
       store = snapstore.SnapshotStore(mode="host")
       with helpers.assert_raises_naming(
-          self, snapstore.ModeError, r"store\.slots", "mode 'host'",
-          "no device slots", r"snapshot_op, restore_op, shadows, past",
-          "mode='device' has them"):
+        self,
+        snapstore.ModeError,
+        r"store\.slots",
+        "mode 'host'",
+        "no device slots",
+        r"snapshot_op, restore_op, shadows, past",
+        "mode='device' has them",
+      ):
         store.slots  # pylint: disable=pointless-statement
 
   def test_slot_out_of_range(self):

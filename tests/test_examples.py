@@ -1,4 +1,5 @@
 """Every script in examples/ (and the README's training-loop code) runs and checks itself."""
+
 import os
 import subprocess
 import sys
@@ -7,28 +8,35 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 EXPECTED = {
-    "target_network.py": ["greedy policy RRRRR"],
-    "lookahead_classification.py": ["Lookahead(k=5, alpha=0.5), slow weights"],
-    "rollback_divergence.py": ["plain     loss NaN after step", "rollback  held-out",
-                               "trial     held-out"],
-    "checkpoint_ensemble.py": ["member 2 (seed 2)", "ensemble, majority vote"],
+  "target_network.py": ["greedy policy RRRRR"],
+  "lookahead_classification.py": ["Lookahead(k=5, alpha=0.5), slow weights"],
+  "rollback_divergence.py": [
+    "plain     loss NaN after step",
+    "rollback  held-out",
+    "trial     held-out",
+  ],
+  "checkpoint_ensemble.py": ["member 2 (seed 2)", "ensemble, majority vote"],
 }
 
 
 class ExamplesTest(unittest.TestCase):
-
   def test_every_example_is_covered(self):
-    scripts = sorted(f for f in os.listdir(os.path.join(ROOT, "examples"))
-                     if f.endswith(".py"))
+    scripts = sorted(
+      f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py")
+    )
     self.assertEqual(scripts, sorted(EXPECTED))
 
   def _run(self, script, *args):
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, os.path.join("examples", script)]
-                            + list(args),
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, universal_newlines=True,
-                            timeout=120)
+    result = subprocess.run(
+      [sys.executable, os.path.join("examples", script)] + list(args),
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      universal_newlines=True,
+      timeout=120,
+    )
     self.assertEqual(result.returncode, 0, result.stdout)
     for line in EXPECTED[script]:
       self.assertIn(line, result.stdout)
@@ -52,13 +60,21 @@ class ExamplesTest(unittest.TestCase):
     with open(os.path.join(ROOT, "README.md")) as f:
       section = f.read().split("## Training-loop integration", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    code += ("\nassert np.isfinite(slow_loss) and np.isfinite(ema_loss)\n"
-             # The guard's device snapshot went with the closed session.
-             "assert store.tags() == []\n")
+    code += (
+      "\nassert np.isfinite(slow_loss) and np.isfinite(ema_loss)\n"
+      # The guard's device snapshot went with the closed session.
+      "assert store.tags() == []\n"
+    )
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            universal_newlines=True, timeout=120)
+    result = subprocess.run(
+      [sys.executable, "-c", code],
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      universal_newlines=True,
+      timeout=120,
+    )
     self.assertEqual(result.returncode, 0, result.stdout)
 
 

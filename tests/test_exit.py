@@ -13,6 +13,7 @@ snapshots in memory, exit while the writer is inside a write that fails, exit
 on a full disk (ENOSPC, fault injection) after a delete failed too, and a
 store dropped and garbage-collected after a write failed.
 """
+
 import errno
 import os
 import re
@@ -138,11 +139,15 @@ _CHILD = textwrap.dedent("""
 
 
 # (cause, hint) in the message, per way of filling the disk.
-_EFBIG = (r"[^\n]*File too large[^\n]*",
-          r"raise the file-size limit \(ulimit -f\) or use a file system that "
-          r"allows larger files, or ")
-_ENOSPC = (r"no space left on the device: OSError: [^\n]*",
-           r"free space on that disk, or ")
+_EFBIG = (
+  r"[^\n]*File too large[^\n]*",
+  r"raise the file-size limit \(ulimit -f\) or use a file system that "
+  r"allows larger files, or ",
+)
+_ENOSPC = (
+  r"no space left on the device: OSError: [^\n]*",
+  r"free space on that disk, or ",
+)
 
 
 def value(tag):
@@ -153,7 +158,6 @@ def fail_every_write():
   """Makes every write of a spill file or its journal fail with ENOSPC."""
 
   class FullDisk(object):
-
     def __getattr__(self, name):
       return getattr(os, name)
 
@@ -162,6 +166,7 @@ def fail_every_write():
 
     def write(self, fd, data):
       raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
   journal.os = FullDisk()
 
 
@@ -169,11 +174,11 @@ def slowed(method):
   def slow(*args, **kwargs):
     time.sleep(0.2)
     return method(*args, **kwargs)
+
   return slow
 
 
 class ExitTest(tf.test.TestCase, parameterized.TestCase):
-
   def _run(self, variant):
     directory = os.path.join(self.get_temp_dir(), variant)
     os.makedirs(directory)
@@ -181,9 +186,14 @@ class ExitTest(tf.test.TestCase, parameterized.TestCase):
     with open(script, "w") as f:
       f.write(_CHILD % {"root": _ROOT})
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    child = subprocess.run([sys.executable, script, variant, directory],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           env=env, cwd=_ROOT, timeout=300)
+    child = subprocess.run(
+      [sys.executable, script, variant, directory],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      env=env,
+      cwd=_ROOT,
+      timeout=300,
+    )
     self.stdout = child.stdout.decode()
     self.stderr = child.stderr.decode()
     self.directory = directory
@@ -197,28 +207,32 @@ class ExitTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(f.incomplete(), [], mode)
       self.assertEqual(f.damaged(), [], mode)
       for tag in (0, 1):
-        helpers.assert_bit_equal(f.read(tag)["w"], value(tag),
-                                 "%s snapshot %d" % (mode, tag))
+        helpers.assert_bit_equal(
+          f.read(tag)["w"], value(tag), "%s snapshot %d" % (mode, tag)
+        )
 
   def _assert_lost_named(self, mode, tags, cause, hint, undeleted=""):
     path = os.path.join(self.directory, mode + ".h5")
     self.assertRegex(
-        self.stderr,
-        r"snapstore: at exit: the program is ending, and snapshot\(s\) %s "
-        r"could not be written to the spill file %s \(%s\): they are lost "
-        r"with the process\. The file is closed and valid, with every snapshot "
-        r"committed before%s\. Next time, %scall the store's close\(\) before "
-        r"the program ends and handle its SpillError \(the snapshots stay in "
-        r"memory: call close\(\) again once the file can be written, or save "
-        r"them elsewhere with save_npz\)\."
-        % (", ".join(map(str, tags)), re.escape(path), cause, undeleted, hint))
+      self.stderr,
+      r"snapstore: at exit: the program is ending, and snapshot\(s\) %s "
+      r"could not be written to the spill file %s \(%s\): they are lost "
+      r"with the process\. The file is closed and valid, with every snapshot "
+      r"committed before%s\. Next time, %scall the store's close\(\) before "
+      r"the program ends and handle its SpillError \(the snapshots stay in "
+      r"memory: call close\(\) again once the file can be written, or save "
+      r"them elsewhere with save_npz\)\."
+      % (", ".join(map(str, tags)), re.escape(path), cause, undeleted, hint),
+    )
 
   @parameterized.named_parameters(
-      ("in_memory", "in_memory", 3, _EFBIG),
-      ("mid_write", "mid_write", 0, _EFBIG),
-      ("full_disk", "full_disk", 0, _ENOSPC))
-  def test_exit_names_what_is_lost_and_keeps_the_file(self, variant, status,
-                                                      cause_and_hint):
+    ("in_memory", "in_memory", 3, _EFBIG),
+    ("mid_write", "mid_write", 0, _EFBIG),
+    ("full_disk", "full_disk", 0, _ENOSPC),
+  )
+  def test_exit_names_what_is_lost_and_keeps_the_file(
+    self, variant, status, cause_and_hint
+  ):
     returncode = self._run(variant)
     self.assertEqual(returncode, status, self.stderr[-3000:])
     self.assertIn("exiting", self.stdout)
@@ -229,8 +243,12 @@ class ExitTest(tf.test.TestCase, parameterized.TestCase):
       # A disk store's snapshots in memory were bound for the file too; a
       # device or host store's own tier ends with the store, as always.
       lost = [2, 3] if mode == "disk" and variant != "mid_write" else [2]
-      undeleted = (r"; deleting snapshot\(s\) 0 from it failed, so it still "
-                   r"holds them" if variant == "full_disk" else "")
+      undeleted = (
+        r"; deleting snapshot\(s\) 0 from it failed, so it still "
+        r"holds them"
+        if variant == "full_disk"
+        else ""
+      )
       self._assert_lost_named(mode, lost, *cause_and_hint, undeleted=undeleted)
       self._assert_file_holds_committed(mode)
     self.assertEqual(self.stderr.count("snapstore: at exit"), len(_MODES))
@@ -242,8 +260,12 @@ class ExitTest(tf.test.TestCase, parameterized.TestCase):
     returncode = self._run("dropped")
     self.assertEqual(returncode, 0, self.stderr[-3000:])
     self.assertIn("failed writes waiting: %d" % len(_MODES), self.stdout)
-    self.assertIn("collected %d of %d" % (len(_MODES), len(_MODES)), self.stdout)
-    self.assertNotIn("snapstore: at exit", self.stderr)  # released on collection
+    self.assertIn(
+      "collected %d of %d" % (len(_MODES), len(_MODES)), self.stdout
+    )
+    self.assertNotIn(
+      "snapstore: at exit", self.stderr
+    )  # released on collection
     for mode in _MODES:
       self._assert_file_holds_committed(mode)
 

@@ -3,6 +3,7 @@
 Faults are injected with a session wrapper that raises a TF error for chosen
 runs; the store treats it like any session (it has `run` and `graph`).
 """
+
 from absl.testing import parameterized
 
 import snapstore
@@ -26,9 +27,11 @@ class FlakySession(object):
 
 def fetching(*names):
   """A predicate: the run fetches an op or tensor with one of `names`."""
+
   def predicate(fetches):
     flat = fetches if isinstance(fetches, (list, tuple)) else [fetches]
     return any(getattr(f, "name", None) in names for f in flat)
+
   return predicate
 
 
@@ -41,16 +44,20 @@ def nth(predicate, n):
       seen[0] += 1
       return seen[0] == n
     return False
+
   return counted
 
 
 class FaultTest(tf.test.TestCase, parameterized.TestCase):
-
   def _setup(self, mode, use_resource, max_to_keep=2):
     graph = tf.Graph()
     with graph.as_default():
-      self.model = helpers.Model(use_resource=use_resource, dtypes=(tf.float32,))
-      self.store = snapstore.SnapshotStore(scope="net", mode=mode, max_to_keep=max_to_keep)
+      self.model = helpers.Model(
+        use_resource=use_resource, dtypes=(tf.float32,)
+      )
+      self.store = snapstore.SnapshotStore(
+        scope="net", mode=mode, max_to_keep=max_to_keep
+      )
     self.w = self.model.variables["v0_float32"]
     self.sess = tf.Session(graph=graph)
     self.addCleanup(self.sess.close)
@@ -74,14 +81,20 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
       put_back = nth(fetching(self._op("restore")), 2)
     self.flaky.should_fail = put_back
     with helpers.assert_raises_naming(
-        self, snapstore.RestoreError,
-        r"could not write the current parameters back: injected fault", r"recover\(\)"):
+      self,
+      snapstore.RestoreError,
+      r"could not write the current parameters back: injected fault",
+      r"recover\(\)",
+    ):
       self.store.evaluate_with(self.w, session=self.flaky)
     helpers.assert_bit_equal(self.sess.run(self.w), past)  # the past is loaded
     self.flaky.should_fail = lambda fetches: True
     with helpers.assert_raises_naming(
-        self, snapstore.RestoreError, r"still not written back: injected fault",
-        r"recover\(\)"):
+      self,
+      snapstore.RestoreError,
+      r"still not written back: injected fault",
+      r"recover\(\)",
+    ):
       self.store.recover(session=self.flaky)
     self.flaky.should_fail = lambda fetches: False
     # The next call writes the current values back first, then does its job.
@@ -98,10 +111,14 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
     self.model.randomize(self.sess, seed=2)
     current = self.sess.run(self.w)
     stash = self._op("stash") if mode == "device" else None
-    self.flaky.should_fail = (fetching(stash) if stash else
-                              nth(lambda fetches: isinstance(fetches, list), 1))
-    with self.assertRaisesRegex(snapstore.SnapshotError,
-                                r"could not set the current parameters aside"):
+    self.flaky.should_fail = (
+      fetching(stash)
+      if stash
+      else nth(lambda fetches: isinstance(fetches, list), 1)
+    )
+    with self.assertRaisesRegex(
+      snapstore.SnapshotError, r"could not set the current parameters aside"
+    ):
       self.store.evaluate_with(self.w, session=self.flaky)
     helpers.assert_bit_equal(self.sess.run(self.w), current)
 
@@ -113,10 +130,14 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
     live = self.sess.run(self.w)
     # Full: the next snapshot reuses the slot of "a", the oldest.
     self.flaky.should_fail = fetching(
-        self.store.slots.snapshot_op(self.store.slots.slot_of("a")).name)
+      self.store.slots.snapshot_op(self.store.slots.slot_of("a")).name
+    )
     with helpers.assert_raises_naming(
-        self, snapstore.SnapshotError, r"Taking snapshot 0 failed: injected fault",
-        r"'a' were being overwritten and are dropped"):
+      self,
+      snapstore.SnapshotError,
+      r"Taking snapshot 0 failed: injected fault",
+      r"'a' were being overwritten and are dropped",
+    ):
       self.store.snapshot(session=self.flaky)
     self.assertEqual(self.store.tags(), ["b"])
     helpers.assert_bit_equal(self.sess.run(self.w), live)
@@ -130,12 +151,19 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
     kept = self.sess.run(self.w)
     self.store.snapshot("a", session=self.sess)
     self.model.randomize(self.sess, seed=4)
-    self.flaky.should_fail = lambda fetches: isinstance(fetches, list)  # the reads
+    self.flaky.should_fail = lambda fetches: isinstance(
+      fetches, list
+    )  # the reads
     with helpers.assert_raises_naming(
-        self, snapstore.SnapshotError, r"Taking snapshot 0 failed: injected fault",
-        r"variables are unchanged") as caught:
+      self,
+      snapstore.SnapshotError,
+      r"Taking snapshot 0 failed: injected fault",
+      r"variables are unchanged",
+    ) as caught:
       self.store.snapshot(session=self.flaky)
-    self.assertNotIn("overwritten", str(caught.exception))  # no snapshot was dropped
+    self.assertNotIn(
+      "overwritten", str(caught.exception)
+    )  # no snapshot was dropped
     self.assertEqual(self.store.tags(), ["a"])  # not evicted for nothing
     self.store.restore("a", session=self.sess)
     helpers.assert_bit_equal(self.sess.run(self.w), kept)
@@ -147,12 +175,19 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
     saved = self.sess.run(self.w)
     self.store.snapshot("s", session=self.sess)
     self.sess.run(self.model.train_op)
-    restore = (self.store.slots.restore_op(self.store.slots.slot_of("s")).name
-               if mode == "device" else self._op("restore"))
+    restore = (
+      self.store.slots.restore_op(self.store.slots.slot_of("s")).name
+      if mode == "device"
+      else self._op("restore")
+    )
     self.flaky.should_fail = fetching(restore)
     with helpers.assert_raises_naming(
-        self, snapstore.RestoreError, r"Restoring snapshot 's' failed: injected fault",
-        r"snapshot is intact", r"restore\('s'\) again"):
+      self,
+      snapstore.RestoreError,
+      r"Restoring snapshot 's' failed: injected fault",
+      r"snapshot is intact",
+      r"restore\('s'\) again",
+    ):
       self.store.restore("s", session=self.flaky)
     self.flaky.should_fail = lambda fetches: False
     self.store.restore("s", session=self.flaky)

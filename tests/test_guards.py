@@ -1,4 +1,5 @@
 """snapstore.Guard(store) and snapstore.Trial(store): what they restore, retries, re-raise, errors."""
+
 from absl.testing import parameterized
 import numpy as np
 
@@ -12,12 +13,12 @@ BLOW_UP = 1e30  # a learning rate that makes the next loss infinite
 
 
 class _GuardCase(tf.test.TestCase, parameterized.TestCase):
-
   def _setup(self, mode="device", use_resource=False, optimizer_fn=None):
     self.graph = tf.Graph()
     with self.graph.as_default():
-      self.model = th.Regression(use_resource=use_resource,
-                                 optimizer_fn=optimizer_fn)
+      self.model = th.Regression(
+        use_resource=use_resource, optimizer_fn=optimizer_fn
+      )
       self.store = self.model.store(mode=mode, max_to_keep=1)
     self.sess = th.session(self, self.graph)
     th.run_steps(self.sess, self.model.train_op, self.model.feeds(0, 3))
@@ -28,13 +29,16 @@ class _GuardCase(tf.test.TestCase, parameterized.TestCase):
 
 
 class GuardTest(_GuardCase):
-
   @parameterized.named_parameters(*CASES)
-  def test_rollback_is_exact_and_replays_bit_identically(self, mode, use_resource):
+  def test_rollback_is_exact_and_replays_bit_identically(
+    self, mode, use_resource
+  ):
     model, store, sess = self._setup(mode, use_resource, tf.train.AdamOptimizer)
     start = self._state()
     feeds = model.feeds(1, 4)
-    with snapstore.Guard(store, watch=model.loss, reraise=False, session=sess) as guard:
+    with snapstore.Guard(
+      store, watch=model.loss, reraise=False, session=sess
+    ) as guard:
       for feed in feeds:
         guard.run(model.train_op, feed)
       after_k = self._state()
@@ -79,8 +83,10 @@ class GuardTest(_GuardCase):
     feed = model.feeds(1, 1)[0]
     guard = snapstore.Guard(store, watch=[model.loss], retries=1, session=sess)
     attempts = []
-    with self.assertRaisesRegex(snapstore.NonFiniteError,
-                                r"Watched tensor loss:0 is inf \(attempt 2 of 2\)"):
+    with self.assertRaisesRegex(
+      snapstore.NonFiniteError,
+      r"Watched tensor loss:0 is inf \(attempt 2 of 2\)",
+    ):
       for attempt in guard:
         with attempt:
           attempts.append(attempt.number)
@@ -118,7 +124,9 @@ class GuardTest(_GuardCase):
         raise KeyError("not caught")
     helpers.assert_state(self._state(), changed)
     # A watched tensor's failure always rolls back.
-    with snapstore.Guard(store, catch=tf.errors.OpError, reraise=False, session=sess) as guard:
+    with snapstore.Guard(
+      store, catch=tf.errors.OpError, reraise=False, session=sess
+    ) as guard:
       sess.run(model.train_op, model.feeds(1, 1)[0])
       guard.check(np.inf)
     self.assertTrue(guard.failed)
@@ -138,8 +146,10 @@ class GuardTest(_GuardCase):
   def test_check_fails_on_values_the_user_fetched(self):
     model, store, sess = self._setup()
     start = self._state()
-    with self.assertRaisesRegex(snapstore.NonFiniteError,
-                                r"Value 1 is 2 of 3 elements not finite \(first: nan\)"):
+    with self.assertRaisesRegex(
+      snapstore.NonFiniteError,
+      r"Value 1 is 2 of 3 elements not finite \(first: nan\)",
+    ):
       with snapstore.Guard(store, session=sess) as guard:
         _, value = sess.run([model.train_op, model.loss], model.feeds(1, 1)[0])
         guard.check(value, np.array([1.0, np.nan, np.inf]))
@@ -164,7 +174,9 @@ class GuardTest(_GuardCase):
     value = guard.call(step)
     self.assertTrue(np.isfinite(value))
     self.assertLen(guard.failures, 1)
-    swallowed = snapstore.Guard(store, watch=model.loss, reraise=False, session=sess)
+    swallowed = snapstore.Guard(
+      store, watch=model.loss, reraise=False, session=sess
+    )
 
     def blow_up():
       swallowed.run(model.train_op, model.with_lr(feed, BLOW_UP))
@@ -184,7 +196,9 @@ class GuardTest(_GuardCase):
             lr = BLOW_UP if i % 5 == 0 and attempt.number == 0 else 0.01
             attempt.run(model.train_op, model.with_lr(feed, lr))
             attempt.run(model.loss, feed)
-        with snapstore.Trial(store, metric=model.loss, feed_dict=feed, session=sess):
+        with snapstore.Trial(
+          store, metric=model.loss, feed_dict=feed, session=sess
+        ):
           sess.run(model.train_op, feed)
     self.assertTrue(np.isfinite(sess.run(model.loss, feed)))
 
@@ -195,8 +209,12 @@ class GuardTest(_GuardCase):
       counter = helpers.CountingHook()
       with tf.train.MonitoredTrainingSession(hooks=[counter]) as sess:
         start = th.state(store, sess._tf_sess())  # pylint: disable=protected-access
-        with snapstore.Guard(store, watch=model.loss, reraise=False, session=sess) as guard:
-          guard.run(model.train_op, model.with_lr(model.feeds(1, 1)[0], BLOW_UP))
+        with snapstore.Guard(
+          store, watch=model.loss, reraise=False, session=sess
+        ) as guard:
+          guard.run(
+            model.train_op, model.with_lr(model.feeds(1, 1)[0], BLOW_UP)
+          )
           guard.run(model.loss, model.feeds(1, 1)[0])
         self.assertTrue(guard.failed)
         self.assertEqual(counter.runs, 2)  # the user's runs only
@@ -205,7 +223,6 @@ class GuardTest(_GuardCase):
 
 
 class GuardErrorsTest(_GuardCase):
-
   def test_watch_must_be_float_tensors_of_the_store_graph(self):
     model, store, _ = self._setup()
     with self.assertRaisesRegex(TypeError, "watch takes float tensors"):
@@ -216,8 +233,9 @@ class GuardErrorsTest(_GuardCase):
       snapstore.Guard(store, watch=step_read)
     with tf.Graph().as_default():
       other = tf.constant(1.0)
-    with self.assertRaisesRegex(snapstore.GraphMismatchError,
-                                "Const:0 belongs to another graph"):
+    with self.assertRaisesRegex(
+      snapstore.GraphMismatchError, "Const:0 belongs to another graph"
+    ):
       snapstore.Guard(store, watch=[model.loss, other])
 
   def test_bad_arguments(self):
@@ -232,13 +250,16 @@ class GuardErrorsTest(_GuardCase):
       snapstore.Guard(store, catch=(ValueError, "x"))
     with self.assertRaisesRegex(TypeError, "needs a fixed tag"):
       snapstore.Guard(store, tag=None)
-    with self.assertRaisesRegex(TypeError, "A tag must be an int or a non-empty"):
+    with self.assertRaisesRegex(
+      TypeError, "A tag must be an int or a non-empty"
+    ):
       snapstore.Trial(store, tag="")
 
   def test_with_statement_cannot_retry(self):
     _, store, sess = self._setup()
-    with self.assertRaisesRegex(ValueError,
-                                "retries=2 needs the block to run again.*for attempt in"):
+    with self.assertRaisesRegex(
+      ValueError, "retries=2 needs the block to run again.*for attempt in"
+    ):
       with snapstore.Guard(store, retries=2, session=sess):
         pass
 
@@ -257,24 +278,28 @@ class GuardErrorsTest(_GuardCase):
 
   def test_guard_without_session(self):
     _, store, _ = self._setup()
-    with self.assertRaisesRegex(snapstore.NoSessionError,
-                                r"snapshot\(\) needs a session"):
+    with self.assertRaisesRegex(
+      snapstore.NoSessionError, r"snapshot\(\) needs a session"
+    ):
       with snapstore.Guard(store):
         pass
 
 
 class TrialTest(_GuardCase):
-
   @parameterized.named_parameters(*CASES)
   def test_metric_decides(self, mode, use_resource):
     model, store, sess = self._setup(mode, use_resource)
     feed = model.feeds(1, 1)[0]
-    with snapstore.Trial(store, metric=model.loss, feed_dict=feed, session=sess) as trial:
+    with snapstore.Trial(
+      store, metric=model.loss, feed_dict=feed, session=sess
+    ) as trial:
       sess.run(model.train_op, feed)
     self.assertTrue(trial.kept)
     self.assertLess(trial.after, trial.before)
     kept = self._state()
-    with snapstore.Trial(store, metric=model.loss, feed_dict=feed, session=sess) as trial:
+    with snapstore.Trial(
+      store, metric=model.loss, feed_dict=feed, session=sess
+    ) as trial:
       sess.run(model.train_op, model.with_lr(feed, 5.0))
     self.assertFalse(trial.kept)
     self.assertGreater(trial.after, trial.before)
@@ -284,7 +309,9 @@ class TrialTest(_GuardCase):
     model, store, sess = self._setup()
     start = self._state()
     feed = model.feeds(1, 1)[0]
-    with snapstore.Trial(store, metric=model.loss, feed_dict=feed, session=sess) as trial:
+    with snapstore.Trial(
+      store, metric=model.loss, feed_dict=feed, session=sess
+    ) as trial:
       sess.run(model.train_op, model.with_lr(feed, BLOW_UP))
     self.assertFalse(trial.kept)
     self.assertFalse(np.isfinite(trial.after))
@@ -298,9 +325,11 @@ class TrialTest(_GuardCase):
     def accept(before, after):
       calls.append((before, after))
       return after < before - 1e6  # an improvement no step makes
+
     start = self._state()
-    with snapstore.Trial(store, metric=model.loss, feed_dict=feed, accept=accept,
-                     session=sess) as trial:
+    with snapstore.Trial(
+      store, metric=model.loss, feed_dict=feed, accept=accept, session=sess
+    ) as trial:
       sess.run(model.train_op, feed)
     self.assertFalse(trial.kept)
     self.assertLen(calls, 1)
@@ -316,7 +345,9 @@ class TrialTest(_GuardCase):
       trial.reject()
     self.assertFalse(trial.kept)
     helpers.assert_state(self._state(), start)
-    with snapstore.Trial(store, metric=model.loss, feed_dict=feed, session=sess) as trial:
+    with snapstore.Trial(
+      store, metric=model.loss, feed_dict=feed, session=sess
+    ) as trial:
       sess.run(model.train_op, model.with_lr(feed, 5.0))
       trial.keep()  # wins over the metric
     self.assertTrue(trial.kept)
@@ -353,8 +384,9 @@ class TrialTest(_GuardCase):
       snapstore.Trial(store, metric=model.loss, accept=1)
     with tf.Graph().as_default():
       other = tf.constant(1.0)
-    with self.assertRaisesRegex(snapstore.GraphMismatchError,
-                                "Const:0 belongs to another graph"):
+    with self.assertRaisesRegex(
+      snapstore.GraphMismatchError, "Const:0 belongs to another graph"
+    ):
       snapstore.Trial(store, metric=other)
 
 

@@ -1,4 +1,5 @@
 """SnapshotHook under MonitoredTrainingSession and an Estimator; SnapshotCallback in fit."""
+
 import unittest
 from unittest import mock
 
@@ -32,7 +33,6 @@ class _StateRecorder(tf.train.SessionRunHook):
 
 
 class SnapshotHookTest(tf.test.TestCase, parameterized.TestCase):
-
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
   def test_rolls_back_to_the_newest_trusted_snapshot(self, mode, use_resource):
     with tf.Graph().as_default():
@@ -50,13 +50,17 @@ class SnapshotHookTest(tf.test.TestCase, parameterized.TestCase):
           if i == 7:
             # Step 7's loss is inf: back to the snapshot taken before step 6,
             # the newest one whose parameters gave a finite loss.
-            helpers.assert_state(th.state(store, raw), recorder.before[6], "step 7")
+            helpers.assert_state(
+              th.state(store, raw), recorder.before[6], "step 7"
+            )
             self.assertEqual(store.tags(), [1, 2])
             self.assertEqual(hook.trusted, 2)
           if i == 9:
             # The snapshot taken right before step 9 is dropped: its parameters
             # gave the inf loss. Back to the same trusted snapshot.
-            helpers.assert_state(th.state(store, raw), recorder.before[6], "step 9")
+            helpers.assert_state(
+              th.state(store, raw), recorder.before[6], "step 9"
+            )
             self.assertEqual(store.tags(), [2])
           if i == 10:  # after a dropped snapshot, the next step snapshots
             self.assertEqual(store.tags(), [2, 4])
@@ -70,8 +74,9 @@ class SnapshotHookTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       model = th.Regression()
       store = model.store(max_to_keep=2)
-      hook = snapstore.SnapshotHook(store, every_n_steps=1, loss=model.loss,
-                                    max_consecutive_rollbacks=2)
+      hook = snapstore.SnapshotHook(
+        store, every_n_steps=1, loss=model.loss, max_consecutive_rollbacks=2
+      )
       recorder = _StateRecorder(store)
       feeds = model.feeds(0, 8)
       with tf.train.MonitoredTrainingSession(hooks=[recorder, hook]) as sess:
@@ -80,38 +85,51 @@ class SnapshotHookTest(tf.test.TestCase, parameterized.TestCase):
         sess.run(model.train_op, _bad(feeds[3], model))
         sess.run(model.train_op, _bad(feeds[4], model))
         with helpers.assert_raises_naming(
-            self, snapstore.NonFiniteError,
-            "3 rollbacks in a row, more than max_consecutive_rollbacks=2",
-            "hold snapshot 2\\b"):
+          self,
+          snapstore.NonFiniteError,
+          "3 rollbacks in a row, more than max_consecutive_rollbacks=2",
+          "hold snapshot 2\\b",
+        ):
           sess.run(model.train_op, _bad(feeds[5], model))
-        helpers.assert_state(th.state(store, sess._tf_sess()),  # pylint: disable=protected-access
-                             recorder.before[2])
+        helpers.assert_state(
+          th.state(store, sess._tf_sess()),  # pylint: disable=protected-access
+          recorder.before[2],
+        )
       self.assertEqual(hook.rollbacks, 3)
 
   def test_no_trusted_snapshot_yet(self):
     with tf.Graph().as_default():
       model = th.Regression()
-      hook = snapstore.SnapshotHook(model.store(max_to_keep=2), every_n_steps=5,
-                                    loss=model.loss)
+      hook = snapstore.SnapshotHook(
+        model.store(max_to_keep=2), every_n_steps=5, loss=model.loss
+      )
       with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
-        with self.assertRaisesRegex(snapstore.NonFiniteError,
-                                    "no trusted snapshot to roll back to"):
+        with self.assertRaisesRegex(
+          snapstore.NonFiniteError, "no trusted snapshot to roll back to"
+        ):
           sess.run(model.train_op, _bad(model.feeds(0, 1)[0], model))
 
-  @parameterized.named_parameters(("steps", 2, None, 3), ("secs", None, 3600.0, 1))
-  def test_snapshots_only_without_a_loss(self, every_n_steps, every_n_secs, count):
+  @parameterized.named_parameters(
+    ("steps", 2, None, 3), ("secs", None, 3600.0, 1)
+  )
+  def test_snapshots_only_without_a_loss(
+    self, every_n_steps, every_n_secs, count
+  ):
     with tf.Graph().as_default():
       model = th.Regression()
       store = model.store(max_to_keep=1)
-      hook = snapstore.SnapshotHook(store, every_n_steps=every_n_steps,
-                                    every_n_secs=every_n_secs)
+      hook = snapstore.SnapshotHook(
+        store, every_n_steps=every_n_steps, every_n_secs=every_n_secs
+      )
       recorder = _StateRecorder(store)
       with tf.train.MonitoredTrainingSession(hooks=[recorder, hook]) as sess:
         for feed in model.feeds(0, 5):
           sess.run(model.train_op, feed)
         store.restore(session=sess)
-        helpers.assert_state(th.state(store, sess._tf_sess()),  # pylint: disable=protected-access
-                             recorder.before[4 if count == 3 else 0])
+        helpers.assert_state(
+          th.state(store, sess._tf_sess()),  # pylint: disable=protected-access
+          recorder.before[4 if count == 3 else 0],
+        )
       self.assertEqual(hook.snapshots, count)
       self.assertEqual(hook.rollbacks, 0)
 
@@ -124,8 +142,11 @@ class SnapshotHookTest(tf.test.TestCase, parameterized.TestCase):
         calls.append(session)
 
       hook = snapstore.SnapshotHook(
-          lambda: model.store(max_to_keep=2), every_n_steps=1, loss="loss:0",
-          on_rollback=lower_learning_rate)
+        lambda: model.store(max_to_keep=2),
+        every_n_steps=1,
+        loss="loss:0",
+        on_rollback=lower_learning_rate,
+      )
       self.assertIsNone(hook.store)
       feeds = model.feeds(0, 3)
       with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
@@ -146,7 +167,8 @@ def _in_step_model(use_resource=False, if_finite=True):
   model = th.Linear(use_resource)
   store = model.store()
   train_op = store.slots.snapshot_before(
-      model.apply, if_finite=model.loss if if_finite else None)
+    model.apply, if_finite=model.loss if if_finite else None
+  )
   return model, store, train_op
 
 
@@ -155,18 +177,23 @@ class InStepHookTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*helpers.kind_cases())
   def test_rolls_back_to_the_last_finite_step_with_no_run_of_its_own(
-      self, use_resource):
+    self, use_resource
+  ):
     with tf.Graph().as_default():
       model, store, train_op = _in_step_model(use_resource)
-      hook = snapstore.SnapshotHook(store, loss=model.loss, in_step="before_step")
+      hook = snapstore.SnapshotHook(
+        store, loss=model.loss, in_step="before_step"
+      )
       counter = helpers.CountingHook()
       scales = [1.0, 1.0, 1.0, np.nan, 1.0, np.inf, np.nan, 1.0, 1.0]
       with tf.train.MonitoredTrainingSession(hooks=[counter, hook]) as sess:
         raw = sess._tf_sess()  # pylint: disable=protected-access
         expected = start = th.momentum_steps(0)[0]
-        with mock.patch.object(store, "snapshot", wraps=store.snapshot) as snap, \
-            mock.patch.object(store, "restore", wraps=store.restore) as restore, \
-            mock.patch.object(raw, "run", wraps=raw.run) as raw_run:
+        with mock.patch.object(
+          store, "snapshot", wraps=store.snapshot
+        ) as snap, mock.patch.object(
+          store, "restore", wraps=store.restore
+        ) as restore, mock.patch.object(raw, "run", wraps=raw.run) as raw_run:
           for i, scale in enumerate(scales):
             runs = raw_run.call_count
             sess.run(train_op, {model.scale: scale})
@@ -176,12 +203,14 @@ class InStepHookTest(tf.test.TestCase, parameterized.TestCase):
               start, expected = expected, th.momentum_step(expected)
             else:  # back to the start of the last finite-loss step
               expected = start
-            helpers.assert_state(th.state(store, raw), th.linear_state(expected),
-                                 "step %d" % i)
+            helpers.assert_state(
+              th.state(store, raw), th.linear_state(expected), "step %d" % i
+            )
           # A run without the train op is not a step of the hook's.
           sess.run(model.loss, {model.scale: np.nan})
-          helpers.assert_state(th.state(store, raw), th.linear_state(expected),
-                               "no train op")
+          helpers.assert_state(
+            th.state(store, raw), th.linear_state(expected), "no train op"
+          )
         self.assertEqual(snap.call_count, 0)
         self.assertEqual(restore.call_count, 3)
       # Three steps, three rollbacks to the start of step 2, then two steps.
@@ -197,59 +226,82 @@ class InStepHookTest(tf.test.TestCase, parameterized.TestCase):
     calls = []
     with tf.Graph().as_default():
       model, store, train_op = _in_step_model(use_resource)
-      hook = snapstore.SnapshotHook(store, loss=model.loss, in_step="before_step",
-                                    max_consecutive_rollbacks=1,
-                                    on_rollback=calls.append)
+      hook = snapstore.SnapshotHook(
+        store,
+        loss=model.loss,
+        in_step="before_step",
+        max_consecutive_rollbacks=1,
+        on_rollback=calls.append,
+      )
       with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
         raw = sess._tf_sess()  # pylint: disable=protected-access
         sess.run(train_op)
         sess.run(train_op, {model.scale: np.nan})
         with helpers.assert_raises_naming(
-            self, snapstore.NonFiniteError,
-            "2 rollbacks in a row, more than max_consecutive_rollbacks=1",
-            "hold snapshot 'before_step'"):
+          self,
+          snapstore.NonFiniteError,
+          "2 rollbacks in a row, more than max_consecutive_rollbacks=1",
+          "hold snapshot 'before_step'",
+        ):
           sess.run(train_op, {model.scale: np.inf})
-        helpers.assert_state(th.state(store, raw),
-                             th.linear_state(th.momentum_steps(0)[0]))
+        helpers.assert_state(
+          th.state(store, raw), th.linear_state(th.momentum_steps(0)[0])
+        )
       self.assertEqual(calls, [raw, raw])
       self.assertEqual(hook.rollbacks, 2)
 
   def test_no_finite_step_yet(self):
     with tf.Graph().as_default():
       model, store, train_op = _in_step_model()
-      hook = snapstore.SnapshotHook(store, loss=model.loss, in_step="before_step")
+      hook = snapstore.SnapshotHook(
+        store, loss=model.loss, in_step="before_step"
+      )
       with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
         with helpers.assert_raises_naming(
-            self, snapstore.NonFiniteError, "no trusted snapshot to roll back to",
-            "no step has had a finite loss yet"):
+          self,
+          snapstore.NonFiniteError,
+          "no trusted snapshot to roll back to",
+          "no step has had a finite loss yet",
+        ):
           sess.run(train_op, {model.scale: np.nan})
       self.assertEqual(hook.rollbacks, 0)
 
 
 class SnapshotHookErrorsTest(tf.test.TestCase):
-
   def test_bad_arguments(self):
     with tf.Graph().as_default():
       model = th.Regression()
       store = model.store(max_to_keep=2)
-    with self.assertRaisesRegex(ValueError,
-                                "exactly one of every_n_steps and every_n_secs"):
+    with self.assertRaisesRegex(
+      ValueError, "exactly one of every_n_steps and every_n_secs"
+    ):
       snapstore.SnapshotHook(store)
-    with self.assertRaisesRegex(ValueError,
-                                "exactly one of every_n_steps and every_n_secs"):
+    with self.assertRaisesRegex(
+      ValueError, "exactly one of every_n_steps and every_n_secs"
+    ):
       snapstore.SnapshotHook(store, every_n_steps=1, every_n_secs=1.0)
-    with self.assertRaisesRegex(ValueError, "every_n_steps must be >= 1, got 0"):
+    with self.assertRaisesRegex(
+      ValueError, "every_n_steps must be >= 1, got 0"
+    ):
       snapstore.SnapshotHook(store, every_n_steps=0)
     with self.assertRaisesRegex(ValueError, "every_n_secs must be > 0"):
       snapstore.SnapshotHook(store, every_n_secs=-1)
-    with self.assertRaisesRegex(TypeError, "store must be a SnapshotStore, a function returning one, got"):
+    with self.assertRaisesRegex(
+      TypeError, "store must be a SnapshotStore, a function returning one, got"
+    ):
       snapstore.SnapshotHook("store", every_n_steps=1)
-    with self.assertRaisesRegex(TypeError, "loss must be a tensor, a tensor name"):
+    with self.assertRaisesRegex(
+      TypeError, "loss must be a tensor, a tensor name"
+    ):
       snapstore.SnapshotHook(store, every_n_steps=1, loss=1.0)
     with self.assertRaisesRegex(TypeError, "on_rollback must be a function"):
       snapstore.SnapshotHook(store, every_n_steps=1, on_rollback=1)
-    with self.assertRaisesRegex(ValueError, "max_consecutive_rollbacks must be >= 0"):
-      snapstore.SnapshotHook(store, every_n_steps=1, max_consecutive_rollbacks=-1)
+    with self.assertRaisesRegex(
+      ValueError, "max_consecutive_rollbacks must be >= 0"
+    ):
+      snapstore.SnapshotHook(
+        store, every_n_steps=1, max_consecutive_rollbacks=-1
+      )
 
   def _begin(self, hook, graph):
     with graph.as_default():
@@ -261,20 +313,30 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
       model = th.Regression()
       one_slot = model.store(max_to_keep=1)
       counter = tf.train.get_global_step()
-    with self.assertRaisesRegex(ValueError, "needs a store that keeps 2 snapshots"):
-      self._begin(snapstore.SnapshotHook(one_slot, every_n_steps=1,
-                                         loss=model.loss), graph)
+    with self.assertRaisesRegex(
+      ValueError, "needs a store that keeps 2 snapshots"
+    ):
+      self._begin(
+        snapstore.SnapshotHook(one_slot, every_n_steps=1, loss=model.loss),
+        graph,
+      )
     with self.assertRaisesRegex(ValueError, "loss='nope:0' names no tensor"):
-      self._begin(snapstore.SnapshotHook(one_slot, every_n_steps=1, loss="nope:0"),
-                  graph)
+      self._begin(
+        snapstore.SnapshotHook(one_slot, every_n_steps=1, loss="nope:0"), graph
+      )
     with self.assertRaisesRegex(TypeError, "loss read:0 has dtype int64"):
-      self._begin(snapstore.SnapshotHook(one_slot, every_n_steps=1,
-                                         loss=lambda: counter.read_value()), graph)
+      self._begin(
+        snapstore.SnapshotHook(
+          one_slot, every_n_steps=1, loss=lambda: counter.read_value()
+        ),
+        graph,
+      )
     with self.assertRaisesRegex(TypeError, "returned 'x', not a SnapshotStore"):
       self._begin(snapstore.SnapshotHook(lambda: "x", every_n_steps=1), graph)
     with self.assertRaisesRegex(
-        snapstore.GraphMismatchError,
-        "store belongs to another graph.*pass a function that creates the store"):
+      snapstore.GraphMismatchError,
+      "store belongs to another graph.*pass a function that creates the store",
+    ):
       self._begin(snapstore.SnapshotHook(one_slot, every_n_steps=1), tf.Graph())
 
   # -- in_step ---------------------------------------------------------------------
@@ -282,24 +344,28 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
   def test_in_step_needs_a_loss(self):
     with tf.Graph().as_default():
       _, store, _ = _in_step_model()
-    with helpers.assert_raises_naming(self, ValueError, "in_step='before_step'",
-                                      "pass loss=", "if_finite"):
+    with helpers.assert_raises_naming(
+      self, ValueError, "in_step='before_step'", "pass loss=", "if_finite"
+    ):
       snapstore.SnapshotHook(store, in_step="before_step")
 
   def test_in_step_takes_no_period(self):
     with tf.Graph().as_default():
       model, store, _ = _in_step_model()
     for period in ({"every_n_steps": 1}, {"every_n_secs": 60.0}):
-      with helpers.assert_raises_naming(self, ValueError, "snapshots in its own run",
-                                        "Pass neither"):
-        snapstore.SnapshotHook(store, loss=model.loss, in_step="before_step",
-                               **period)
+      with helpers.assert_raises_naming(
+        self, ValueError, "snapshots in its own run", "Pass neither"
+      ):
+        snapstore.SnapshotHook(
+          store, loss=model.loss, in_step="before_step", **period
+        )
 
   def test_in_step_must_be_a_tag(self):
     with tf.Graph().as_default():
       model, store, _ = _in_step_model()
-    with helpers.assert_raises_naming(self, TypeError, "A tag must be an int or "
-                                      "a non-empty string, got ''"):
+    with helpers.assert_raises_naming(
+      self, TypeError, "A tag must be an int or a non-empty string, got ''"
+    ):
       snapstore.SnapshotHook(store, loss=model.loss, in_step="")
 
   def test_in_step_tag_no_train_op_snapshots_under(self):
@@ -307,21 +373,32 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
     with graph.as_default():
       model, store, _ = _in_step_model()
     with helpers.assert_raises_naming(
-        self, ValueError, "in_step='other'", "no train op of the store",
-        "pinned tags: \\['before_step'\\]", "snapshot_before\\(update, tag='other', "
-        "if_finite=loss\\)"):
-      self._begin(snapstore.SnapshotHook(store, loss=model.loss, in_step="other"),
-                  graph)
+      self,
+      ValueError,
+      "in_step='other'",
+      "no train op of the store",
+      "pinned tags: \\['before_step'\\]",
+      "snapshot_before\\(update, tag='other', if_finite=loss\\)",
+    ):
+      self._begin(
+        snapstore.SnapshotHook(store, loss=model.loss, in_step="other"), graph
+      )
 
   def test_in_step_train_op_built_without_if_finite(self):
     graph = tf.Graph()
     with graph.as_default():
       model, store, train_op = _in_step_model(if_finite=False)
     with helpers.assert_raises_naming(
-        self, ValueError, train_op.name, "writes the slot in every run",
-        "if_finite=loss"):
-      self._begin(snapstore.SnapshotHook(store, loss=model.loss,
-                                         in_step="before_step"), graph)
+      self,
+      ValueError,
+      train_op.name,
+      "writes the slot in every run",
+      "if_finite=loss",
+    ):
+      self._begin(
+        snapstore.SnapshotHook(store, loss=model.loss, in_step="before_step"),
+        graph,
+      )
 
   def test_in_step_loss_must_be_the_if_finite_tensor(self):
     graph = tf.Graph()
@@ -329,11 +406,15 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
       model, store, train_op = _in_step_model()
       other = tf.identity(model.loss, name="other_loss")
     with helpers.assert_raises_naming(
-        self, ValueError, "checks the loss other_loss:0",
-        "%s snapshots when %s is finite" % (train_op.name, model.loss.name),
-        "same tensor"):
-      self._begin(snapstore.SnapshotHook(store, loss=other, in_step="before_step"),
-                  graph)
+      self,
+      ValueError,
+      "checks the loss other_loss:0",
+      "%s snapshots when %s is finite" % (train_op.name, model.loss.name),
+      "same tensor",
+    ):
+      self._begin(
+        snapstore.SnapshotHook(store, loss=other, in_step="before_step"), graph
+      )
 
 
 def _model_fn(features, labels, mode):
@@ -341,7 +422,8 @@ def _model_fn(features, labels, mode):
     w = tf.get_variable("w", [3], initializer=tf.zeros_initializer())
   loss = tf.reduce_mean(tf.square(tf.tensordot(features["x"], w, 1) - labels))
   train_op = tf.train.MomentumOptimizer(0.01, 0.9).minimize(
-      loss, global_step=tf.train.get_global_step())
+    loss, global_step=tf.train.get_global_step()
+  )
   return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
@@ -353,26 +435,34 @@ def _input_fn(bad_batch):
       x[bad_batch * 8] = 1e30  # its squared error overflows: an infinite loss
     y = x.dot([1.0, -2.0, 0.5]).astype(np.float32)
     return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(8)
+
   return input_fn
 
 
-@unittest.skipUnless(hasattr(tf, "estimator"),
-                     "tf.estimator is gone from TensorFlow 2.16 on")
+@unittest.skipUnless(
+  hasattr(tf, "estimator"), "tf.estimator is gone from TensorFlow 2.16 on"
+)
 class EstimatorTest(tf.test.TestCase):
-
   def test_rolls_back_inside_estimator_train(self):
     # Estimator.train builds its graph in model_fn: the hook builds the store.
     hook = snapstore.SnapshotHook(
-        lambda: snapstore.SnapshotStore(collection=tf.GraphKeys.GLOBAL_VARIABLES,
-                                        max_to_keep=2),
-        every_n_steps=2, loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[-1])
-    config = tf.estimator.RunConfig(log_step_count_steps=None,
-                                    save_summary_steps=None)
-    estimator = tf.estimator.Estimator(_model_fn, model_dir=self.get_temp_dir(),
-                                       config=config)
+      lambda: snapstore.SnapshotStore(
+        collection=tf.GraphKeys.GLOBAL_VARIABLES, max_to_keep=2
+      ),
+      every_n_steps=2,
+      loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[-1],
+    )
+    config = tf.estimator.RunConfig(
+      log_step_count_steps=None, save_summary_steps=None
+    )
+    estimator = tf.estimator.Estimator(
+      _model_fn, model_dir=self.get_temp_dir(), config=config
+    )
     estimator.train(_input_fn(bad_batch=5), hooks=[hook])
     self.assertEqual(hook.rollbacks, 1)
-    self.assertEqual(hook.store.keys, ("global_step", "net/w", "net/w/Momentum"))
+    self.assertEqual(
+      hook.store.keys, ("global_step", "net/w", "net/w/Momentum")
+    )
     w = estimator.get_variable_value("net/w")
     self.assertTrue(np.all(np.isfinite(w)))
     self.assertAllClose(w, [1.0, -2.0, 0.5], atol=0.5)
@@ -387,7 +477,6 @@ class EstimatorTest(tf.test.TestCase):
 
 
 class _WeightsRecorder(tf.keras.callbacks.Callback):
-
   def __init__(self):
     super(_WeightsRecorder, self).__init__()
     self.before = []
@@ -397,7 +486,6 @@ class _WeightsRecorder(tf.keras.callbacks.Callback):
 
 
 class SnapshotCallbackTest(tf.test.TestCase):
-
   def _data(self):
     rng = np.random.RandomState(0)
     x = rng.randn(256, 4).astype(np.float32)
@@ -411,15 +499,25 @@ class SnapshotCallbackTest(tf.test.TestCase):
   def test_rolls_back_in_model_fit(self):
     x, y = self._data()
     with tf.Graph().as_default():
-      model = tf.keras.Sequential([
+      model = tf.keras.Sequential(
+        [
           tf.keras.layers.Dense(8, activation="relu", input_shape=(4,)),
           tf.keras.layers.BatchNormalization(),
-          tf.keras.layers.Dense(1)])
+          tf.keras.layers.Dense(1),
+        ]
+      )
       model.compile(tf.keras.optimizers.Adam(0.01), "mse")
       recorder = _WeightsRecorder()
       callback = snapstore.SnapshotCallback(every_n_batches=1)
-      model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0,
-                callbacks=[recorder, callback])
+      model.fit(
+        x,
+        y,
+        batch_size=64,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[recorder, callback],
+      )
       self.assertEqual(callback.rollbacks, 2)
       # The default store: every weight (batch-norm statistics too) and Adam's
       # state, iterations included.
@@ -435,8 +533,9 @@ class SnapshotCallbackTest(tf.test.TestCase):
         helpers.assert_bit_equal(got, want)
       # A second fit reuses the store built for this graph.
       store = callback.store
-      model.fit(x[:64], y[:64], batch_size=64, epochs=1, verbose=0,
-                callbacks=[callback])
+      model.fit(
+        x[:64], y[:64], batch_size=64, epochs=1, verbose=0, callbacks=[callback]
+      )
       self.assertIs(callback.store, store)
 
   def test_tf_train_optimizer_factory_and_missing_monitor(self):
@@ -445,8 +544,15 @@ class SnapshotCallbackTest(tf.test.TestCase):
       model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(4,))])
       model.compile(tf.train.GradientDescentOptimizer(0.01), "mse")
       callback = snapstore.SnapshotCallback(every_n_batches=2)
-      model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0,
-                callbacks=[callback])
+      model.fit(
+        x,
+        y,
+        batch_size=64,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[callback],
+      )
       self.assertEqual(callback.rollbacks, 1)
       self.assertIn("TFOptimizer/iterations", callback.store.keys)
       built = []
@@ -455,17 +561,22 @@ class SnapshotCallbackTest(tf.test.TestCase):
         built.append(m)
         return snapstore.SnapshotStore(var_list=m.weights, max_to_keep=2)
 
-      callback = snapstore.SnapshotCallback(factory, every_n_batches=1,
-                                            monitor="acc")
+      callback = snapstore.SnapshotCallback(
+        factory, every_n_batches=1, monitor="acc"
+      )
       with self.assertRaisesRegex(ValueError, "The batch logs have no 'acc'"):
-        model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[callback])
+        model.fit(
+          x, y, batch_size=64, epochs=1, verbose=0, callbacks=[callback]
+        )
       self.assertEqual(built, [model])
 
   def test_bad_arguments(self):
     with self.assertRaisesRegex(ValueError, "exactly one of every_n_batches"):
       snapstore.SnapshotCallback()
-    with self.assertRaisesRegex(TypeError,
-                                "store must be a SnapshotStore, a function returning one or None"):
+    with self.assertRaisesRegex(
+      TypeError,
+      "store must be a SnapshotStore, a function returning one or None",
+    ):
       snapstore.SnapshotCallback(store=3, every_n_batches=1)
 
 

@@ -1,4 +1,5 @@
 """Host mode: snapshots are real numpy copies, never aliases of TF buffers."""
+
 from absl.testing import parameterized
 import numpy as np
 
@@ -9,15 +10,19 @@ from tests import helpers
 
 
 class HostCopiesTest(tf.test.TestCase, parameterized.TestCase):
-
   def _setup(self, use_resource):
     graph = tf.Graph()
     with graph.as_default():
       with tf.variable_scope("net", use_resource=use_resource):
         # Large enough that TF would use its own buffers, not small-tensor paths.
-        w = tf.get_variable("w", [256, 1024], initializer=tf.zeros_initializer())
-      step = (w.assign_add(tf.ones_like(w), read_value=False) if use_resource
-              else tf.assign_add(w, tf.ones_like(w)).op)
+        w = tf.get_variable(
+          "w", [256, 1024], initializer=tf.zeros_initializer()
+        )
+      step = (
+        w.assign_add(tf.ones_like(w), read_value=False)
+        if use_resource
+        else tf.assign_add(w, tf.ones_like(w)).op
+      )
       store = snapstore.SnapshotStore(scope="net", mode="host", max_to_keep=2)
     sess = tf.Session(graph=graph)
     self.addCleanup(sess.close)
@@ -32,7 +37,9 @@ class HostCopiesTest(tf.test.TestCase, parameterized.TestCase):
     for _ in range(3):  # in-place updates of the variable's buffer
       sess.run(step)
     np.testing.assert_array_equal(held, np.zeros([256, 1024], np.float32))
-    np.testing.assert_array_equal(sess.run(w), np.full([256, 1024], 3, np.float32))
+    np.testing.assert_array_equal(
+      sess.run(w), np.full([256, 1024], 3, np.float32)
+    )
 
   @parameterized.named_parameters(*helpers.kind_cases())
   def test_restore_does_not_alias_the_snapshot(self, use_resource):
@@ -40,9 +47,13 @@ class HostCopiesTest(tf.test.TestCase, parameterized.TestCase):
     store.snapshot("zero", session=sess)
     store.restore("zero", session=sess)
     sess.run(step)  # writes the restored variable in place
-    np.testing.assert_array_equal(store.arrays("zero")["w"], np.zeros([256, 1024], np.float32))
+    np.testing.assert_array_equal(
+      store.arrays("zero")["w"], np.zeros([256, 1024], np.float32)
+    )
     store.restore("zero", session=sess)
-    np.testing.assert_array_equal(sess.run(w), np.zeros([256, 1024], np.float32))
+    np.testing.assert_array_equal(
+      sess.run(w), np.zeros([256, 1024], np.float32)
+    )
 
   @parameterized.named_parameters(*helpers.kind_cases())
   def test_snapshots_are_read_only_and_loaded_arrays_copied(self, use_resource):
@@ -63,10 +74,16 @@ class HostCopiesTest(tf.test.TestCase, parameterized.TestCase):
     w, _, store, sess = self._setup(use_resource)
     with sess.graph.as_default():
       sgd = tf.train.GradientDescentOptimizer(0.5).apply_gradients(
-          [(tf.ones([256, 1024]), w)])
+        [(tf.ones([256, 1024]), w)]
+      )
       momentum = tf.train.MomentumOptimizer(0.5, 0.9).apply_gradients(
-          [(tf.ones([256, 1024]), w)])
-      sess.run(tf.variables_initializer([v for v in tf.global_variables() if v is not w]))
+        [(tf.ones([256, 1024]), w)]
+      )
+      sess.run(
+        tf.variables_initializer(
+          [v for v in tf.global_variables() if v is not w]
+        )
+      )
     store.snapshot("zero", session=sess)
     held = store.arrays("zero")["w"]
     for step in (sgd, momentum, sgd):

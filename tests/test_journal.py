@@ -6,6 +6,7 @@ of the writer's system calls. These tests stop the writer after its n-th
 mutating call (write, pwrite, ftruncate, unlink, rename), for every n, and
 check what a reader and a new writer find.
 """
+
 import os
 import shutil
 
@@ -46,6 +47,7 @@ class _DyingOs(object):
         self.dead = True
         raise _Killed()
       return real(*args, **kwargs)
+
     return call
 
 
@@ -65,23 +67,24 @@ def _arrays(varset, seed):
 
 
 class CrashAtEveryWriteTest(tf.test.TestCase):
-
   def setUp(self):
     super(CrashAtEveryWriteTest, self).setUp()
     self.varset = _varset()
     self.base = os.path.join(self.get_temp_dir(), "base.h5")
     with spill_file.SpillFile.open_for_writing(self.base, self.varset) as f:
       for seed in (0, 1, 2):
-        f.write(seed, 100.0 + seed, None, self.varset.keys,
-                _arrays(self.varset, seed))
+        f.write(
+          seed, 100.0 + seed, None, self.varset.keys, _arrays(self.varset, seed)
+        )
 
   def _work(self, f, done):
     """A deletion, then writes that reuse its space; `done` lists finished steps."""
     f.delete(0)
     done.append(("deleted", 0))
     for seed in (3, 4):
-      f.write(seed, 100.0 + seed, None, self.varset.keys,
-              _arrays(self.varset, seed))
+      f.write(
+        seed, 100.0 + seed, None, self.varset.keys, _arrays(self.varset, seed)
+      )
       done.append(("written", seed))
 
   def _run_until(self, limit, path):
@@ -131,14 +134,15 @@ class CrashAtEveryWriteTest(tf.test.TestCase):
       incomplete = reader.incomplete()
       self.assertLessEqual(set(incomplete), set(in_progress))
       for tag in incomplete:
-        with self.assertRaisesRegex(snapstore.UnknownTagError,
-                                    "no complete snapshot %r" % (tag,)):
+        with self.assertRaisesRegex(
+          snapstore.UnknownTagError, "no complete snapshot %r" % (tag,)
+        ):
           reader.read(tag)
     return incomplete
 
   def test_every_crash_point(self):
     path = os.path.join(self.get_temp_dir(), "crash.h5")
-    total, done = self._run_until(10 ** 9, path)
+    total, done = self._run_until(10**9, path)
     self.assertLen(done, 3)
     self.assertGreater(total, 20)
     stages, incomplete_seen = set(), 0

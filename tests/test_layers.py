@@ -3,6 +3,7 @@
 The layers, lowest first. A module may import from its own layer and the
 layers below it; the test reads every module's imports (no import runs).
 """
+
 import ast
 import os
 import unittest
@@ -11,16 +12,16 @@ import snapstore
 
 # Layer of each module or folder of the package, lowest first.
 LAYERS = [
-    ("errors", "_version", "_tf"),
-    ("core",),
-    ("spill",),
-    ("files",),
-    ("graph",),
-    ("modes",),
-    ("holdings", "slots", "file_io"),
-    ("store",),
-    ("training",),
-    ("ensemble", "cli", "__main__", "demo", "__init__"),
+  ("errors", "_version", "_tf"),
+  ("core",),
+  ("spill",),
+  ("files",),
+  ("graph",),
+  ("modes",),
+  ("holdings", "slots", "file_io"),
+  ("store",),
+  ("training",),
+  ("ensemble", "cli", "__main__", "demo", "__init__"),
 ]
 
 _ROOT = os.path.dirname(snapstore.__file__)
@@ -32,8 +33,10 @@ def _layer(module):
   for number, names in enumerate(LAYERS):
     if head in names:
       return number
-  raise AssertionError("snapstore.%s is in no layer of LAYERS: add it to the "
-                       "test and to the README's layout table." % module)
+  raise AssertionError(
+    "snapstore.%s is in no layer of LAYERS: add it to the "
+    "test and to the README's layout table." % module
+  )
 
 
 def _modules():
@@ -41,7 +44,7 @@ def _modules():
     for name in sorted(names):
       if name.endswith(".py"):
         path = os.path.join(folder, name)
-        relative = os.path.relpath(path, _ROOT)[:-len(".py")]
+        relative = os.path.relpath(path, _ROOT)[: -len(".py")]
         yield relative.replace(os.sep, "."), path
 
 
@@ -56,27 +59,33 @@ def _imports_in(source, name):
   tree = ast.parse(source, name)
   found = []
   for node in ast.walk(tree):
-    if isinstance(node, ast.ImportFrom) and node.module and (
-        node.module == "snapstore" or node.module.startswith("snapstore.")):
-      base = node.module[len("snapstore."):] if node.module != "snapstore" else ""
+    if (
+      isinstance(node, ast.ImportFrom)
+      and node.module
+      and (node.module == "snapstore" or node.module.startswith("snapstore."))
+    ):
+      base = (
+        node.module[len("snapstore.") :] if node.module != "snapstore" else ""
+      )
       for alias in node.names:
         found.append(base + "." + alias.name if base else alias.name)
     elif isinstance(node, ast.Import):
       for alias in node.names:
         if alias.name.startswith("snapstore."):
-          found.append(alias.name[len("snapstore."):])
+          found.append(alias.name[len("snapstore.") :])
   return found
 
 
 class LayersTest(unittest.TestCase):
-
   def test_every_module_imports_only_from_its_layer_and_below(self):
     upward = []
     for module, path in _modules():
       own = _layer(module)
       for imported in _imports(path):
         if _layer(imported) > own:
-          upward.append("snapstore.%s imports snapstore.%s" % (module, imported))
+          upward.append(
+            "snapstore.%s imports snapstore.%s" % (module, imported)
+          )
     self.assertEqual(upward, [], "imports that run up the layers")
 
   def test_the_check_sees_an_upward_import(self):
@@ -84,26 +93,51 @@ class LayersTest(unittest.TestCase):
     self.assertGreater(_layer("training.guards"), _layer("store"))
     self.assertGreater(_layer("slots"), _layer("graph.in_step"))
     self.assertEqual(
-        _imports_in("from snapstore.training import steps\n"
-                    "import snapstore.core.copies\n", "probe"),
-        ["training.steps", "core.copies"])
+      _imports_in(
+        "from snapstore.training import steps\nimport snapstore.core.copies\n",
+        "probe",
+      ),
+      ["training.steps", "core.copies"],
+    )
 
 
 class FacadeTest(unittest.TestCase):
-
   def test_the_store_facade_is_the_snapshot_lifecycle_and_two_parts(self):
-    public = sorted(n for n in dir(snapstore.SnapshotStore)
-                    if not n.startswith("_"))
-    self.assertEqual(public, sorted([
-        # what the store covers
-        "name", "graph", "mode", "max_to_keep", "keys", "variables",
-        "param_nbytes", "nbytes",
-        # the snapshot lifecycle
-        "snapshot", "restore", "delete", "tags", "info", "evicts",
-        "evaluate_with", "evaluate_each", "recover", "arrays", "load_arrays",
-        "close",
-        # its parts
-        "files", "slots"]))
+    public = sorted(
+      n for n in dir(snapstore.SnapshotStore) if not n.startswith("_")
+    )
+    self.assertEqual(
+      public,
+      sorted(
+        [
+          # what the store covers
+          "name",
+          "graph",
+          "mode",
+          "max_to_keep",
+          "keys",
+          "variables",
+          "param_nbytes",
+          "nbytes",
+          # the snapshot lifecycle
+          "snapshot",
+          "restore",
+          "delete",
+          "tags",
+          "info",
+          "evicts",
+          "evaluate_with",
+          "evaluate_each",
+          "recover",
+          "arrays",
+          "load_arrays",
+          "close",
+          # its parts
+          "files",
+          "slots",
+        ]
+      ),
+    )
 
   def test_the_store_module_stays_small(self):
     with open(os.path.join(_ROOT, "store.py")) as f:

@@ -3,6 +3,7 @@
 An Estimator builds a new graph and session for every train() call; a cache
 that kept them would grow without bound in a long job.
 """
+
 import gc
 import weakref
 
@@ -19,7 +20,6 @@ def _alive(refs):
 
 
 class LifetimeTest(tf.test.TestCase, parameterized.TestCase):
-
   def test_sessions_are_released_after_store_calls(self):
     for mode in ("device", "host"):
       graph = tf.Graph()
@@ -39,8 +39,9 @@ class LifetimeTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(_alive(refs), 0, mode)
 
   def test_hook_keeps_no_old_graph(self):
-    hook = snapstore.SnapshotHook(lambda: snapstore.SnapshotStore(mode="host"),
-                                  every_n_steps=1)
+    hook = snapstore.SnapshotHook(
+      lambda: snapstore.SnapshotStore(mode="host"), every_n_steps=1
+    )
     refs = []
     for _ in range(3):  # like three Estimator.train() calls
       graph = tf.Graph()
@@ -56,8 +57,9 @@ class LifetimeTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(_alive(refs[:-1]), 0)
 
   @parameterized.named_parameters(
-      ("lookahead", lambda inner: snapstore.Lookahead(inner, k=2)),
-      ("rollback", snapstore.RollbackOptimizer))
+    ("lookahead", lambda inner: snapstore.Lookahead(inner, k=2)),
+    ("rollback", snapstore.RollbackOptimizer),
+  )
   def test_optimizer_keeps_no_old_graph(self, wrap):
     opt = wrap(tf.train.GradientDescentOptimizer(0.1))
     refs = []

@@ -1,4 +1,5 @@
 """Lookahead: trajectories against a numpy implementation of Zhang et al.'s rule."""
+
 import itertools
 import os
 
@@ -41,14 +42,21 @@ def numpy_lookahead(theta0, grads, k, alpha, momentum):
       if t % k == 0:
         phi[n] = phi[n] + dtype(alpha) * (theta[n] - phi[n])
         theta[n] = phi[n].copy()
-    out.append(({n: v.copy() for n, v in theta.items()},
-                {n: v.copy() for n, v in phi.items()}))
+    out.append(
+      (
+        {n: v.copy() for n, v in theta.items()},
+        {n: v.copy() for n, v in phi.items()},
+      )
+    )
   return out
 
 
 def _inner(momentum):
-  return (tf.train.MomentumOptimizer(LR, MOMENTUM) if momentum
-          else tf.train.GradientDescentOptimizer(LR))
+  return (
+    tf.train.MomentumOptimizer(LR, MOMENTUM)
+    if momentum
+    else tf.train.GradientDescentOptimizer(LR)
+  )
 
 
 class _FedGradients(object):
@@ -57,21 +65,34 @@ class _FedGradients(object):
   def __init__(self, k, alpha, momentum, use_resource):
     with tf.variable_scope("net", use_resource=use_resource):
       self.variables = {
-          n: tf.get_variable(n, shape, dtype=dtype,
-                             initializer=tf.random_normal_initializer(seed=3))
-          for n, (shape, dtype) in sorted(SHAPES.items())}
-    self.grads = {n: tf.placeholder(v.dtype.base_dtype, v.shape)
-                  for n, v in self.variables.items()}
+        n: tf.get_variable(
+          n,
+          shape,
+          dtype=dtype,
+          initializer=tf.random_normal_initializer(seed=3),
+        )
+        for n, (shape, dtype) in sorted(SHAPES.items())
+      }
+    self.grads = {
+      n: tf.placeholder(v.dtype.base_dtype, v.shape)
+      for n, v in self.variables.items()
+    }
     self.step = tf.train.get_or_create_global_step()
     self.optimizer = snapstore.Lookahead(_inner(momentum), k=k, alpha=alpha)
     self.train_op = self.optimizer.apply_gradients(
-        [(self.grads[n], v) for n, v in sorted(self.variables.items())],
-        global_step=self.step)
+      [(self.grads[n], v) for n, v in sorted(self.variables.items())],
+      global_step=self.step,
+    )
 
   @staticmethod
   def random_grads(rng, steps):
-    return [{n: rng.randn(*shape).astype(dtype)
-             for n, (shape, dtype) in SHAPES.items()} for _ in range(steps)]
+    return [
+      {
+        n: rng.randn(*shape).astype(dtype)
+        for n, (shape, dtype) in SHAPES.items()
+      }
+      for _ in range(steps)
+    ]
 
   def run(self, sess, grads):
     sess.run(self.train_op, {self.grads[n]: g for n, g in grads.items()})
@@ -80,22 +101,32 @@ class _FedGradients(object):
     return sess.run(self.variables)
 
   def slow(self, sess):
-    return sess.run({n: self.optimizer.get_slot(v, "slow")
-                     for n, v in self.variables.items()})
+    return sess.run(
+      {n: self.optimizer.get_slot(v, "slow") for n, v in self.variables.items()}
+    )
 
 
 TRAJECTORY_CASES = [
-    ("k%d_alpha%s_%s_%s" % (k, alpha, "momentum" if m else "sgd", kind), k, alpha,
-     m, use_resource)
-    for (k, alpha), m, (kind, use_resource) in itertools.product(
-        [(1, 0.5), (3, 0.3), (5, 0.5), (4, 0.8)], [False, True],
-        helpers.VARIABLE_KINDS)]
+  (
+    "k%d_alpha%s_%s_%s" % (k, alpha, "momentum" if m else "sgd", kind),
+    k,
+    alpha,
+    m,
+    use_resource,
+  )
+  for (k, alpha), m, (kind, use_resource) in itertools.product(
+    [(1, 0.5), (3, 0.3), (5, 0.5), (4, 0.8)],
+    [False, True],
+    helpers.VARIABLE_KINDS,
+  )
+]
 
 
 class TrajectoryTest(tf.test.TestCase, parameterized.TestCase):
-
   @parameterized.named_parameters(*TRAJECTORY_CASES)
-  def test_every_step_equals_the_numpy_rule(self, k, alpha, momentum, use_resource):
+  def test_every_step_equals_the_numpy_rule(
+    self, k, alpha, momentum, use_resource
+  ):
     graph = tf.Graph()
     with graph.as_default():
       model = _FedGradients(k, alpha, momentum, use_resource)
@@ -111,8 +142,12 @@ class TrajectoryTest(tf.test.TestCase, parameterized.TestCase):
       for t, (grad, (fast, slow)) in enumerate(zip(grads, expected), 1):
         model.run(sess, grad)
         for n in SHAPES:
-          helpers.assert_bit_equal(model.fast(sess)[n], fast[n], "fast %s step %d" % (n, t))
-          helpers.assert_bit_equal(model.slow(sess)[n], slow[n], "slow %s step %d" % (n, t))
+          helpers.assert_bit_equal(
+            model.fast(sess)[n], fast[n], "fast %s step %d" % (n, t)
+          )
+          helpers.assert_bit_equal(
+            model.slow(sess)[n], slow[n], "slow %s step %d" % (n, t)
+          )
       self.assertEqual(sess.run(model.step), len(grads))
 
   @parameterized.named_parameters(*helpers.kind_cases())
@@ -146,8 +181,9 @@ class TrajectoryTest(tf.test.TestCase, parameterized.TestCase):
         w = tf.get_variable("w", [5], initializer=tf.zeros_initializer())
       loss = tf.reduce_mean(tf.square(tf.tensordot(x_value, w, 1) - y_value))
       step = tf.train.get_or_create_global_step()
-      opt = snapstore.Lookahead(tf.train.GradientDescentOptimizer(LR), k=3,
-                                alpha=0.5)
+      opt = snapstore.Lookahead(
+        tf.train.GradientDescentOptimizer(LR), k=3, alpha=0.5
+      )
       train_op = opt.minimize(loss, global_step=step)
     theta = np.zeros(5, np.float32)
     phi = theta.copy()
@@ -163,14 +199,14 @@ class TrajectoryTest(tf.test.TestCase, parameterized.TestCase):
           phi = phi + 0.5 * (theta - phi)
           theta = phi.copy()
         self.assertAllClose(sess.run(w), theta, rtol=1e-5, atol=1e-6)
-        self.assertAllClose(sess.run(opt.get_slot(w, "slow")), phi, rtol=1e-5,
-                            atol=1e-6)
+        self.assertAllClose(
+          sess.run(opt.get_slot(w, "slow")), phi, rtol=1e-5, atol=1e-6
+        )
       self.assertLess(losses[-1], losses[0])
       self.assertEqual(sess.run(step), 12)
 
 
 class SlowWeightsTest(tf.test.TestCase, parameterized.TestCase):
-
   def _graph(self, use_resource=False, k=3):
     graph = tf.Graph()
     with graph.as_default():
@@ -189,12 +225,14 @@ class SlowWeightsTest(tf.test.TestCase, parameterized.TestCase):
         model.run(sess, grad)
       fast, slow = model.fast(sess), model.slow(sess)
       helpers.assert_bits_differ(fast["w"], slow["w"], "fast and slow")
-      out = model.optimizer.evaluate_with(model.out, {model.x: x_value},
-                                          session=sess)
+      out = model.optimizer.evaluate_with(
+        model.out, {model.x: x_value}, session=sess
+      )
       self.assertAllClose(out, x_value.dot(slow["w"]), rtol=1e-6)
       with sess.as_default():  # the default session works too
-        self.assertAllClose(model.optimizer.evaluate_with(model.out, {model.x: x_value}),
-                            out)
+        self.assertAllClose(
+          model.optimizer.evaluate_with(model.out, {model.x: x_value}), out
+        )
       for n, value in model.fast(sess).items():
         helpers.assert_bit_equal(value, fast[n], n)
 
@@ -203,21 +241,38 @@ class SlowWeightsTest(tf.test.TestCase, parameterized.TestCase):
     opt = model.optimizer
     with graph.as_default():
       names = sorted(v.op.name for v in opt.variables())
-      self.assertEqual(names, ["Lookahead_counter", "net/b/Lookahead/slot_0",
-                               "net/b/Momentum", "net/w/Lookahead/slot_0",
-                               "net/w/Momentum"])
+      self.assertEqual(
+        names,
+        [
+          "Lookahead_counter",
+          "net/b/Lookahead/slot_0",
+          "net/b/Momentum",
+          "net/w/Lookahead/slot_0",
+          "net/w/Momentum",
+        ],
+      )
       self.assertEqual(opt.get_slot_names(), ["momentum", "slow"])
       w = model.variables["w"]
-      self.assertIs(opt.get_slot(w, "momentum"), opt.optimizer.get_slot(w, "momentum"))
-      self.assertIs(opt.get_slot(w, "slow"), opt.store().slots.shadows(0)["net/w"])
+      self.assertIs(
+        opt.get_slot(w, "momentum"), opt.optimizer.get_slot(w, "momentum")
+      )
+      self.assertIs(
+        opt.get_slot(w, "slow"), opt.store().slots.shadows(0)["net/w"]
+      )
       self.assertEqual(opt.store().slots.pinned(), ["slow"])
       # The whole Lookahead step is the graph's train op, not the inner step.
-      self.assertEqual(tf.get_collection(tf.GraphKeys.TRAIN_OP), [model.train_op])
+      self.assertEqual(
+        tf.get_collection(tf.GraphKeys.TRAIN_OP), [model.train_op]
+      )
       # The slow weights are saved by a default Saver, like optimizer slots.
-      self.assertIn(opt.get_slot(w, "slow"),
-                    tf.get_collection(tf.GraphKeys.GLOBAL_VARIABLES))
-      self.assertNotIn(opt.get_slot(w, "slow"),
-                       tf.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES))
+      self.assertIn(
+        opt.get_slot(w, "slow"),
+        tf.get_collection(tf.GraphKeys.GLOBAL_VARIABLES),
+      )
+      self.assertNotIn(
+        opt.get_slot(w, "slow"),
+        tf.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES),
+      )
 
   def test_checkpoint_resumes_the_same_trajectory(self):
     path = os.path.join(self.get_temp_dir(), "ckpt")
@@ -247,12 +302,24 @@ class SlowWeightsTest(tf.test.TestCase, parameterized.TestCase):
   def test_a_store_with_the_optimizer_rolls_lookahead_back_exactly(self):
     graph, model = self._graph(k=3)
     with graph.as_default():
-      store = snapstore.SnapshotStore(var_list=list(model.variables.values()),
-                                      optimizer=model.optimizer,
-                                      include_global_step=True)
-    self.assertCountEqual(store.keys, [
-        "Lookahead_counter", "global_step", "net/b", "net/b/Lookahead/slot_0",
-        "net/b/Momentum", "net/w", "net/w/Lookahead/slot_0", "net/w/Momentum"])
+      store = snapstore.SnapshotStore(
+        var_list=list(model.variables.values()),
+        optimizer=model.optimizer,
+        include_global_step=True,
+      )
+    self.assertCountEqual(
+      store.keys,
+      [
+        "Lookahead_counter",
+        "global_step",
+        "net/b",
+        "net/b/Lookahead/slot_0",
+        "net/b/Momentum",
+        "net/w",
+        "net/w/Lookahead/slot_0",
+        "net/w/Momentum",
+      ],
+    )
     grads = model.random_grads(np.random.RandomState(4), 5)
     with tf.Session(graph=graph) as sess:
       helpers.init(sess)
@@ -264,8 +331,9 @@ class SlowWeightsTest(tf.test.TestCase, parameterized.TestCase):
       store.restore(session=sess)
       for grad in grads[1:]:  # across a synchronization
         model.run(sess, grad)
-      for key, a, b in zip(store.keys, sess.run(list(store.variables.values())),
-                           after):
+      for key, a, b in zip(
+        store.keys, sess.run(list(store.variables.values())), after
+      ):
         helpers.assert_bit_equal(a, b, key)
 
   def test_no_ops_are_added_after_construction(self):
@@ -278,14 +346,17 @@ class SlowWeightsTest(tf.test.TestCase, parameterized.TestCase):
       sess.run(init)
       for grad in model.random_grads(np.random.RandomState(5), 30):
         model.run(sess, grad)
-        model.optimizer.evaluate_with(model.out, {model.x: x_value}, session=sess)
+        model.optimizer.evaluate_with(
+          model.out, {model.x: x_value}, session=sess
+        )
 
 
 class LookaheadErrorsTest(tf.test.TestCase):
-
   def test_bad_arguments(self):
     sgd = tf.train.GradientDescentOptimizer(0.1)
-    with self.assertRaisesRegex(TypeError, "Lookahead wraps a tf.train.Optimizer"):
+    with self.assertRaisesRegex(
+      TypeError, "Lookahead wraps a tf.train.Optimizer"
+    ):
       snapstore.Lookahead(tf.keras.optimizers.SGD(0.1))
     with self.assertRaisesRegex(ValueError, "k must be >= 1, got 0"):
       snapstore.Lookahead(sgd, k=0)
@@ -302,14 +373,19 @@ class LookaheadErrorsTest(tf.test.TestCase):
     with tf.Graph().as_default():
       w = tf.get_variable("w", [2])
       opt = snapstore.Lookahead(tf.train.GradientDescentOptimizer(0.1))
-      with self.assertRaisesRegex(ValueError, "has no train op in this graph yet"):
+      with self.assertRaisesRegex(
+        ValueError, "has no train op in this graph yet"
+      ):
         opt.store()
       opt.minimize(tf.reduce_sum(w))
-      with self.assertRaisesRegex(ValueError, "already has a train op in this graph"):
+      with self.assertRaisesRegex(
+        ValueError, "already has a train op in this graph"
+      ):
         opt.minimize(tf.reduce_sum(w))
       with self.assertRaisesRegex(ValueError, "No gradients provided"):
-        snapstore.Lookahead(tf.train.GradientDescentOptimizer(0.1)).apply_gradients(
-            [(None, w)])
+        snapstore.Lookahead(
+          tf.train.GradientDescentOptimizer(0.1)
+        ).apply_gradients([(None, w)])
     with tf.Graph().as_default():  # another graph: a train op of its own
       w = tf.get_variable("w", [2])
       opt.minimize(tf.reduce_sum(w))

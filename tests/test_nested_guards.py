@@ -4,6 +4,7 @@ The step doubles a float64 variable and adds one (exact in IEEE arithmetic,
 so numpy computes the same bits) and counts an int64 step; every expected
 state is computed in numpy from the loaded start, never read back from TF.
 """
+
 from absl.testing import parameterized
 import numpy as np
 
@@ -17,20 +18,24 @@ def _step(state):
 
 
 class _Case(tf.test.TestCase, parameterized.TestCase):
-
   def _setup(self, mode, use_resource, max_to_keep=3):
     graph = tf.Graph()
     with graph.as_default():
       with tf.variable_scope("net", use_resource=use_resource):
         w = tf.get_variable("w", [4], tf.float64)
-        n = tf.get_variable("n", [], tf.int64, initializer=tf.zeros_initializer())
+        n = tf.get_variable(
+          "n", [], tf.int64, initializer=tf.zeros_initializer()
+        )
       self.vars = {"w": w, "n": n}
-      self.step = tf.group(tf.assign(w, w * 2.0 + 1.0) if not use_resource
-                           else w.assign(w.read_value() * 2.0 + 1.0),
-                           tf.assign_add(n, 1) if not use_resource
-                           else n.assign_add(1))
-      self.store = snapstore.SnapshotStore(scope="net", mode=mode,
-                                           max_to_keep=max_to_keep)
+      self.step = tf.group(
+        tf.assign(w, w * 2.0 + 1.0)
+        if not use_resource
+        else w.assign(w.read_value() * 2.0 + 1.0),
+        tf.assign_add(n, 1) if not use_resource else n.assign_add(1),
+      )
+      self.store = snapstore.SnapshotStore(
+        scope="net", mode=mode, max_to_keep=max_to_keep
+      )
     self.sess = tf.Session(graph=graph)
     self.addCleanup(self.sess.close)
     helpers.init(self.sess)
@@ -48,15 +53,17 @@ class _Case(tf.test.TestCase, parameterized.TestCase):
 
 
 class NestedGuardsTest(_Case):
-
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
   def test_inner_and_outer_guard_roll_back_to_their_own_entry(
-      self, mode, use_resource):
+    self, mode, use_resource
+  ):
     a = self._setup(mode, use_resource)
     b = _step(a)
     with snapstore.Guard(self.store, reraise=False, session=self.sess) as outer:
       self.run_step()
-      with snapstore.Guard(self.store, reraise=False, session=self.sess) as inner:
+      with snapstore.Guard(
+        self.store, reraise=False, session=self.sess
+      ) as inner:
         self.run_step()
         self.run_step()
         raise ValueError("inner step failed")
@@ -76,17 +83,20 @@ class NestedGuardsTest(_Case):
     a = self._setup(mode, use_resource, max_to_keep=4)
     b = _step(a)
     c = _step(b)
-    with snapstore.Trial(self.store, session=self.sess) as outer:        # at a
+    with snapstore.Trial(self.store, session=self.sess) as outer:  # at a
       self.run_step()
-      with snapstore.Trial(self.store, session=self.sess) as middle:     # at b
+      with snapstore.Trial(self.store, session=self.sess) as middle:  # at b
         self.run_step()
-        with snapstore.Guard(self.store, reraise=False, session=self.sess) as inner:  # at c
+        with snapstore.Guard(
+          self.store, reraise=False, session=self.sess
+        ) as inner:  # at c
           self.run_step()
           raise ValueError
         self.assertState(c, "guard in trial")
         middle.reject()
-      self.assertEqual((outer.tag, middle.tag, inner.tag),
-                       ("trial", "trial/1", "guard"))
+      self.assertEqual(
+        (outer.tag, middle.tag, inner.tag), ("trial", "trial/1", "guard")
+      )
       self.assertState(b, "trial in trial")
       outer.reject()
     self.assertState(a, "outer trial")
@@ -110,12 +120,17 @@ class NestedGuardsTest(_Case):
 
   @parameterized.named_parameters(*helpers.kind_cases())
   def test_an_inner_snapshot_that_would_evict_the_outer_one_is_refused(
-      self, use_resource):
+    self, use_resource
+  ):
     a = self._setup("device", use_resource, max_to_keep=1)
     with helpers.assert_raises_naming(
-        self, ValueError, r"keeps max_to_keep=1 snapshots",
-        r"taking 'guard/1' would evict 'guard'",
-        r"an enclosing guard or trial rolls back to", r"larger max_to_keep"):
+      self,
+      ValueError,
+      r"keeps max_to_keep=1 snapshots",
+      r"taking 'guard/1' would evict 'guard'",
+      r"an enclosing guard or trial rolls back to",
+      r"larger max_to_keep",
+    ):
       with snapstore.Guard(self.store, session=self.sess):
         self.run_step()
         with snapstore.Guard(self.store, session=self.sess):

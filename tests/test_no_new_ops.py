@@ -1,4 +1,5 @@
 """No call after construction adds ops: 1000 calls with the graph finalized."""
+
 from absl.testing import parameterized
 import numpy as np
 
@@ -8,7 +9,6 @@ from tests import helpers
 
 
 class FinalizedGraphTest(tf.test.TestCase, parameterized.TestCase):
-
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
   def test_thousand_calls_on_finalized_graph(self, mode, use_resource):
     graph = tf.Graph()
@@ -17,10 +17,16 @@ class FinalizedGraphTest(tf.test.TestCase, parameterized.TestCase):
       with tf.variable_scope("net", use_resource=use_resource):
         w = tf.get_variable("w", [3, 2])
       y = tf.matmul(x, w)
-      train = (w.assign_add(tf.ones_like(w), read_value=False) if use_resource
-               else tf.assign_add(w, tf.ones_like(w)).op)
+      train = (
+        w.assign_add(tf.ones_like(w), read_value=False)
+        if use_resource
+        else tf.assign_add(w, tf.ones_like(w)).op
+      )
       store = snapstore.SnapshotStore(scope="net", mode=mode, max_to_keep=3)
-      init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
+      init = [
+        tf.global_variables_initializer(),
+        tf.local_variables_initializer(),
+      ]
     graph.finalize()
     feed = {x: np.ones([2, 3], np.float32)}
     path = self.get_temp_dir() + "/s.npz"

@@ -6,6 +6,7 @@ cluster whose task restarted, has shadows holding something else: the store
 refuses there (and drops the snapshots of a closed local session) instead of
 restoring those values. Host snapshots are numpy arrays and restore anywhere.
 """
+
 import os
 
 from absl.testing import parameterized
@@ -19,14 +20,15 @@ _CONFIG = tf.ConfigProto(operation_timeout_in_ms=60000)  # fail, never hang
 
 
 class _Case(tf.test.TestCase, parameterized.TestCase):
-
   def _build(self, mode, use_resource, **options):
     self.graph = tf.Graph()
     with self.graph.as_default():
-      self.model = helpers.Model(use_resource=use_resource,
-                                 dtypes=(tf.float32, tf.int32))
-      self.store = snapstore.SnapshotStore(scope="net", mode=mode, max_to_keep=2,
-                                           **options)
+      self.model = helpers.Model(
+        use_resource=use_resource, dtypes=(tf.float32, tf.int32)
+      )
+      self.store = snapstore.SnapshotStore(
+        scope="net", mode=mode, max_to_keep=2, **options
+      )
       self.w = self.model.variables["v0_float32"]
     self.addCleanup(self.store.close)
 
@@ -45,7 +47,6 @@ class _Case(tf.test.TestCase, parameterized.TestCase):
 
 
 class AnotherLocalSessionTest(_Case):
-
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
   def test_while_the_first_session_is_open(self, mode, use_resource):
     self._build(mode, use_resource)
@@ -58,21 +59,25 @@ class AnotherLocalSessionTest(_Case):
       helpers.assert_state(self.model.values(second), taken)
       return
     calls = {
-        "restore": lambda: self.store.restore("a", session=second),
-        "arrays": lambda: self.store.arrays("a", session=second),
-        "evaluate_with": lambda: self.store.evaluate_with(self.w, tag="a",
-                                                          session=second),
-        "evaluate_each": lambda: self.store.evaluate_each(self.w, session=second),
-        "save_npz": lambda: self.store.files.save_npz(
-            os.path.join(self.get_temp_dir(), "a.npz"), "a", session=second),
+      "restore": lambda: self.store.restore("a", session=second),
+      "arrays": lambda: self.store.arrays("a", session=second),
+      "evaluate_with": lambda: self.store.evaluate_with(
+        self.w, tag="a", session=second
+      ),
+      "evaluate_each": lambda: self.store.evaluate_each(self.w, session=second),
+      "save_npz": lambda: self.store.files.save_npz(
+        os.path.join(self.get_temp_dir(), "a.npz"), "a", session=second
+      ),
     }
     for what, call in calls.items():
       with helpers.assert_raises_naming(
-          self, snapstore.SessionMismatchError,
-          r"Snapshot 'a' is a device snapshot held by Session at 0x[0-9a-f]+ "
-          r"\(still open\), not by %s\(\)'s session" % what,
-          r"this session's shadows do not hold it",
-          r"store.load_arrays\(store.arrays\('a', session=old\)"):
+        self,
+        snapstore.SessionMismatchError,
+        r"Snapshot 'a' is a device snapshot held by Session at 0x[0-9a-f]+ "
+        r"\(still open\), not by %s\(\)'s session" % what,
+        r"this session's shadows do not hold it",
+        r"store.load_arrays\(store.arrays\('a', session=old\)",
+      ):
         call()
       helpers.assert_state(self.model.values(second), live, what)
     self.assertEqual(self.store.tags(), ["a"])  # still held, by the first
@@ -81,8 +86,9 @@ class AnotherLocalSessionTest(_Case):
     self.model.randomize(first, seed=3)
     self.store.restore("a", session=first)
     helpers.assert_state(self.model.values(first), taken)
-    self.store.load_arrays(self.store.arrays("a", session=first), tag="a",
-                           session=second)
+    self.store.load_arrays(
+      self.store.arrays("a", session=first), tag="a", session=second
+    )
     self.store.restore("a", session=second)
     helpers.assert_state(self.model.values(second), taken)
 
@@ -102,17 +108,25 @@ class AnotherLocalSessionTest(_Case):
       return
     self.assertEqual(self.store.tags(), [])  # the values went with the session
     self.assertNotIn("a", self.store)
-    for call in (lambda: self.store.restore("a", session=second),
-                 lambda: self.store.arrays("a", session=second)):
+    for call in (
+      lambda: self.store.restore("a", session=second),
+      lambda: self.store.arrays("a", session=second),
+    ):
       with helpers.assert_raises_naming(
-          self, snapstore.SessionMismatchError,
-          r"Snapshot 'a' was a device snapshot of Session at 0x[0-9a-f]+ \(closed\)",
-          r"its values went with that session's resources",
-          r"the store dropped it", r"save_npz\(\) or spill\(\) it first"):
+        self,
+        snapstore.SessionMismatchError,
+        r"Snapshot 'a' was a device snapshot of Session at 0x[0-9a-f]+ \(closed\)",
+        r"its values went with that session's resources",
+        r"the store dropped it",
+        r"save_npz\(\) or spill\(\) it first",
+      ):
         call()
     with helpers.assert_raises_naming(
-        self, snapstore.SessionMismatchError, r"The store holds no snapshots\. "
-        r"Snapshot 'a' was a device snapshot"):
+      self,
+      snapstore.SessionMismatchError,
+      r"The store holds no snapshots\. "
+      r"Snapshot 'a' was a device snapshot",
+    ):
       self.store.restore(session=second)  # the newest
     helpers.assert_state(self.model.values(second), live)
     # The slot is free again: a snapshot in the new session works as usual.
@@ -135,15 +149,18 @@ class AnotherLocalSessionTest(_Case):
       with tf.train.MonitoredTrainingSession() as sess:
         live = self.model.values(sess)
         with helpers.assert_raises_naming(
-            self, snapstore.SessionMismatchError,
-            r"Snapshot 0 was a device snapshot of Session .* \(closed\)"):
+          self,
+          snapstore.SessionMismatchError,
+          r"Snapshot 0 was a device snapshot of Session .* \(closed\)",
+        ):
           self.store.restore(tag, session=sess)
         helpers.assert_state(self.model.values(sess), live)
         self.assertEqual(self.store.tags(), [])
 
   @parameterized.named_parameters(*helpers.kind_cases())
   def test_a_pinned_slot_is_whatever_the_slot_holds_in_each_session(
-      self, use_resource):
+    self, use_resource
+  ):
     # pin_slot names a slot that in-graph ops write, in any session.
     self._build("device", use_resource)
     self.store.slots.pin(0, "target")
@@ -158,8 +175,9 @@ class AnotherLocalSessionTest(_Case):
     self.assertEqual(self.store.tags(), ["target"])
 
   def test_a_spilled_snapshot_is_no_longer_tied_to_its_session(self):
-    self._build("device", False,
-                spill_path=os.path.join(self.get_temp_dir(), "spill.h5"))
+    self._build(
+      "device", False, spill_path=os.path.join(self.get_temp_dir(), "spill.h5")
+    )
     first = self._session()
     taken = self.model.randomize(first, seed=1)
     self.store.snapshot("a", session=first)
@@ -179,8 +197,9 @@ class AnotherLocalSessionTest(_Case):
     self.store.restore("a", session=sess)
     helpers.assert_state(self.model.values(sess), taken)
     other = helpers.CountingSession(self._session())
-    with helpers.assert_raises_naming(self, snapstore.SessionMismatchError,
-                                      r"still open"):
+    with helpers.assert_raises_naming(
+      self, snapstore.SessionMismatchError, r"still open"
+    ):
       self.store.restore("a", session=other)
     self.assertEqual(other.runs, 0)
 
@@ -201,7 +220,9 @@ class ClusterTargetTest(_Case):
   """Sessions on a `grpc://` target share the variables on the cluster's tasks."""
 
   @parameterized.named_parameters(*helpers.kind_cases())
-  def test_a_later_session_on_the_same_target_restores_exactly(self, use_resource):
+  def test_a_later_session_on_the_same_target_restores_exactly(
+    self, use_resource
+  ):
     server = tf.train.Server.create_local_server()
     self._build("device", use_resource)
     first, taken = self._snapshot_a(server.target)
@@ -217,8 +238,10 @@ class ClusterTargetTest(_Case):
     # A local session has its own variables: refused, naming the cluster.
     local = self._session()
     with helpers.assert_raises_naming(
-        self, snapstore.SessionMismatchError,
-        r"held by the cluster at %s" % server.target):
+      self,
+      snapstore.SessionMismatchError,
+      r"held by the cluster at %s" % server.target,
+    ):
       self.store.restore("a", session=local)
 
   def test_a_restarted_task_lost_the_snapshot(self):
@@ -233,13 +256,18 @@ class ClusterTargetTest(_Case):
       self.model.randomize(first, seed=1)
       self.store.snapshot("a", session=first)
       first.close()
-      cluster.restart("ps", 0)  # its variables, the shadows among them, are gone
+      cluster.restart(
+        "ps", 0
+      )  # its variables, the shadows among them, are gone
       second = self._session(target)  # initializes everything afresh
       live = self.model.randomize(second, seed=2)
       with helpers.assert_raises_naming(
-          self, snapstore.SessionMismatchError,
-          r"Snapshot 'a' was held on the cluster at %s, whose tasks have "
-          r"restarted since" % target, r"the store dropped it"):
+        self,
+        snapstore.SessionMismatchError,
+        r"Snapshot 'a' was held on the cluster at %s, whose tasks have "
+        r"restarted since" % target,
+        r"the store dropped it",
+      ):
         self.store.restore("a", session=second)
       helpers.assert_state(self.model.values(second), live)
       self.assertEqual(self.store.tags(), [])

@@ -1,4 +1,5 @@
 """Device mode with pack=True: small variables share a buffer per device and dtype."""
+
 import collections
 
 from absl.testing import parameterized
@@ -13,10 +14,17 @@ KINDS = helpers.kind_cases()
 # Per device: small variables of the packed dtypes in mixed shapes (a scalar
 # included), variables packing leaves alone (int64, bool), and one float32
 # variable over the 1 MiB limit.
-_SMALL = [("s", [], tf.float32), ("b", [7], tf.float32), ("w", [3, 5], tf.float32),
-          ("t", [2, 3, 4], tf.float32), ("h", [4], tf.float16),
-          ("d", [5, 2], tf.float64), ("e", [1], tf.float32),
-          ("h2", [2, 2], tf.float16), ("d2", [3], tf.float64)]
+_SMALL = [
+  ("s", [], tf.float32),
+  ("b", [7], tf.float32),
+  ("w", [3, 5], tf.float32),
+  ("t", [2, 3, 4], tf.float32),
+  ("h", [4], tf.float16),
+  ("d", [5, 2], tf.float64),
+  ("e", [1], tf.float32),
+  ("h2", [2, 2], tf.float16),
+  ("d2", [3], tf.float64),
+]
 _OTHER = [("step", [], tf.int64), ("mask", [3], tf.bool)]
 _BIG = ("big", [600, 512], tf.float32)  # 1.17 MiB
 
@@ -33,14 +41,19 @@ class _Mixed(object):
           for name, shape, dtype in specs:
             key = "%s%d" % (name, d)
             self.variables[key] = tf.get_variable(
-                key, shape, dtype, initializer=tf.zeros_initializer())
+              key, shape, dtype, initializer=tf.zeros_initializer()
+            )
     self.train_op = helpers.change_op(self.variables.values(), use_resource)
 
   def randomize(self, sess, seed):
     rng = np.random.RandomState(seed)
     for var in self.variables.values():
-      var.load(helpers.random_value(rng, var.shape.as_list(),
-                                    var.dtype.base_dtype.as_numpy_dtype), sess)
+      var.load(
+        helpers.random_value(
+          rng, var.shape.as_list(), var.dtype.base_dtype.as_numpy_dtype
+        ),
+        sess,
+      )
     return self.values(sess)
 
   def values(self, sess):
@@ -49,17 +62,19 @@ class _Mixed(object):
 
 def _buffers(graph):
   """The packed buffers' variable ops, by name."""
-  return dict((op.name, op) for op in graph.get_operations()
-              if op.type in ("VarHandleOp", "VariableV2") and "/packed_" in op.name)
+  return dict(
+    (op.name, op)
+    for op in graph.get_operations()
+    if op.type in ("VarHandleOp", "VariableV2") and "/packed_" in op.name
+  )
 
 
 def _anchor(op):
   """The name of the op `op` is colocated with."""
-  return op.colocation_groups()[0].decode()[len("loc:@"):]
+  return op.colocation_groups()[0].decode()[len("loc:@") :]
 
 
 class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
-
   @parameterized.named_parameters(*KINDS)
   def test_snapshots_restores_and_reads_are_bit_exact(self, use_resource):
     with tf.Graph().as_default():
@@ -102,7 +117,9 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
       sizes = {}
       for op in buffers.values():
         anchor = graph.get_operation_by_name(_anchor(op))
-        sizes[(anchor.device, op.get_attr("dtype"))] = op.get_attr("shape").dim[0].size
+        sizes[(anchor.device, op.get_attr("dtype"))] = (
+          op.get_attr("shape").dim[0].size
+        )
       expected = collections.Counter()
       for d in range(len(devices)):
         for name, shape, dtype in _SMALL:
@@ -110,13 +127,25 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
           expected[(var.device, dtype)] += int(np.prod(shape))
       self.assertEqual(sizes, dict(expected))
       # Shadows of their own: the big variable, the int64 and the bool.
-      own = [op.name for op in graph.get_operations()
-             if op.type in ("VarHandleOp", "VariableV2") and op.name.startswith("net/")
-             and "/snapstore/" in op.name]
+      own = [
+        op.name
+        for op in graph.get_operations()
+        if op.type in ("VarHandleOp", "VariableV2")
+        and op.name.startswith("net/")
+        and "/snapstore/" in op.name
+      ]
       self.assertCountEqual(
-          own, ["net/%s%d/snapstore/%s" % (n, d, s) for n, _, _ in _OTHER + [_BIG]
-                for d in range(2) for s in ("slot_0", "slot_1", "scratch")])
-      config = tf.ConfigProto(device_count={"CPU": 2}, allow_soft_placement=False)
+        own,
+        [
+          "net/%s%d/snapstore/%s" % (n, d, s)
+          for n, _, _ in _OTHER + [_BIG]
+          for d in range(2)
+          for s in ("slot_0", "slot_1", "scratch")
+        ],
+      )
+      config = tf.ConfigProto(
+        device_count={"CPU": 2}, allow_soft_placement=False
+      )
       config.graph_options.rewrite_options.disable_meta_optimizer = True
       with tf.Session(config=config) as sess:
         helpers.init(sess)
@@ -131,7 +160,9 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
         for name, device in placed.items():
           name = name.split(":")[0]  # a trace may suffix ":<op type>"
           if name.startswith("snapstore/packed_"):
-            anchor = graph.get_operation_by_name(_anchor(graph.get_operation_by_name(name)))
+            anchor = graph.get_operation_by_name(
+              _anchor(graph.get_operation_by_name(name))
+            )
             self.assertTrue(device.endswith(anchor.device), (name, device))
             checked += 1
         self.assertGreater(checked, 6 * 10)
@@ -150,8 +181,11 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
       with tf.Graph().as_default() as graph:
         with tf.variable_scope("net", use_resource=use_resource):
           for i in range(300):
-            shape = ([int(rng.randint(1, 33))] if i % 3
-                     else [int(rng.randint(1, 17)), int(rng.randint(1, 17))])
+            shape = (
+              [int(rng.randint(1, 33))]
+              if i % 3
+              else [int(rng.randint(1, 17)), int(rng.randint(1, 17))]
+            )
             tf.get_variable("w%d" % i, shape)
         with helpers.new_ops(graph) as added:
           snapstore.SnapshotStore(scope="net", max_to_keep=4, pack=pack)
@@ -161,21 +195,31 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*KINDS)
   def test_buffers_start_at_the_initial_values_and_are_initialized_once(
-      self, use_resource):
+    self, use_resource
+  ):
     with tf.Graph().as_default():
       with tf.variable_scope("net", use_resource=use_resource):
-        w = tf.get_variable("w", [50, 4], initializer=tf.random_normal_initializer())
-        b = tf.get_variable("b", [4], initializer=tf.random_normal_initializer())
+        w = tf.get_variable(
+          "w", [50, 4], initializer=tf.random_normal_initializer()
+        )
+        b = tf.get_variable(
+          "b", [4], initializer=tf.random_normal_initializer()
+        )
       store = snapstore.SnapshotStore(scope="net", max_to_keep=2, pack=True)
-      change = tf.group(tf.assign_add(w, tf.ones_like(w)) if not use_resource
-                        else w.assign_add(tf.ones_like(w)),
-                        tf.assign_add(b, tf.ones_like(b)) if not use_resource
-                        else b.assign_add(tf.ones_like(b)))
+      change = tf.group(
+        tf.assign_add(w, tf.ones_like(w))
+        if not use_resource
+        else w.assign_add(tf.ones_like(w)),
+        tf.assign_add(b, tf.ones_like(b))
+        if not use_resource
+        else b.assign_add(tf.ones_like(b)),
+      )
       with tf.Session() as sess:
         # Both initializers in one run: each random initial value is drawn
         # once, and slot 1 starts with it.
-        sess.run([tf.global_variables_initializer(),
-                  tf.local_variables_initializer()])
+        sess.run(
+          [tf.global_variables_initializer(), tf.local_variables_initializer()]
+        )
         initial = sess.run([w, b])
         store.snapshot("a", session=sess)  # slot 0
         sess.run(change)
@@ -224,7 +268,9 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
       loss = scale * (tf.reduce_sum(w) + tf.reduce_sum(b))
       opt = tf.train.GradientDescentOptimizer(-1.0)  # adds `scale` per step
       store = snapstore.SnapshotStore(scope="net", pack=True)
-      train = store.slots.snapshot_before(lambda: opt.minimize(loss), if_finite=loss)
+      train = store.slots.snapshot_before(
+        lambda: opt.minimize(loss), if_finite=loss
+      )
       with tf.Session() as sess:
         helpers.init(sess)
         sess.run(train)  # copies 0, then w = 1
@@ -240,8 +286,12 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default() as graph:
       model = _Mixed(use_resource, big=False)
       store = snapstore.SnapshotStore(scope="net", max_to_keep=2, pack=True)
-      fetch = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32))
-                        for v in model.variables.values()])
+      fetch = tf.add_n(
+        [
+          tf.reduce_sum(tf.cast(v, tf.float32))
+          for v in model.variables.values()
+        ]
+      )
       with tf.Session() as sess:
         helpers.init(sess)
         graph.finalize()
@@ -250,7 +300,9 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
           tag = store.snapshot(session=sess)
           store.evaluate_with(fetch, session=sess)
           sess.run(model.train_op)
-          store.load_arrays(store.arrays(tag, session=sess), "copy", session=sess)
+          store.load_arrays(
+            store.arrays(tag, session=sess), "copy", session=sess
+          )
           store.restore("copy", session=sess)
           helpers.assert_state(model.values(sess), expected)
           store.delete("copy")
@@ -259,12 +311,17 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       model = _Mixed(False, big=False)
       store = snapstore.SnapshotStore(scope="net", pack=True)
-      with helpers.assert_raises_naming(self, snapstore.ModeError, r"^shadows\(\)",
-                                        "packs 9 of its 11 variables into 3 buffers",
-                                        r"pack=False \(the default\)"):
+      with helpers.assert_raises_naming(
+        self,
+        snapstore.ModeError,
+        r"^shadows\(\)",
+        "packs 9 of its 11 variables into 3 buffers",
+        r"pack=False \(the default\)",
+      ):
         store.slots.shadows(0)
-      with helpers.assert_raises_naming(self, snapstore.ModeError, r"^past\(\)",
-                                        "pack=False"):
+      with helpers.assert_raises_naming(
+        self, snapstore.ModeError, r"^past\(\)", "pack=False"
+      ):
         store.slots.past(model.variables["w0"].read_value())
 
   def test_a_store_with_nothing_to_pack_has_its_shadows(self):
@@ -278,13 +335,17 @@ class PackedStoreTest(tf.test.TestCase, parameterized.TestCase):
   def test_pack_must_be_a_bool(self):
     with tf.Graph().as_default():
       _Mixed(False, big=False)
-      with self.assertRaisesRegex(TypeError, "pack must be True or False, got 'yes'"):
+      with self.assertRaisesRegex(
+        TypeError, "pack must be True or False, got 'yes'"
+      ):
         snapstore.SnapshotStore(scope="net", pack="yes")
 
   def test_host_mode_takes_no_pack_option(self):
     with tf.Graph().as_default():
       _Mixed(False, big=False)
-      with self.assertRaisesRegex(TypeError, "Mode 'host' takes no option pack"):
+      with self.assertRaisesRegex(
+        TypeError, "Mode 'host' takes no option pack"
+      ):
         snapstore.SnapshotStore(scope="net", mode="host", pack=True)
 
 

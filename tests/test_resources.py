@@ -1,5 +1,6 @@
 """Files and threads a store holds are released: on close, on `with` exit, when
 the store is dropped unclosed, and at interpreter exit (writes finished)."""
+
 import gc
 import os
 import subprocess
@@ -76,13 +77,15 @@ def _writer_threads():
 
 
 class ResourcesTest(tf.test.TestCase, parameterized.TestCase):
-
   def setUp(self):
     super(ResourcesTest, self).setUp()
     self.graph = tf.Graph()
     with self.graph.as_default():
       self.model = helpers.Model(dtypes=(tf.float32, tf.int64))
-      init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
+      init = [
+        tf.global_variables_initializer(),
+        tf.local_variables_initializer(),
+      ]
     self.sess = tf.Session(graph=self.graph)
     self.addCleanup(self.sess.close)
     self.sess.run(init)
@@ -91,11 +94,14 @@ class ResourcesTest(tf.test.TestCase, parameterized.TestCase):
     self.writers = _writer_threads()
 
   def _store(self, mode, name="snapstore"):
-    self.path = os.path.join(self.get_temp_dir(), "%s_%s.h5" % (self._testMethodName, name))
+    self.path = os.path.join(
+      self.get_temp_dir(), "%s_%s.h5" % (self._testMethodName, name)
+    )
     options = {"memory_budget": 0} if mode == "disk" else {}
     with self.graph.as_default():
-      return snapstore.SnapshotStore(scope="net", mode=mode, spill_path=self.path,
-                                     name=name, **options)
+      return snapstore.SnapshotStore(
+        scope="net", mode=mode, spill_path=self.path, name=name, **options
+      )
 
   def _use(self, store):
     """Snapshots twice, spills both; returns {tag: state}."""
@@ -125,7 +131,9 @@ class ResourcesTest(tf.test.TestCase, parameterized.TestCase):
     store.close()
     self.assertReleased(states)
     store.close()  # safe twice
-    with self.assertRaisesRegex(snapstore.StoreClosedError, r"'snapstore' is closed"):
+    with self.assertRaisesRegex(
+      snapstore.StoreClosedError, r"'snapstore' is closed"
+    ):
       store.snapshot(session=self.sess)
 
   @parameterized.named_parameters(*_MODES)
@@ -156,9 +164,14 @@ class ResourcesTest(tf.test.TestCase, parameterized.TestCase):
     with open(script, "w") as f:
       f.write(_EXITING % {"root": _ROOT})
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    child = subprocess.run([sys.executable, script, directory],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           env=env, cwd=_ROOT, timeout=120)
+    child = subprocess.run(
+      [sys.executable, script, directory],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      env=env,
+      cwd=_ROOT,
+      timeout=120,
+    )
     self.assertEqual(child.returncode, 0, child.stderr.decode()[-2000:])
     self.assertGreater(int(child.stdout), 0)  # exit came with writes queued
     self.assertNotIn(b"snapstore: at exit", child.stderr)
@@ -168,8 +181,9 @@ class ResourcesTest(tf.test.TestCase, parameterized.TestCase):
       with spill_file.SpillFile(path) as f:
         self.assertEqual([e.tag for e in f.entries()], [0, 1, 2, 3], mode)
         for tag in range(4):
-          helpers.assert_bit_equal(f.read(tag)["w"],
-                                   np.full([64, 64], tag, np.float32))
+          helpers.assert_bit_equal(
+            f.read(tag)["w"], np.full([64, 64], tag, np.float32)
+          )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """RollbackOptimizer: steps that raise the loss are undone in the graph, exactly."""
+
 from absl.testing import parameterized
 import numpy as np
 
@@ -18,8 +19,9 @@ class _Quadratic(object):
   def __init__(self, use_resource=False, lr=0.5, inner=None, **kwargs):
     with tf.variable_scope("net", use_resource=use_resource):
       self.w = tf.get_variable("w", [3], initializer=tf.zeros_initializer())
-      self.lr = tf.get_variable("lr", [], initializer=tf.constant_initializer(lr),
-                                trainable=False)
+      self.lr = tf.get_variable(
+        "lr", [], initializer=tf.constant_initializer(lr), trainable=False
+      )
     self.c = tf.placeholder(tf.float32, [3])
     self.loss = 0.5 * tf.reduce_sum(tf.square(self.w - self.c))
     self.step = tf.train.get_or_create_global_step()
@@ -29,7 +31,6 @@ class _Quadratic(object):
 
 
 class RollbackTest(tf.test.TestCase, parameterized.TestCase):
-
   def _session(self, graph):
     return th.session(self, graph)
 
@@ -37,19 +38,36 @@ class RollbackTest(tf.test.TestCase, parameterized.TestCase):
   def test_a_step_that_raises_the_loss_is_undone_exactly(self, use_resource):
     graph = tf.Graph()
     with graph.as_default():
-      lr = tf.Variable(0.01, trainable=False, name="lr", use_resource=use_resource)
-      model = th.Regression(use_resource=use_resource,
-                            optimizer_fn=lambda _: snapstore.RollbackOptimizer(
-                                tf.train.AdamOptimizer(lr), learning_rate=lr,
-                                backoff=0.5))
+      lr = tf.Variable(
+        0.01, trainable=False, name="lr", use_resource=use_resource
+      )
+      model = th.Regression(
+        use_resource=use_resource,
+        optimizer_fn=lambda _: snapstore.RollbackOptimizer(
+          tf.train.AdamOptimizer(lr), learning_rate=lr, backoff=0.5
+        ),
+      )
       opt = model.optimizer
       covered = list(opt.store().variables.values())
-    self.assertCountEqual(opt.store().keys, [
-        "beta1_power", "beta2_power", "net/dense/bias", "net/dense/bias/Adam",
-        "net/dense/bias/Adam_1", "net/dense/kernel", "net/dense/kernel/Adam",
-        "net/dense/kernel/Adam_1", "net/dense_1/bias", "net/dense_1/bias/Adam",
-        "net/dense_1/bias/Adam_1", "net/dense_1/kernel", "net/dense_1/kernel/Adam",
-        "net/dense_1/kernel/Adam_1"])
+    self.assertCountEqual(
+      opt.store().keys,
+      [
+        "beta1_power",
+        "beta2_power",
+        "net/dense/bias",
+        "net/dense/bias/Adam",
+        "net/dense/bias/Adam_1",
+        "net/dense/kernel",
+        "net/dense/kernel/Adam",
+        "net/dense/kernel/Adam_1",
+        "net/dense_1/bias",
+        "net/dense_1/bias/Adam",
+        "net/dense_1/bias/Adam_1",
+        "net/dense_1/kernel",
+        "net/dense_1/kernel/Adam",
+        "net/dense_1/kernel/Adam_1",
+      ],
+    )
     sess = self._session(graph)
     feeds = model.feeds(0, 4)
     for feed in feeds[:3]:
@@ -58,8 +76,9 @@ class RollbackTest(tf.test.TestCase, parameterized.TestCase):
     before = sess.run(covered)
     lr.load(10.0, sess)  # Adam moves every weight by about lr: the loss rises
     _, loss_before = sess.run([model.train_op, model.loss], feeds[3])
-    helpers.assert_state_differs(dict(enumerate(sess.run(covered))),
-                                 dict(enumerate(before)))
+    helpers.assert_state_differs(
+      dict(enumerate(sess.run(covered))), dict(enumerate(before))
+    )
     self.assertGreater(sess.run(model.loss, feeds[3]), loss_before)
     self.assertTrue(sess.run(opt.check, feeds[3]))
     for key, a, b in zip(opt.store().keys, sess.run(covered), before):
@@ -80,11 +99,15 @@ class RollbackTest(tf.test.TestCase, parameterized.TestCase):
       graph = tf.Graph()
       with graph.as_default():
         model = th.Regression(
-            use_resource=use_resource,
-            optimizer_fn=lambda lr, wrap=wrap: (
-                snapstore.RollbackOptimizer(tf.train.MomentumOptimizer(lr, 0.9),
-                                            tolerance=1e9)
-                if wrap else tf.train.MomentumOptimizer(lr, 0.9)))
+          use_resource=use_resource,
+          optimizer_fn=lambda lr, wrap=wrap: (
+            snapstore.RollbackOptimizer(
+              tf.train.MomentumOptimizer(lr, 0.9), tolerance=1e9
+            )
+            if wrap
+            else tf.train.MomentumOptimizer(lr, 0.9)
+          ),
+        )
         variables = tf.trainable_variables()
       sess = self._session(graph)
       values = []
@@ -101,21 +124,24 @@ class RollbackTest(tf.test.TestCase, parameterized.TestCase):
   def test_tolerances(self):
     # lr = 2.2: the distance to c grows by 1.2, the loss by 1.44 - 1 = 0.44 of it.
     target = np.array([1.0, -2.0, 0.5], np.float32)
-    loss0 = 0.5 * float(np.sum(target ** 2))
-    cases = [({"tolerance": 0.44 * loss0 * 1.01}, False),
-             ({"tolerance": 0.44 * loss0 * 0.99}, True),
-             ({"relative_tolerance": 0.45}, False),
-             ({"relative_tolerance": 0.43}, True),
-             ({"tolerance": 0.2 * loss0, "relative_tolerance": 0.2}, True),
-             ({"tolerance": 0.25 * loss0, "relative_tolerance": 0.2}, False)]
+    loss0 = 0.5 * float(np.sum(target**2))
+    cases = [
+      ({"tolerance": 0.44 * loss0 * 1.01}, False),
+      ({"tolerance": 0.44 * loss0 * 0.99}, True),
+      ({"relative_tolerance": 0.45}, False),
+      ({"relative_tolerance": 0.43}, True),
+      ({"tolerance": 0.2 * loss0, "relative_tolerance": 0.2}, True),
+      ({"tolerance": 0.25 * loss0, "relative_tolerance": 0.2}, False),
+    ]
     for kwargs, rolled_back in cases:
       graph = tf.Graph()
       with graph.as_default():
         model = _Quadratic(lr=2.2, **kwargs)
       sess = self._session(graph)
       sess.run(model.train_op, {model.c: target})
-      self.assertEqual(sess.run(model.opt.check, {model.c: target}), rolled_back,
-                       kwargs)
+      self.assertEqual(
+        sess.run(model.opt.check, {model.c: target}), rolled_back, kwargs
+      )
       expected = np.zeros(3) if rolled_back else 2.2 * target
       self.assertAllClose(sess.run(model.w), expected, rtol=1e-6)
 
@@ -134,7 +160,10 @@ class RollbackTest(tf.test.TestCase, parameterized.TestCase):
     graph = tf.Graph()
     with graph.as_default():
       model = _Quadratic(lr=2.5, learning_rate=None)
-      init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
+      init = [
+        tf.global_variables_initializer(),
+        tf.local_variables_initializer(),
+      ]
     graph.finalize()
     with helpers.assert_no_new_ops(graph), tf.Session(graph=graph) as sess:
       sess.run(init)
@@ -158,40 +187,55 @@ class _LateStateOptimizer(tf.train.GradientDescentOptimizer):
 
 
 class RollbackErrorsTest(tf.test.TestCase):
-
   def test_bad_arguments(self):
     sgd = tf.train.GradientDescentOptimizer(0.1)
-    with self.assertRaisesRegex(TypeError, "RollbackOptimizer wraps a tf.train"):
+    with self.assertRaisesRegex(
+      TypeError, "RollbackOptimizer wraps a tf.train"
+    ):
       snapstore.RollbackOptimizer("sgd")
     with self.assertRaisesRegex(ValueError, "tolerance must be >= 0"):
       snapstore.RollbackOptimizer(sgd, tolerance=-1.0)
-    with self.assertRaisesRegex(TypeError, "relative_tolerance must be a number"):
+    with self.assertRaisesRegex(
+      TypeError, "relative_tolerance must be a number"
+    ):
       snapstore.RollbackOptimizer(sgd, relative_tolerance="0.1")
-    with self.assertRaisesRegex(ValueError, "learning_rate= and backoff= go together"):
+    with self.assertRaisesRegex(
+      ValueError, "learning_rate= and backoff= go together"
+    ):
       snapstore.RollbackOptimizer(sgd, backoff=0.5)
     with tf.Graph().as_default():
       lr = tf.Variable(0.1, trainable=False)
       with self.assertRaisesRegex(ValueError, "backoff must be > 0"):
         snapstore.RollbackOptimizer(sgd, learning_rate=lr, backoff=0.0)
-      with self.assertRaisesRegex(TypeError,
-                                  "learning_rate must be a scalar float tf.Variable"):
-        snapstore.RollbackOptimizer(sgd, learning_rate=tf.constant(0.1), backoff=0.5)
+      with self.assertRaisesRegex(
+        TypeError, "learning_rate must be a scalar float tf.Variable"
+      ):
+        snapstore.RollbackOptimizer(
+          sgd, learning_rate=tf.constant(0.1), backoff=0.5
+        )
 
   def test_bad_loss(self):
     with tf.Graph().as_default():
       w = tf.get_variable("w", [3])
       opt = snapstore.RollbackOptimizer(tf.train.GradientDescentOptimizer(0.1))
-      with self.assertRaisesRegex(ValueError, "has no train op in this graph yet"):
+      with self.assertRaisesRegex(
+        ValueError, "has no train op in this graph yet"
+      ):
         opt.check  # pylint: disable=pointless-statement
       grads = opt.compute_gradients(tf.reduce_sum(w))
-      with self.assertRaisesRegex(ValueError, "needs the loss to check the step"):
+      with self.assertRaisesRegex(
+        ValueError, "needs the loss to check the step"
+      ):
         opt.apply_gradients(grads)
-      with self.assertRaisesRegex(TypeError, "loss must be a scalar float tensor"):
+      with self.assertRaisesRegex(
+        TypeError, "loss must be a scalar float tensor"
+      ):
         opt.apply_gradients(grads, loss=w * 2.0)
       with tf.Graph().as_default():
         other = tf.constant(1.0)
-      with self.assertRaisesRegex(snapstore.GraphMismatchError,
-                                  "loss Const:0 belongs to another graph"):
+      with self.assertRaisesRegex(
+        snapstore.GraphMismatchError, "loss Const:0 belongs to another graph"
+      ):
         opt.apply_gradients(grads, loss=other)
       train_op = opt.apply_gradients(grads, loss=tf.reduce_sum(w))
       self.assertEqual(tf.get_collection(tf.GraphKeys.TRAIN_OP), [train_op])
@@ -202,8 +246,9 @@ class RollbackErrorsTest(tf.test.TestCase):
     with tf.Graph().as_default():
       w = tf.get_variable("w", [3])
       opt = snapstore.RollbackOptimizer(_LateStateOptimizer(0.1))
-      with self.assertRaisesRegex(ValueError,
-                                  r"created state while building its step \(.*late:0\)"):
+      with self.assertRaisesRegex(
+        ValueError, r"created state while building its step \(.*late:0\)"
+      ):
         opt.minimize(tf.reduce_sum(w))
 
 

@@ -1,4 +1,5 @@
 """Sessions: default session, MonitoredSession and hook sessions."""
+
 from absl.testing import parameterized
 
 import snapstore
@@ -18,7 +19,6 @@ class SnapshotInHook(tf.train.SessionRunHook):
 
 
 class MonitoredSessionTest(tf.test.TestCase, parameterized.TestCase):
-
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
   def test_store_calls_do_not_count_as_steps(self, mode, use_resource):
     with tf.Graph().as_default():
@@ -59,7 +59,9 @@ class MonitoredSessionTest(tf.test.TestCase, parameterized.TestCase):
       store = snapstore.SnapshotStore(scope="net")
       sess = tf.train.MonitoredTrainingSession()
       sess.close()
-      with self.assertRaisesRegex(snapstore.NoSessionError, "The MonitoredSession is closed"):
+      with self.assertRaisesRegex(
+        snapstore.NoSessionError, "The MonitoredSession is closed"
+      ):
         store.snapshot(session=sess)
 
 

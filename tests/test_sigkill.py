@@ -8,6 +8,7 @@ every snapshot reported complete must be listed and restore bit-exactly; the
 snapshot being written may be listed complete (the kill came after its commit),
 listed incomplete (never read), or absent.
 """
+
 import os
 import random
 import signal
@@ -85,32 +86,41 @@ _EXITING_CHILD = textwrap.dedent("""
 
 def build():
   with tf.variable_scope("net"):
-    return dict((k, tf.get_variable(k, shape, dtype=tf.float32))
-                for k, shape in sorted(_SHAPES.items()))
+    return dict(
+      (k, tf.get_variable(k, shape, dtype=tf.float32))
+      for k, shape in sorted(_SHAPES.items())
+    )
 
 
 def values(tag):
   rng = np.random.RandomState(tag)
-  return dict((k, helpers.random_value(rng, shape, np.float32))
-              for k, shape in sorted(_SHAPES.items()))
+  return dict(
+    (k, helpers.random_value(rng, shape, np.float32))
+    for k, shape in sorted(_SHAPES.items())
+  )
 
 
 class SigkillTest(tf.test.TestCase):
-
   def _kill_during_spills(self, path, rng):
     script = os.path.join(self.get_temp_dir(), "child.py")
     with open(script, "w") as f:
       f.write(_CHILD % {"root": _ROOT})
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    child = subprocess.Popen([sys.executable, script, path],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             env=env, cwd=_ROOT)
+    child = subprocess.Popen(
+      [sys.executable, script, path],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.DEVNULL,
+      env=env,
+      cwd=_ROOT,
+    )
     done = []
     try:
       wanted = rng.randint(1, 4)
       while len(done) < wanted:
         line = child.stdout.readline()
-        self.assertTrue(line, "the child died before writing %d snapshots" % wanted)
+        self.assertTrue(
+          line, "the child died before writing %d snapshots" % wanted
+        )
         done.append(int(line))
       time.sleep(rng.uniform(0, 0.05))  # somewhere inside a later write
     finally:
@@ -128,8 +138,10 @@ class SigkillTest(tf.test.TestCase):
       incomplete = spill.incomplete()
       for tag in listed:
         for key, value in spill.read(tag).items():
-          helpers.assert_bit_equal(value, values(tag)[key], "tag %d %s" % (tag, key))
-    self.assertEqual(listed[:len(done)], done)
+          helpers.assert_bit_equal(
+            value, values(tag)[key], "tag %d %s" % (tag, key)
+          )
+    self.assertEqual(listed[: len(done)], done)
     self.assertLessEqual(len(listed), len(done) + 1)  # the one being written
     self.assertLessEqual(set(incomplete), {len(done)})
     self.assertFalse(set(incomplete) & set(listed))
@@ -137,8 +149,9 @@ class SigkillTest(tf.test.TestCase):
     graph = tf.Graph()
     with graph.as_default():
       variables = build()
-      store = snapstore.SnapshotStore(scope="net", mode="disk", memory_budget=0,
-                                      spill_path=path)
+      store = snapstore.SnapshotStore(
+        scope="net", mode="disk", memory_budget=0, spill_path=path
+      )
     with tf.Session(graph=graph) as sess:
       sess.run(tf.variables_initializer(list(variables.values())))
       self.assertEqual(store.tags(), listed)
@@ -155,8 +168,13 @@ class SigkillTest(tf.test.TestCase):
     with open(script, "w") as f:
       f.write(_EXITING_CHILD % {"root": _ROOT})
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    child = subprocess.run([sys.executable, script, path], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, env=env, cwd=_ROOT)
+    child = subprocess.run(
+      [sys.executable, script, path],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      env=env,
+      cwd=_ROOT,
+    )
     self.assertEqual(child.returncode, 0, child.stderr.decode()[-2000:])
     self.assertGreater(int(child.stdout), 0)  # exit came with writes queued
     with snapstore.open_spill(path) as spill:

@@ -8,6 +8,7 @@ after warm-up under 8 MiB where one leaked copy of the parameters per cycle
 would be over 100 MiB, and fewer than 200 new Python objects where one per
 cycle would be thousands.
 """
+
 import os
 import sys
 
@@ -18,8 +19,12 @@ import snapstore
 from snapstore._tf import tf
 from tests import helpers
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "bench"))
+sys.path.insert(
+  0,
+  os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"
+  ),
+)
 import soak  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _MAX_GROWTH_MIB = 8.0
@@ -27,18 +32,26 @@ _MAX_NEW_OBJECTS = 200
 
 
 class SoakTest(tf.test.TestCase, parameterized.TestCase):
-
-  @parameterized.named_parameters(("device_ref", "device", False, 10000, 64),
-                                  ("host_resource", "host", True, 10000, 64),
-                                  ("disk_ref", "disk", False, 10000, 64))
+  @parameterized.named_parameters(
+    ("device_ref", "device", False, 10000, 64),
+    ("host_resource", "host", True, 10000, 64),
+    ("disk_ref", "disk", False, 10000, 64),
+  )
   def test_cycles_leak_nothing(self, mode, use_resource, cycles, kib):
-    result = soak.soak(mode, cycles, kib=kib, workdir=self.get_temp_dir(),
-                       use_resource=use_resource)
-    self.assertEqual(soak.problems(result, _MAX_GROWTH_MIB, _MAX_NEW_OBJECTS), [],
-                     result)
+    result = soak.soak(
+      mode,
+      cycles,
+      kib=kib,
+      workdir=self.get_temp_dir(),
+      use_resource=use_resource,
+    )
+    self.assertEqual(
+      soak.problems(result, _MAX_GROWTH_MIB, _MAX_NEW_OBJECTS), [], result
+    )
     # The bounds would catch a leaked copy of the parameters per cycle.
-    self.assertGreater(result["leak_of_one_copy_per_cycle_mib"],
-                       10 * _MAX_GROWTH_MIB)
+    self.assertGreater(
+      result["leak_of_one_copy_per_cycle_mib"], 10 * _MAX_GROWTH_MIB
+    )
 
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
   def test_every_call_reuses_its_callables(self, mode, use_resource):
@@ -49,9 +62,15 @@ class SoakTest(tf.test.TestCase, parameterized.TestCase):
     with graph.as_default():
       model = helpers.Model(use_resource=use_resource, dtypes=(tf.float32,))
       store = snapstore.SnapshotStore(
-          scope="net", mode=mode, max_to_keep=2,
-          spill_path=os.path.join(self.get_temp_dir(), "%s.h5" % self.id()))
-      init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
+        scope="net",
+        mode=mode,
+        max_to_keep=2,
+        spill_path=os.path.join(self.get_temp_dir(), "%s.h5" % self.id()),
+      )
+      init = [
+        tf.global_variables_initializer(),
+        tf.local_variables_initializer(),
+      ]
     self.addCleanup(store.close)
     w = model.variables["v0_float32"]
     with tf.Session(graph=graph) as raw:

@@ -3,6 +3,7 @@
 The import-time behaviour runs in child processes: importing snapstore changes
 (or refuses) the process's execution mode, which this process has settled.
 """
+
 import ast
 import os
 import subprocess
@@ -19,22 +20,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _python(code, keep_legacy_keras=True):
   """Runs `code` in a child Python of this stack; (returncode, output)."""
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  env.pop("TF2_BEHAVIOR", None)  # set by importing TF 2.x; not the child's choice
+  env.pop(
+    "TF2_BEHAVIOR", None
+  )  # set by importing TF 2.x; not the child's choice
   if not keep_legacy_keras:
     env.pop("TF_USE_LEGACY_KERAS", None)
-  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, timeout=120)
+  result = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    universal_newlines=True,
+    timeout=120,
+  )
   return result.returncode, result.stdout
 
 
-_MODES = ("v1 = tf.compat.v1\n"
-          "print('modes', v1.executing_eagerly(), v1.resource_variables_enabled(), "
-          "v1.control_flow_v2_enabled())\n")
+_MODES = (
+  "v1 = tf.compat.v1\n"
+  "print('modes', v1.executing_eagerly(), v1.resource_variables_enabled(), "
+  "v1.control_flow_v2_enabled())\n"
+)
 
 
 class CompatModuleTest(unittest.TestCase):
-
   def test_only_the_compat_module_imports_tensorflow(self):
     package = os.path.join(ROOT, "snapstore")
     offenders = []
@@ -52,37 +62,51 @@ class CompatModuleTest(unittest.TestCase):
             modules = [node.module or ""]
           else:
             continue
-          if any(m == "tensorflow" or m.startswith("tensorflow.") for m in modules):
-            offenders.append("%s:%d" % (os.path.relpath(path, ROOT), node.lineno))
+          if any(
+            m == "tensorflow" or m.startswith("tensorflow.") for m in modules
+          ):
+            offenders.append(
+              "%s:%d" % (os.path.relpath(path, ROOT), node.lineno)
+            )
     self.assertTrue(offenders, "the test found no TensorFlow import at all")
     self.assertEqual(
-        [o for o in offenders if not o.startswith(os.path.join("snapstore", "_tf.py"))],
-        [])
+      [
+        o
+        for o in offenders
+        if not o.startswith(os.path.join("snapstore", "_tf.py"))
+      ],
+      [],
+    )
 
   def test_supported_versions_pass_the_gate(self):
     self.assertEqual(_tf.check_version("1.15.5"), (1, 15))
     self.assertEqual(_tf.check_version("2.15.1"), (2, 15))
     self.assertEqual(_tf.check_version("2.21.0"), (2, 21))
     self.assertEqual(_tf.check_version("2.22.0-rc1"), (2, 22))
-    self.assertEqual(_tf.VERSION, _tf.check_version(_tf._tensorflow.__version__))  # pylint: disable=protected-access
+    self.assertEqual(
+      _tf.VERSION, _tf.check_version(_tf._tensorflow.__version__)
+    )  # pylint: disable=protected-access
 
   def test_unsupported_versions_are_refused_with_the_fix(self):
     for version in ("1.14.0", "2.0.0", "2.14.1", "nightly"):
       with self.assertRaisesRegex(
-          ImportError, r"needs TensorFlow 1\.15, or 2\.15 or newer .*found "
-          r"TensorFlow %s\. Install TensorFlow .*pip install 'snapstore\[cpu\]'"
-          % version):
+        ImportError,
+        r"needs TensorFlow 1\.15, or 2\.15 or newer .*found "
+        r"TensorFlow %s\. Install TensorFlow .*pip install 'snapstore\[cpu\]'"
+        % version,
+      ):
         _tf.check_version(version)
 
   def test_snapshot_callback_is_a_tf1_keras_callback(self):
     # The suite runs with TF1-style Keras (conftest): TF's own on 1.15 and
     # 2.15, tf-keras on 2.16+.
     self.assertFalse(_tf.uses_keras_3())
-    self.assertTrue(issubclass(snapstore.SnapshotCallback, tf.keras.callbacks.Callback))
+    self.assertTrue(
+      issubclass(snapstore.SnapshotCallback, tf.keras.callbacks.Callback)
+    )
 
 
 class GraphModeTest(unittest.TestCase):
-
   def test_import_disables_v2_behaviour_when_the_program_chose_nothing(self):
     code, out = _python("import tensorflow as tf\nimport snapstore\n" + _MODES)
     self.assertEqual(code, 0, out)
@@ -92,20 +116,22 @@ class GraphModeTest(unittest.TestCase):
 
   def test_a_program_that_chose_graph_mode_keeps_its_settings(self):
     code, out = _python(
-        "import tensorflow as tf\n"
-        "tf.compat.v1.disable_eager_execution()\n"
-        "tf.compat.v1.enable_resource_variables()\n"
-        "tf.compat.v1.enable_control_flow_v2()\n"
-        "import snapstore\n" + _MODES)
+      "import tensorflow as tf\n"
+      "tf.compat.v1.disable_eager_execution()\n"
+      "tf.compat.v1.enable_resource_variables()\n"
+      "tf.compat.v1.enable_control_flow_v2()\n"
+      "import snapstore\n" + _MODES
+    )
     self.assertEqual(code, 0, out)
     self.assertIn("modes False True True", out)
 
   def test_an_eager_program_is_told_snapstore_needs_graph_mode(self):
     code, out = _python(
-        "import tensorflow as tf\n"
-        "tf.compat.v1.enable_eager_execution()\n"
-        "tf.constant(1.0) + 1.0\n"
-        "import snapstore\n")
+      "import tensorflow as tf\n"
+      "tf.compat.v1.enable_eager_execution()\n"
+      "tf.constant(1.0) + 1.0\n"
+      "import snapstore\n"
+    )
     self.assertNotEqual(code, 0, out)
     self.assertIn("ImportError: snapstore needs graph mode", out)
     self.assertIn("tf.compat.v1.disable_v2_behavior()", out)
@@ -132,8 +158,10 @@ for what, make in (
 """
 
 
-@unittest.skipUnless(_tf.VERSION >= (2, 16) and (_tf._keras_major() or 0) >= 3,  # pylint: disable=protected-access
-                     "Keras 3 exists only with TF 2.16+; here tf.keras is Keras 2")
+@unittest.skipUnless(
+  _tf.VERSION >= (2, 16) and (_tf._keras_major() or 0) >= 3,  # pylint: disable=protected-access
+  "Keras 3 exists only with TF 2.16+; here tf.keras is Keras 2",
+)
 class Keras3Test(unittest.TestCase):
   """Without TF_USE_LEGACY_KERAS=1, TF 2.16+'s tf.keras is Keras 3."""
 
@@ -142,8 +170,11 @@ class Keras3Test(unittest.TestCase):
     super(Keras3Test, cls).setUpClass()
     code, out = _python(_KERAS_3_PROBE, keep_legacy_keras=False)
     assert code == 0, out
-    cls.results = dict(line.split(" ", 1) for line in out.splitlines()
-                       if line.split(" ", 1)[0] in ("callback", "variable", "optimizer"))
+    cls.results = dict(
+      line.split(" ", 1)
+      for line in out.splitlines()
+      if line.split(" ", 1)[0] in ("callback", "variable", "optimizer")
+    )
 
   def _assert_refused(self, what, error, fragment):
     self.assertIn(what, self.results)
@@ -154,9 +185,11 @@ class Keras3Test(unittest.TestCase):
     self.assertIn("TF_USE_LEGACY_KERAS=1", message)
 
   def test_snapshot_callback_is_refused(self):
-    self._assert_refused("callback", "RuntimeError",
-                         "SnapshotCallback needs TF1-style Keras, but tf.keras is "
-                         "Keras 3 here")
+    self._assert_refused(
+      "callback",
+      "RuntimeError",
+      "SnapshotCallback needs TF1-style Keras, but tf.keras is Keras 3 here",
+    )
 
   def test_keras_3_variables_are_refused(self):
     self._assert_refused("variable", "TypeError", "a Keras 3 variable")

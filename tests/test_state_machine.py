@@ -23,6 +23,7 @@ that keeps the whole file under a minute. For a longer, random search:
 (`long`: 300 examples of up to 60 steps per configuration; or set
 SNAPSTORE_HYPOTHESIS_EXAMPLES=N for N examples.)
 """
+
 import os
 
 import hypothesis
@@ -39,14 +40,16 @@ _NBYTES = 3 * 5 * 4 + 4 * 8
 # (fast-tier mode, spill file, max_to_keep); disk keeps at most two snapshots
 # in memory (its budget) and `max_to_keep` in all tiers.
 _CONFIGS = {
-    "device": ("device", False, 3),
-    "host": ("host", False, 3),
-    "disk": ("disk", True, 4),
-    "device_spill": ("device", True, 2),
-    "host_spill": ("host", True, 2),
+  "device": ("device", False, 3),
+  "host": ("host", False, 3),
+  "disk": ("disk", True, 4),
+  "device_spill": ("device", True, 2),
+  "host_spill": ("host", True, 2),
 }
 _BUDGET = 2 * _NBYTES
-_TAGS = st.one_of(st.none(), st.integers(0, 6), st.sampled_from(["a", "b", "../x"]))
+_TAGS = st.one_of(
+  st.none(), st.integers(0, 6), st.sampled_from(["a", "b", "../x"])
+)
 
 
 def _settings():
@@ -54,12 +57,13 @@ def _settings():
   examples = int(os.environ.get("SNAPSTORE_HYPOTHESIS_EXAMPLES", 0))
   long_run = profile == "long" or examples > 0
   return hypothesis.settings(
-      max_examples=examples or (300 if long_run else 8),
-      stateful_step_count=60 if long_run else 25,
-      derandomize=not long_run,  # the suite runs the same examples each time
-      deadline=None,             # TensorFlow's first runs are slow
-      database=None,             # nothing written into the source tree
-      suppress_health_check=list(hypothesis.HealthCheck))
+    max_examples=examples or (300 if long_run else 8),
+    stateful_step_count=60 if long_run else 25,
+    derandomize=not long_run,  # the suite runs the same examples each time
+    deadline=None,  # TensorFlow's first runs are slow
+    database=None,  # nothing written into the source tree
+    suppress_health_check=list(hypothesis.HealthCheck),
+  )
 
 
 class _World(object):
@@ -87,19 +91,27 @@ class _World(object):
     self.graph = tf.Graph()
     with self.graph.as_default():
       with tf.variable_scope("net", use_resource=use_resource):
-        self.variables = dict((k, tf.get_variable(k, shape, dtype=dtype))
-                              for k, (shape, dtype) in _SHAPES.items())
+        self.variables = dict(
+          (k, tf.get_variable(k, shape, dtype=dtype))
+          for k, (shape, dtype) in _SHAPES.items()
+        )
       options = {}
       if spills:
         options["spill_path"] = os.path.join(
-            tf.test.get_temp_dir(), "state_machine_%s_%s.h5" % (name, use_resource))
+          tf.test.get_temp_dir(),
+          "state_machine_%s_%s.h5" % (name, use_resource),
+        )
         if os.path.exists(options["spill_path"]):
           os.remove(options["spill_path"])
       if mode == "disk":
         options["memory_budget"] = _BUDGET
-      self.store = snapstore.SnapshotStore(scope="net", mode=mode,
-                                           max_to_keep=self.max_to_keep, **options)
-      init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
+      self.store = snapstore.SnapshotStore(
+        scope="net", mode=mode, max_to_keep=self.max_to_keep, **options
+      )
+      init = [
+        tf.global_variables_initializer(),
+        tf.local_variables_initializer(),
+      ]
     self.graph.finalize()  # no call may add ops
     self.sess = tf.Session(graph=self.graph)
     self.sess.run(init)
@@ -109,8 +121,10 @@ class _World(object):
 
 def _values(seed):
   rng = np.random.RandomState(seed)
-  return dict((k, helpers.random_value(rng, shape, dtype.as_numpy_dtype))
-              for k, (shape, dtype) in _SHAPES.items())
+  return dict(
+    (k, helpers.random_value(rng, shape, dtype.as_numpy_dtype))
+    for k, (shape, dtype) in _SHAPES.items()
+  )
 
 
 class StoreMachine(stateful.RuleBasedStateMachine):
@@ -119,7 +133,7 @@ class StoreMachine(stateful.RuleBasedStateMachine):
   config = None
   use_resource = False
 
-  @stateful.initialize(seed=st.integers(0, 2 ** 16))
+  @stateful.initialize(seed=st.integers(0, 2**16))
   def start(self, seed):
     self.world = _World.get(self.config, self.use_resource)
     self.store = self.world.store
@@ -132,8 +146,8 @@ class StoreMachine(stateful.RuleBasedStateMachine):
     self.next_auto = probe + 1
     self.values = {}
     self._load(seed)
-    self.order = []      # tags, oldest first
-    self.snaps = {}      # tag -> arrays
+    self.order = []  # tags, oldest first
+    self.snaps = {}  # tag -> arrays
     self.spilled = set()
     self.flushed = True
 
@@ -149,7 +163,7 @@ class StoreMachine(stateful.RuleBasedStateMachine):
     if isinstance(tag, int):
       self.next_auto = max(self.next_auto, tag + 1)
     if self.world.spills and self.world.mode != "disk":
-      counted = self._fast()   # spilled snapshots are outside the bound
+      counted = self._fast()  # spilled snapshots are outside the bound
     else:
       counted = list(self.order)
     if tag not in counted and len(counted) >= self.world.max_to_keep:
@@ -191,7 +205,7 @@ class StoreMachine(stateful.RuleBasedStateMachine):
 
   # -- rules -------------------------------------------------------------------------
 
-  @stateful.rule(seed=st.integers(0, 2 ** 16))
+  @stateful.rule(seed=st.integers(0, 2**16))
   def update(self, seed):
     self._load(seed)
 
@@ -200,7 +214,7 @@ class StoreMachine(stateful.RuleBasedStateMachine):
     got = self.store.snapshot(tag, session=self.world.sess)
     assert got == self._store_in_model(tag, self.values), (got, tag)
 
-  @stateful.rule(tag=_TAGS, seed=st.integers(0, 2 ** 16))
+  @stateful.rule(tag=_TAGS, seed=st.integers(0, 2**16))
   def load_arrays(self, tag, seed):
     arrays = _values(seed)
     got = self.store.load_arrays(arrays, tag=tag, session=self.world.sess)
@@ -224,10 +238,13 @@ class StoreMachine(stateful.RuleBasedStateMachine):
     target = self._target(tag)
     if target is None:
       with _raises(snapstore.UnknownTagError):
-        self.store.evaluate_with(self.world.fetch, tag=tag, session=self.world.sess)
+        self.store.evaluate_with(
+          self.world.fetch, tag=tag, session=self.world.sess
+        )
       return
-    got = self.store.evaluate_with(self.world.fetch, tag=tag,
-                                   session=self.world.sess)
+    got = self.store.evaluate_with(
+      self.world.fetch, tag=tag, session=self.world.sess
+    )
     expected = self.snaps[target]
     for key, value in zip(self.world.keys, got):
       helpers.assert_bit_equal(value, expected[key], "evaluate_with %s" % key)
@@ -282,8 +299,11 @@ class StoreMachine(stateful.RuleBasedStateMachine):
         assert tier == "file", (tag, tier)
       else:
         assert tier in ("host", "file"), (tag, tier)
-      helpers.assert_state(self.store.arrays(tag, session=self.world.sess),
-                           self.snaps[tag], "snapshot %r" % (tag,))
+      helpers.assert_state(
+        self.store.arrays(tag, session=self.world.sess),
+        self.snaps[tag],
+        "snapshot %r" % (tag,),
+      )
 
   def teardown(self):
     if hasattr(self, "store"):
@@ -306,8 +326,11 @@ class _raises(object):
 
 
 def _case(config, use_resource):
-  machine = type("StoreMachine_%s_%s" % (config, "resource" if use_resource else "ref"),
-                 (StoreMachine,), {"config": config, "use_resource": use_resource})
+  machine = type(
+    "StoreMachine_%s_%s" % (config, "resource" if use_resource else "ref"),
+    (StoreMachine,),
+    {"config": config, "use_resource": use_resource},
+  )
   case = machine.TestCase
   case.settings = _settings()
   return case

@@ -1,4 +1,5 @@
 """SnapshotStore behaviour, for every copy mode and both variable kinds."""
+
 from absl.testing import parameterized
 import numpy as np
 
@@ -10,13 +11,13 @@ CASES = helpers.mode_and_kind_cases()
 
 
 class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
-
   def _setup(self, mode, use_resource, max_to_keep=None, **kwargs):
     graph = tf.Graph()
     with graph.as_default():
       model = helpers.Model(use_resource=use_resource)
-      store = snapstore.SnapshotStore(scope="net", mode=mode,
-                                      max_to_keep=max_to_keep, **kwargs)
+      store = snapstore.SnapshotStore(
+        scope="net", mode=mode, max_to_keep=max_to_keep, **kwargs
+      )
     sess = tf.Session(graph=graph)
     self.addCleanup(sess.close)
     with graph.as_default():
@@ -34,7 +35,9 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
     helpers.assert_state(model.values(sess), saved)
 
   @parameterized.named_parameters(*CASES)
-  def test_restore_defaults_to_newest_and_keeps_snapshot(self, mode, use_resource):
+  def test_restore_defaults_to_newest_and_keeps_snapshot(
+    self, mode, use_resource
+  ):
     model, store, sess = self._setup(mode, use_resource, max_to_keep=3)
     model.randomize(sess, seed=1)
     store.snapshot(session=sess)
@@ -67,7 +70,9 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(store.tags(), [2, 3])
     store.restore(2, session=sess)
     helpers.assert_state(model.values(sess), states[2])
-    with self.assertRaisesRegex(snapstore.UnknownTagError, r"No snapshot tagged 0.*2, 3"):
+    with self.assertRaisesRegex(
+      snapstore.UnknownTagError, r"No snapshot tagged 0.*2, 3"
+    ):
       store.restore(0, session=sess)
 
   @parameterized.named_parameters(*CASES)
@@ -85,7 +90,9 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(store.tags(), ["x", "z"])
 
   @parameterized.named_parameters(*CASES)
-  def test_auto_tags_increase_past_deleted_and_given_ints(self, mode, use_resource):
+  def test_auto_tags_increase_past_deleted_and_given_ints(
+    self, mode, use_resource
+  ):
     _, store, sess = self._setup(mode, use_resource, max_to_keep=5)
     self.assertEqual(store.snapshot(session=sess), 0)
     self.assertEqual(store.snapshot(session=sess), 1)
@@ -110,13 +117,16 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(store.tags(), ["b", "c"])
     store.restore("b", session=sess)
     helpers.assert_state(model.values(sess), b_state)
-    with self.assertRaisesRegex(snapstore.UnknownTagError, r"No snapshot tagged 'a'.*'b', 'c'"):
+    with self.assertRaisesRegex(
+      snapstore.UnknownTagError, r"No snapshot tagged 'a'.*'b', 'c'"
+    ):
       store.delete("a")
 
   @parameterized.named_parameters(*CASES)
   def test_info_records_time(self, mode, use_resource):
     _, store, sess = self._setup(mode, use_resource)
     import time  # pylint: disable=g-import-not-at-top
+
     before = time.time()
     tag = store.snapshot(session=sess)
     info = store.info()
@@ -144,16 +154,20 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
       step = tf.train.get_or_create_global_step()
       opt = tf.train.AdamOptimizer(0.1)
       train = opt.minimize(loss, global_step=step)
-      store = snapstore.SnapshotStore(scope="net", mode=mode, optimizer=opt,
-                                      include_global_step=True)
-    self.assertEqual(store.keys, ("beta1_power", "beta2_power", "global_step",
-                                  "w", "w/Adam", "w/Adam_1"))
+      store = snapstore.SnapshotStore(
+        scope="net", mode=mode, optimizer=opt, include_global_step=True
+      )
+    self.assertEqual(
+      store.keys,
+      ("beta1_power", "beta2_power", "global_step", "w", "w/Adam", "w/Adam_1"),
+    )
     with tf.Session(graph=graph) as sess:
       helpers.init(sess)
       sess.run(train)
       store.snapshot(session=sess)
       tracked = [w, opt.get_slot(w, "m"), opt.get_slot(w, "v"), step] + list(
-          opt._get_beta_accumulators())  # pylint: disable=protected-access
+        opt._get_beta_accumulators()
+      )  # pylint: disable=protected-access
       after_k = []
       for _ in range(3):
         sess.run(train)
@@ -215,7 +229,6 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class EvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
-
   def _setup(self, mode, use_resource):
     graph = tf.Graph()
     with graph.as_default():
@@ -224,10 +237,14 @@ class EvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
         w = tf.get_variable("w", [3, 2])
         b = tf.get_variable("b", [2])
       y = tf.matmul(x, w) + b
-      train = tf.group(tf.assign_add(w, tf.ones_like(w)) if not use_resource
-                       else w.assign_add(tf.ones_like(w)))
+      train = tf.group(
+        tf.assign_add(w, tf.ones_like(w))
+        if not use_resource
+        else w.assign_add(tf.ones_like(w))
+      )
       with tf.control_dependencies(
-          [tf.debugging.assert_positive(tf.reduce_sum(x), message="bad x")]):
+        [tf.debugging.assert_positive(tf.reduce_sum(x), message="bad x")]
+      ):
         check = tf.identity(y)
       store = snapstore.SnapshotStore(scope="net", mode=mode)
     sess = tf.Session(graph=graph)
@@ -250,8 +267,9 @@ class EvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
     helpers.assert_bit_equal(sess.run(w), w1)
     helpers.assert_bit_equal(sess.run(b), b1)
     current = store.evaluate_with(y, feed, past=False, session=sess)
-    np.testing.assert_allclose(current, feed[x].dot(w1) + b1, rtol=1e-6,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+      current, feed[x].dot(w1) + b1, rtol=1e-6, atol=1e-6
+    )
 
   @parameterized.named_parameters(*CASES)
   def test_current_intact_when_evaluation_raises(self, mode, use_resource):
@@ -260,7 +278,9 @@ class EvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
     sess.run(train)
     w1, b1 = sess.run([w, b])
     with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "bad x"):
-      store.evaluate_with(check, {x: -np.ones([1, 3], np.float32)}, session=sess)
+      store.evaluate_with(
+        check, {x: -np.ones([1, 3], np.float32)}, session=sess
+      )
     helpers.assert_bit_equal(sess.run(w), w1)
     helpers.assert_bit_equal(sess.run(b), b1)
     with self.assertRaises(ValueError):  # a Python-side error in Session.run
@@ -268,7 +288,9 @@ class EvaluateWithTest(tf.test.TestCase, parameterized.TestCase):
     helpers.assert_bit_equal(sess.run(w), w1)
 
   @parameterized.named_parameters(*CASES)
-  def test_training_op_in_fetches_touches_neither_copy(self, mode, use_resource):
+  def test_training_op_in_fetches_touches_neither_copy(
+    self, mode, use_resource
+  ):
     store, sess, _, w, _, _, train, _ = self._setup(mode, use_resource)
     w0 = sess.run(w)
     store.snapshot(session=sess)

@@ -5,6 +5,7 @@ parameters from before the previous optimizer step (past) and with its current
 parameters; after every optimizer step the past is refreshed. Only the current
 variables are trained.
 """
+
 import os
 
 from absl.testing import parameterized
@@ -16,7 +17,6 @@ from tests import helpers
 
 
 class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
-
   @parameterized.named_parameters(*helpers.mode_and_kind_cases())
   def test_past_and_current_in_one_training_loop(self, mode, use_resource):
     graph = tf.Graph()
@@ -34,7 +34,9 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
       else:
         train = opt.minimize(loss, var_list=b_vars)
     # Only B's own variables are trained; the shadows are not trainable.
-    self.assertCountEqual(graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES), b_vars)
+    self.assertCountEqual(
+      graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES), b_vars
+    )
 
     x_value, y_value = helpers.dense_net_data()
     feed = {x: x_value, target: y_value}
@@ -44,15 +46,29 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
       store.snapshot("past", session=sess)  # the first past: the initial values
       losses = []
       for _ in range(20):
-        current = dict(zip(store.keys, sess.run(list(store.variables.values()))))
-        past_out = store.evaluate_with(out, {x: x_value}, tag="past", session=sess)
+        current = dict(
+          zip(store.keys, sess.run(list(store.variables.values())))
+        )
+        past_out = store.evaluate_with(
+          out, {x: x_value}, tag="past", session=sess
+        )
         current_out = sess.run(out, {x: x_value})
-        np.testing.assert_allclose(current_out, helpers.dense_net_numpy(x_value, current),
-                                   rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(past_out, helpers.dense_net_numpy(x_value, previous or current),
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+          current_out,
+          helpers.dense_net_numpy(x_value, current),
+          rtol=1e-5,
+          atol=1e-5,
+        )
+        np.testing.assert_allclose(
+          past_out,
+          helpers.dense_net_numpy(x_value, previous or current),
+          rtol=1e-5,
+          atol=1e-5,
+        )
         # evaluate_with left the current parameters exactly as they were.
-        for key, value in zip(store.keys, sess.run(list(store.variables.values()))):
+        for key, value in zip(
+          store.keys, sess.run(list(store.variables.values()))
+        ):
           helpers.assert_bit_equal(value, current[key], key)
         if mode == "host":
           store.snapshot("past", session=sess)
@@ -66,12 +82,13 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
       self.assertLess(losses[-1], losses[0])
 
   @parameterized.named_parameters(
-      ("ref_saveable", False, "saveable"),
-      ("resource_saveable", True, "saveable"),
-      ("ref_own_saver", False, "own_saver"),
-      ("resource_own_saver", True, "own_saver"),
-      ("ref_not_saved", False, "not_saved"),
-      ("resource_not_saved", True, "not_saved"))
+    ("ref_saveable", False, "saveable"),
+    ("resource_saveable", True, "saveable"),
+    ("ref_own_saver", False, "own_saver"),
+    ("resource_own_saver", True, "own_saver"),
+    ("ref_not_saved", False, "not_saved"),
+    ("resource_not_saved", True, "not_saved"),
+  )
   def test_soft_target_across_a_checkpoint(self, use_resource, how):
     # The README's recipe: a soft-updated target network in a device slot,
     # checkpointed by a default Saver (saveable=True), by a Saver of the
@@ -80,15 +97,18 @@ class TargetNetworkTest(tf.test.TestCase, parameterized.TestCase):
     graph = tf.Graph()
     with graph.as_default():
       x, y = helpers.dense_net_placeholders()
-      out = helpers.dense_net(x, scope="online", use_resource=use_resource,
-                              seed=1)
+      out = helpers.dense_net(
+        x, scope="online", use_resource=use_resource, seed=1
+      )
       loss = tf.reduce_mean(tf.square(out - y))
       train = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
-      store = snapstore.SnapshotStore(scope="online", mode="device",
-                                      saveable=how == "saveable")
+      store = snapstore.SnapshotStore(
+        scope="online", mode="device", saveable=how == "saveable"
+      )
       with tf.control_dependencies([train]):
-        soft = snapstore.MovingAverage(store, tau=0.05, form="lerp",
-                                       tag="target")
+        soft = snapstore.MovingAverage(
+          store, tau=0.05, form="lerp", tag="target"
+        )
       shadows = list(store.slots.shadows(soft.slot).values())
       if how == "own_saver":
         saver = tf.train.Saver(tf.trainable_variables() + shadows)

@@ -1,4 +1,5 @@
 """A small trainable model for the training-loop tests, and state comparisons."""
+
 import numpy as np
 
 import snapstore
@@ -14,19 +15,30 @@ class Regression(object):
   learning rate that makes the loss blow up.
   """
 
-  def __init__(self, use_resource=False, optimizer_fn=None, learning_rate=0.01,
-               features=4):
+  def __init__(
+    self, use_resource=False, optimizer_fn=None, learning_rate=0.01, features=4
+  ):
     self.features = features
     self.x = tf.placeholder(tf.float32, [None, features], name="x")
     self.y = tf.placeholder(tf.float32, [None], name="y")
     self.lr = tf.placeholder_with_default(learning_rate, [], name="lr")
-    self.out = tf.squeeze(helpers.dense_net(
-        self.x, use_resource=use_resource, outputs=1, activation=tf.nn.tanh,
-        seed=1), 1)
+    self.out = tf.squeeze(
+      helpers.dense_net(
+        self.x,
+        use_resource=use_resource,
+        outputs=1,
+        activation=tf.nn.tanh,
+        seed=1,
+      ),
+      1,
+    )
     self.loss = tf.reduce_mean(tf.square(self.out - self.y), name="loss")
     self.step = tf.train.get_or_create_global_step()
-    self.optimizer = (optimizer_fn(self.lr) if optimizer_fn
-                      else tf.train.MomentumOptimizer(self.lr, 0.9))
+    self.optimizer = (
+      optimizer_fn(self.lr)
+      if optimizer_fn
+      else tf.train.MomentumOptimizer(self.lr, 0.9)
+    )
     self.train_op = self.optimizer.minimize(self.loss, global_step=self.step)
 
   def store(self, **kwargs):
@@ -75,8 +87,9 @@ class Linear(object):
         way (in a tf.cond, a tf.function...); the gradient stays C * scale.
     """
     with tf.variable_scope("lin", use_resource=use_resource):
-      self.w = tf.get_variable("w", initializer=np.array([1.0, 2.0, 3.0],
-                                                          np.float32))
+      self.w = tf.get_variable(
+        "w", initializer=np.array([1.0, 2.0, 3.0], np.float32)
+      )
     self.scale = tf.placeholder_with_default(np.float32(1.0), [], name="scale")
     total = total or (lambda w, c: tf.reduce_sum(c * w))
     self.loss = total(self.w, tf.constant(self.C)) * self.scale
@@ -87,9 +100,13 @@ class Linear(object):
 
   def store(self, **kwargs):
     """A device store of w, its momentum and the global step."""
-    return snapstore.SnapshotStore(var_list=[self.w], optimizer=self.opt,
-                                   include_global_step=True, mode="device",
-                                   **kwargs)
+    return snapstore.SnapshotStore(
+      var_list=[self.w],
+      optimizer=self.opt,
+      include_global_step=True,
+      mode="device",
+      **kwargs,
+    )
 
   def apply(self):
     return self.opt.apply_gradients(self.grads, global_step=self.step)
@@ -117,8 +134,11 @@ def momentum_step(state, scale=1.0):
 
 def linear_state(values):
   """`(w, accumulator, step)` as a dict keyed like a `Linear` store's keys."""
-  return {"lin/w": values[0], "lin/w/Momentum": values[1],
-          "global_step": np.int64(values[2])}
+  return {
+    "lin/w": values[0],
+    "lin/w/Momentum": values[1],
+    "global_step": np.int64(values[2]),
+  }
 
 
 def state(store, sess):

@@ -11,6 +11,7 @@ state as an attribute of the graph or session ties their lifetimes instead.
     stores.set(graph, store)
     stores.get(graph)                      # None for a graph without one
 """
+
 import threading
 import weakref
 

@@ -11,6 +11,7 @@ its buffer copies it before its first update (checked by the tests).
     out = aligned_empty((1024, 1024), np.float32)
     value = aligned_copy(array)
 """
+
 import numpy as np
 
 ALIGNMENT = 64
@@ -22,7 +23,7 @@ def aligned_empty(shape, dtype):
   nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
   raw = np.empty(nbytes + ALIGNMENT, np.uint8)
   start = (-raw.ctypes.data) % ALIGNMENT
-  return raw[start:start + nbytes].view(dtype).reshape(shape)
+  return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def aligned_copy(array, dtype=None):

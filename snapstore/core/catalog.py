@@ -18,13 +18,16 @@ Tags are ints or non-empty strings. Automatic tags count up from 0 and skip
 every int tag ever held, so they never name an older snapshot. Snapshotting
 under a held tag replaces it and makes it the newest.
 """
+
 import collections
 
 from snapstore.core import checks
 from snapstore import errors
 
 SnapshotInfo = collections.namedtuple("SnapshotInfo", ["tag", "time"])
-SnapshotInfo.__doc__ = """A held snapshot: its tag and wall time (`time.time()`) of taking it."""
+SnapshotInfo.__doc__ = (
+  """A held snapshot: its tag and wall time (`time.time()`) of taking it."""
+)
 
 
 class Catalog(object):
@@ -71,13 +74,15 @@ class Catalog(object):
     if tag is None and allow_default:
       if not self._order:
         raise errors.UnknownTagError(
-            "The store holds no snapshots yet; take one with snapshot() first.")
+          "The store holds no snapshots yet; take one with snapshot() first."
+        )
       return next(reversed(self._order))
     if tag not in self._order:
       held = ", ".join(repr(t) for t in self._order) or "none"
       raise errors.UnknownTagError(
-          "No snapshot tagged %r. The store holds: %s (oldest first; it keeps "
-          "max_to_keep=%s)." % (tag, held, self._capacity))
+        "No snapshot tagged %r. The store holds: %s (oldest first; it keeps "
+        "max_to_keep=%s)." % (tag, held, self._capacity)
+      )
     return tag
 
   # -- new snapshots -----------------------------------------------------------------
@@ -110,10 +115,11 @@ class Catalog(object):
       if held not in self._pinned:
         return held
     raise errors.PinnedTagError(
-        "Cannot store snapshot %r: every slot of the store is pinned (%s). "
-        "Create the store with a larger max_to_keep, or snapshot under a "
-        "pinned tag to overwrite its slot."
-        % (tag, ", ".join(repr(t) for t in counted)))
+      "Cannot store snapshot %r: every slot of the store is pinned (%s). "
+      "Create the store with a larger max_to_keep, or snapshot under a "
+      "pinned tag to overwrite its slot."
+      % (tag, ", ".join(repr(t) for t in counted))
+    )
 
   def record(self, tag, victim, when):
     """Records a snapshot stored under `tag` at `when`, and its victim's eviction.
@@ -167,13 +173,15 @@ class Catalog(object):
     """
     if tag in self._pinned:
       raise errors.PinnedTagError(
-          "Snapshot %r is pinned to device slot %d, which in-graph ops write "
-          "(store.slots.pin); %s." % (tag, slot_of(tag), refusal))
+        "Snapshot %r is pinned to device slot %d, which in-graph ops write "
+        "(store.slots.pin); %s." % (tag, slot_of(tag), refusal)
+      )
 
 
 def lost_note(lost):
   """A sentence naming snapshots a failed copy overwrote, or ""."""
   if not lost:
     return ""
-  return (" Snapshot(s) %s were being overwritten and are dropped."
-          % ", ".join(repr(t) for t in lost))
+  return " Snapshot(s) %s were being overwritten and are dropped." % ", ".join(
+    repr(t) for t in lost
+  )

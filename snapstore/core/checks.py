@@ -3,6 +3,7 @@
 Checks of plain Python values (no TensorFlow), and the one check that an
 object belongs to a store's graph.
 """
+
 import os
 
 import numpy as np
@@ -33,8 +34,10 @@ def integer(value, name, minimum, maximum=None, hint=None):
   elif maximum is not None and value > maximum:
     bound = "<= %d" % maximum
   if bound:
-    raise ValueError("%s must be %s%s, got %d." % (
-        name, bound, " (%s)" % hint if hint else "", value))
+    raise ValueError(
+      "%s must be %s%s, got %d."
+      % (name, bound, " (%s)" % hint if hint else "", value)
+    )
   return int(value)
 
 
@@ -44,8 +47,9 @@ def number(value, name):
   Raises:
     TypeError: Not a number.
   """
-  if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
-                                                       np.floating)):
+  if isinstance(value, bool) or not isinstance(
+    value, (int, float, np.integer, np.floating)
+  ):
     raise TypeError("%s must be a number, got %r." % (name, value))
   return float(value)
 
@@ -63,18 +67,23 @@ def tag(value):
   """
   if isinstance(value, np.integer):
     value = int(value)
-  if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
-    raise TypeError("A tag must be an int or a non-empty string, got %r." % (value,))
+  if (
+    isinstance(value, bool) or not isinstance(value, (int, str)) or value == ""
+  ):
+    raise TypeError(
+      "A tag must be an int or a non-empty string, got %r." % (value,)
+    )
   if isinstance(value, str):
     try:
       value.encode("utf-8")
     except UnicodeEncodeError as e:
       raise TypeError(
-          "The tag %r cannot be encoded as UTF-8 (%s), so it could never be "
-          "written to a spill file: a lone surrogate, as os.fsdecode() makes "
-          "of bytes that are not UTF-8. Decode such bytes yourself (e.g. "
-          "name.decode('utf-8', 'replace')) or choose another tag."
-          % (value, e.reason)) from None
+        "The tag %r cannot be encoded as UTF-8 (%s), so it could never be "
+        "written to a spill file: a lone surrogate, as os.fsdecode() makes "
+        "of bytes that are not UTF-8. Decode such bytes yourself (e.g. "
+        "name.decode('utf-8', 'replace')) or choose another tag."
+        % (value, e.reason)
+      ) from None
   return value
 
 
@@ -92,7 +101,9 @@ def path(value, what):
   if isinstance(value, os.PathLike):
     value = os.fspath(value)
   if not isinstance(value, str):
-    raise TypeError("%s must be a string or os.PathLike, got %r." % (what, value))
+    raise TypeError(
+      "%s must be a string or os.PathLike, got %r." % (what, value)
+    )
   if not value:
     raise ValueError("%s must not be empty." % what)
   return value
@@ -111,8 +122,10 @@ def file_path(value, what):
   """
   value = path(value, what)
   if os.path.isdir(value):
-    raise ValueError("%s %r is a directory; name a file (in it, e.g. %r)."
-                     % (what, value, os.path.join(value, "snapshot")))
+    raise ValueError(
+      "%s %r is a directory; name a file (in it, e.g. %r)."
+      % (what, value, os.path.join(value, "snapshot"))
+    )
   return value
 
 
@@ -132,8 +145,9 @@ def readable_file(value, what):
     raise errors.SnapshotFileError("Cannot read %s: no such file." % value)
   if not os.path.isfile(value):
     raise errors.SnapshotFileError(
-        "Cannot read %s: it is not a regular file (a device, pipe or socket); "
-        "name a file." % value)
+      "Cannot read %s: it is not a regular file (a device, pipe or socket); "
+      "name a file." % value
+    )
   return value
 
 
@@ -154,13 +168,15 @@ def replaceable_file(value, what):
   value = file_path(value, what)
   if os.path.islink(value):
     raise errors.SnapshotFileError(
-        "Refusing to write %s: it is a symbolic link, which writing would "
-        "replace with a file. Write to the file it names (%s) or another path."
-        % (value, os.path.realpath(value)))
+      "Refusing to write %s: it is a symbolic link, which writing would "
+      "replace with a file. Write to the file it names (%s) or another path."
+      % (value, os.path.realpath(value))
+    )
   if os.path.lexists(value) and not os.path.isfile(value):
     raise errors.SnapshotFileError(
-        "Refusing to write %s: it is not a regular file (a device, pipe or "
-        "socket), which writing would replace. Choose another path." % value)
+      "Refusing to write %s: it is not a regular file (a device, pipe or "
+      "socket), which writing would replace. Choose another path." % value
+    )
   return value
 
 
@@ -192,5 +208,7 @@ def same_graph(obj, graph, what, than="the store's variables", fix=None):
     GraphMismatchError: `obj.graph` is another graph.
   """
   if obj.graph is not graph:
-    raise errors.GraphMismatchError("%s belongs to another graph than %s.%s" % (
-        what, than, " " + fix if fix else ""))
+    raise errors.GraphMismatchError(
+      "%s belongs to another graph than %s.%s"
+      % (what, than, " " + fix if fix else "")
+    )

@@ -10,6 +10,7 @@ variable and its shadow never leaves the device.
     feeder = Feeder(specs, "feed")
     load = feeder.assign_to(primaries, "load")               # fed with arrays
 """
+
 import numpy as np
 
 from snapstore._tf import graph_element
@@ -60,8 +61,9 @@ def read(var):
   """
   with ops.colocate_with(var):
     if is_resource(var):  # one op: read_value() adds an Identity
-      return resource_variable_ops.read_variable_op(var.handle,
-                                                    var.dtype.base_dtype)
+      return resource_variable_ops.read_variable_op(
+        var.handle, var.dtype.base_dtype
+      )
     return var.read_value()
 
 
@@ -122,8 +124,10 @@ class SharedReads(object):
 
 def _colocated_read(var):
   element = graph_element(var)
-  if (element is not None
-      and element.op.colocation_groups() == var.op.colocation_groups()):
+  if (
+    element is not None
+    and element.op.colocation_groups() == var.op.colocation_groups()
+  ):
     return element
   return read(var)
 
@@ -150,8 +154,11 @@ class Feeder(object):
     with tf.name_scope(name):
       # One tuple for the store's lifetime: runs are cached by its identity.
       self._placeholders = tuple(
-          tf.placeholder(spec.variable.dtype.base_dtype, spec.shape,
-                         name="value_%d" % i) for i, spec in enumerate(specs))
+        tf.placeholder(
+          spec.variable.dtype.base_dtype, spec.shape, name="value_%d" % i
+        )
+        for i, spec in enumerate(specs)
+      )
 
   @property
   def placeholders(self):
@@ -166,9 +173,12 @@ class Feeder(object):
     one) keeping their shape: `np.ascontiguousarray` would make a 0-d array
     1-d.
     """
-    return [a if a.dtype == dtype and a.flags.c_contiguous
-            else np.asarray(a, dtype=dtype, order="C")
-            for a, dtype in zip(arrays, self._dtypes)]
+    return [
+      a
+      if a.dtype == dtype and a.flags.c_contiguous
+      else np.asarray(a, dtype=dtype, order="C")
+      for a, dtype in zip(arrays, self._dtypes)
+    ]
 
   def assign_to(self, targets, name):
     """A grouped op writing the fed values into `targets` (one per spec)."""

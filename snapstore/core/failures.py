@@ -14,6 +14,7 @@ the mode tells which slot such an error is about (`uninitialized`), and
 nothing was written (a restore waits for the slot's check; see
 `modes/device.py`).
 """
+
 import collections
 import contextlib
 
@@ -27,56 +28,71 @@ _Kind = collections.namedtuple("_Kind", "error message uninitialized")
 # TF's message), {slot}, {fix} (UNINITIALIZED_FIX) and {note} (what the
 # caller adds) are filled in.
 KINDS = {
-    "snapshot": _Kind(
-        errors.SnapshotError,
-        "Taking snapshot {tag!r} failed: {cause}. The variables are "
-        "unchanged.{note}", None),
-    "store": _Kind(
-        errors.SnapshotError,
-        "Storing snapshot {tag!r} failed: {cause}.{note}", None),
-    "restore": _Kind(
-        errors.RestoreError,
-        "Restoring snapshot {tag!r} failed: {cause}. The variables may hold a "
-        "mix of old and restored values; the snapshot is intact, call "
-        "restore({tag!r}) again.",
-        "Restoring snapshot {tag!r} failed: {fix} Nothing was written."),
-    "set_aside": _Kind(
-        errors.SnapshotError,
-        "evaluate_with could not set the current parameters aside: {cause}. "
-        "Nothing was changed.", None),
-    "load": _Kind(
-        errors.SnapshotError,
-        "evaluate_with could not load snapshot {tag!r}: {cause}. The current "
-        "parameters are put back.",
-        "evaluate_with could not load snapshot {tag!r}: {fix} The current "
-        "parameters are put back."),
-    "put_back": _Kind(
-        errors.RestoreError,
-        "evaluate_with could not write the current parameters back: {cause}. "
-        "The store keeps them and writes them back at the start of its next "
-        "call, or call recover().", None),
-    "pending": _Kind(
-        errors.RestoreError,
-        "The current parameters that evaluate_with set aside are still not "
-        "written back: {cause}. The store keeps them; call recover() with a "
-        "working session.", None),
-    "read": _Kind(
-        errors.SnapshotError,
-        "{what} could not read snapshot {tag!r}: {cause}.",
-        "{what} could not read snapshot {tag!r}: {fix}"),
-    "spill": _Kind(
-        errors.SnapshotError,
-        "Spilling snapshot {tag!r} failed: reading it failed: {cause}. It "
-        "stays where it was.",
-        "Spilling snapshot {tag!r} failed: {fix} It stays where it was."),
+  "snapshot": _Kind(
+    errors.SnapshotError,
+    "Taking snapshot {tag!r} failed: {cause}. The variables are "
+    "unchanged.{note}",
+    None,
+  ),
+  "store": _Kind(
+    errors.SnapshotError,
+    "Storing snapshot {tag!r} failed: {cause}.{note}",
+    None,
+  ),
+  "restore": _Kind(
+    errors.RestoreError,
+    "Restoring snapshot {tag!r} failed: {cause}. The variables may hold a "
+    "mix of old and restored values; the snapshot is intact, call "
+    "restore({tag!r}) again.",
+    "Restoring snapshot {tag!r} failed: {fix} Nothing was written.",
+  ),
+  "set_aside": _Kind(
+    errors.SnapshotError,
+    "evaluate_with could not set the current parameters aside: {cause}. "
+    "Nothing was changed.",
+    None,
+  ),
+  "load": _Kind(
+    errors.SnapshotError,
+    "evaluate_with could not load snapshot {tag!r}: {cause}. The current "
+    "parameters are put back.",
+    "evaluate_with could not load snapshot {tag!r}: {fix} The current "
+    "parameters are put back.",
+  ),
+  "put_back": _Kind(
+    errors.RestoreError,
+    "evaluate_with could not write the current parameters back: {cause}. "
+    "The store keeps them and writes them back at the start of its next "
+    "call, or call recover().",
+    None,
+  ),
+  "pending": _Kind(
+    errors.RestoreError,
+    "The current parameters that evaluate_with set aside are still not "
+    "written back: {cause}. The store keeps them; call recover() with a "
+    "working session.",
+    None,
+  ),
+  "read": _Kind(
+    errors.SnapshotError,
+    "{what} could not read snapshot {tag!r}: {cause}.",
+    "{what} could not read snapshot {tag!r}: {fix}",
+  ),
+  "spill": _Kind(
+    errors.SnapshotError,
+    "Spilling snapshot {tag!r} failed: reading it failed: {cause}. It "
+    "stays where it was.",
+    "Spilling snapshot {tag!r} failed: {fix} It stays where it was.",
+  ),
 }
 
 UNINITIALIZED_FIX = (
-    "it is in device slot {slot}, whose shadow variables are not initialized "
-    "in this session: the local variable initializer has not run. Run "
-    "tf.local_variables_initializer() after the global one "
-    "(MonitoredTrainingSession, Estimators and tf.train.Scaffold do), or "
-    "store.slots.initializer.")
+  "it is in device slot {slot}, whose shadow variables are not initialized "
+  "in this session: the local variable initializer has not run. Run "
+  "tf.local_variables_initializer() after the global one "
+  "(MonitoredTrainingSession, Estimators and tf.train.Scaffold do), or "
+  "store.slots.initializer."
+)
 
 
 def translate(error, kind, tag=None, what=None, uninitialized=None, note=""):
@@ -99,9 +115,16 @@ def translate(error, kind, tag=None, what=None, uninitialized=None, note=""):
   if slot is not None and entry.uninitialized is not None:
     template = entry.uninitialized
     fix = UNINITIALIZED_FIX.format(slot=slot)
-  return entry.error(template.format(
-      tag=tag, what=what, cause=errors.first_line(error), slot=slot, fix=fix,
-      note=note))
+  return entry.error(
+    template.format(
+      tag=tag,
+      what=what,
+      cause=errors.first_line(error),
+      slot=slot,
+      fix=fix,
+      note=note,
+    )
+  )
 
 
 @contextlib.contextmanager
@@ -117,5 +140,6 @@ def translated(kind, tag=None, uninitialized=None, what=None, note=None):
   try:
     yield
   except tf.errors.OpError as e:
-    raise translate(e, kind, tag, what, uninitialized,
-                    note() if note is not None else "") from e
+    raise translate(
+      e, kind, tag, what, uninitialized, note() if note is not None else ""
+    ) from e

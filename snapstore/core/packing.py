@@ -27,6 +27,7 @@ A group holds variables with the same device string, so its buffer,
 colocated with the group's first variable, is on the device the others are
 placed on (a variable's reshape is colocated with the variable).
 """
+
 import collections
 
 import numpy as np
@@ -65,8 +66,11 @@ def plan(primaries, scope, pack, limit=PACK_LIMIT_BYTES):
   members = collections.OrderedDict()  # key -> indices
   loose = []
   for i, p in enumerate(primaries):
-    if (p.dtype.base_dtype not in PACKED_DTYPES
-        or not p.shape.is_fully_defined() or _nbytes(p) > limit):
+    if (
+      p.dtype.base_dtype not in PACKED_DTYPES
+      or not p.shape.is_fully_defined()
+      or _nbytes(p) > limit
+    ):
       loose.append(i)
       continue
     key = (p.device, p.dtype.base_dtype, copies.is_resource(p))
@@ -179,13 +183,21 @@ class Group(object):
     """
     consts = self._constants()
     with ops.colocate_with(self.anchor), tf.name_scope(self.scope):
-      parts = tf.split(flat, consts.sizes, num=len(self.members),
-                       axis=consts.axis, name="unpack")
+      parts = tf.split(
+        flat,
+        consts.sizes,
+        num=len(self.members),
+        axis=consts.axis,
+        name="unpack",
+      )
     values = []
     for m, part in zip(self.members, parts):
       with ops.colocate_with(m), tf.name_scope(self.scope):
-        values.append(tf.reshape(part, consts.shapes[tuple(m.shape.as_list())],
-                                 name="unflat"))
+        values.append(
+          tf.reshape(
+            part, consts.shapes[tuple(m.shape.as_list())], name="unflat"
+          )
+        )
     return values
 
   def _constants(self):
@@ -196,13 +208,15 @@ class Group(object):
         for m in self.members:
           key = tuple(m.shape.as_list())
           if key not in shapes:
-            shapes[key] = tf.constant(list(key), tf.int32, shape=[len(key)],
-                                      name="shape")
+            shapes[key] = tf.constant(
+              list(key), tf.int32, shape=[len(key)], name="shape"
+            )
         self._consts = _Constants(
-            sizes=tf.constant(self._sizes, tf.int64, name="sizes"),
-            axis=tf.constant(0, tf.int32, name="axis"),
-            flat=tf.constant([-1], tf.int32, name="flat"),
-            shapes=shapes)
+          sizes=tf.constant(self._sizes, tf.int64, name="sizes"),
+          axis=tf.constant(0, tf.int32, name="axis"),
+          flat=tf.constant([-1], tf.int32, name="flat"),
+          shapes=shapes,
+        )
     return self._consts
 
 

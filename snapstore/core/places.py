@@ -37,6 +37,7 @@ picks.
     places.bind(tag, Place.of(sess, varset))        # after a device snapshot
     places.check(tag, Place.of(other, varset), "restore")   # SessionMismatchError
 """
+
 import collections
 import weakref
 
@@ -68,7 +69,9 @@ class Place(object):
     """The place of `session` (resolved by `sessions.resolve`) for `varset`."""
     base = session_under(session)
     target = getattr(base, "sess_str", "")
-    if isinstance(target, bytes):  # what tf.train.Server.target gives on TF 1.15
+    if isinstance(
+      target, bytes
+    ):  # what tf.train.Server.target gives on TF 1.15
       target = target.decode("utf-8", "replace")
     if not (isinstance(target, str) and target.startswith("grpc://")):
       return cls(base)
@@ -79,13 +82,15 @@ class Place(object):
         devices = tuple((d.name, d.incarnation) for d in base.list_devices())
       except tf.errors.OpError as e:
         raise errors.NoSessionError(
-            "Cannot list the devices of the cluster at %s, to tell which tasks "
-            "hold the store's device snapshots: %s. Nothing was run."
-            % (target, errors.first_line(e))) from e
+          "Cannot list the devices of the cluster at %s, to tell which tasks "
+          "hold the store's device snapshots: %s. Nothing was run."
+          % (target, errors.first_line(e))
+        ) from e
       _DEVICES.set(base, devices)
     tasks = set(_task(spec.variable.device) for spec in varset)
-    held = tuple(sorted(d for d in devices
-                        if any(_holds(task, d[0]) for task in tasks)))
+    held = tuple(
+      sorted(d for d in devices if any(_holds(task, d[0]) for task in tasks))
+    )
     return cls(base, (target, held))
 
   def same(self, other):
@@ -104,8 +109,12 @@ class Place(object):
   def restarted(self, other):
     """Whether `other` sees this place's cluster with restarted tasks."""
     mine, theirs = self._cluster, other._cluster  # pylint: disable=protected-access
-    return (mine is not None and theirs is not None and mine[0] == theirs[0]
-            and mine[1] != theirs[1])
+    return (
+      mine is not None
+      and theirs is not None
+      and mine[0] == theirs[0]
+      and mine[1] != theirs[1]
+    )
 
   def describe(self):
     if self._cluster is not None:
@@ -113,8 +122,10 @@ class Place(object):
     session = self._ref()
     if session is None:
       return "a session that no longer exists"
-    return "%s (%s)" % (_name(session), "closed" if session_closed(session)
-                        else "still open")
+    return "%s (%s)" % (
+      _name(session),
+      "closed" if session_closed(session) else "still open",
+    )
 
 
 class Places(object):
@@ -145,9 +156,18 @@ class Places(object):
 
   def gone(self):
     """[(tag, why)] of bound tags whose place is gone: a local session closed or collected."""
-    return [(tag, lost_message(tag, "was a device snapshot of %s: its values went "
-                               "with that session's resources" % place.describe()))
-            for tag, place in self._where.items() if place.gone]
+    return [
+      (
+        tag,
+        lost_message(
+          tag,
+          "was a device snapshot of %s: its values went "
+          "with that session's resources" % place.describe(),
+        ),
+      )
+      for tag, place in self._where.items()
+      if place.gone
+    ]
 
   def keep_only(self, tags):
     """Forgets the places of tags not in `tags` (deleted or evicted meanwhile)."""
@@ -182,25 +202,30 @@ class Places(object):
     if home is None or home.same(place):
       return None
     if home.restarted(place):
-      return lost_message(tag, "was held on %s, whose tasks have restarted since "
-                          "(their devices have new incarnations): their "
-                          "variables, its shadows among them, were lost"
-                          % home.describe())
+      return lost_message(
+        tag,
+        "was held on %s, whose tasks have restarted since "
+        "(their devices have new incarnations): their "
+        "variables, its shadows among them, were lost" % home.describe(),
+      )
     raise errors.SessionMismatchError(
-        "Snapshot %r is a device snapshot held by %s, not by %s()'s session "
-        "(%s): device snapshots are variables of the session (or cluster) "
-        "that took them, and this session's shadows do not hold it. Call "
-        "%s() with the session that took it, or carry it over: "
-        "store.load_arrays(store.arrays(%r, session=old), tag=%r, "
-        "session=new)." % (tag, home.describe(), what, place.describe(), what,
-                           tag, tag))
+      "Snapshot %r is a device snapshot held by %s, not by %s()'s session "
+      "(%s): device snapshots are variables of the session (or cluster) "
+      "that took them, and this session's shadows do not hold it. Call "
+      "%s() with the session that took it, or carry it over: "
+      "store.load_arrays(store.arrays(%r, session=old), tag=%r, "
+      "session=new)."
+      % (tag, home.describe(), what, place.describe(), what, tag, tag)
+    )
 
 
 def lost_message(tag, why):
   """The message for device snapshot `tag`, dropped because it `why`."""
-  return ("Snapshot %r %s, so the store dropped it. Take a new snapshot; to keep "
-          "a device snapshot beyond its session, save_npz() or spill() it first."
-          % (tag, why))
+  return (
+    "Snapshot %r %s, so the store dropped it. Take a new snapshot; to keep "
+    "a device snapshot beyond its session, save_npz() or spill() it first."
+    % (tag, why)
+  )
 
 
 def _task(device):

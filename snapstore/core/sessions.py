@@ -10,6 +10,7 @@ for the session's hooks (inside a hook, `run_context.session` is already raw).
     sess = resolve(session, store.graph, "snapshot")
     run_cached(sess, snapshot_op)
 """
+
 import threading
 
 from snapstore._tf import callable_with_exact_feeds
@@ -42,18 +43,24 @@ def resolve(session, graph, what):
     session = tf.get_default_session()
     if session is None:
       raise errors.NoSessionError(
-          "%s() needs a session: pass session=..., or call it inside "
-          "`with session.as_default():`." % what)
+        "%s() needs a session: pass session=..., or call it inside "
+        "`with session.as_default():`." % what
+      )
   raw = _unwrap(session)
   if not (hasattr(raw, "run") and hasattr(raw, "graph")):
-    raise TypeError("session must be a tf.Session or MonitoredSession, got %r."
-                    % (session,))
-  checks.same_graph(raw, graph, "%s()'s session" % what,
-                    fix="Pass a session created on the store's graph (store.graph).")
+    raise TypeError(
+      "session must be a tf.Session or MonitoredSession, got %r." % (session,)
+    )
+  checks.same_graph(
+    raw,
+    graph,
+    "%s()'s session" % what,
+    fix="Pass a session created on the store's graph (store.graph).",
+  )
   if session_closed(session_under(raw)):
     raise errors.NoSessionError(
-        "%s()'s session is closed; nothing was run. Pass an open session."
-        % what)
+      "%s()'s session is closed; nothing was run. Pass an open session." % what
+    )
   return raw
 
 
@@ -93,7 +100,11 @@ def run_cached(session, fetches, feed_list=None, values=()):
     if cache is None:
       cache = {}
       _CALLABLES.set(session, cache)
-    fn = callable_with_exact_feeds(session, feed_list, fetches) if feed_list else None
+    fn = (
+      callable_with_exact_feeds(session, feed_list, fetches)
+      if feed_list
+      else None
+    )
     if fn is None:
       fn = session.make_callable(fetches, feed_list=feed_list)
     entry = cache[key] = (fn, fetches, feed_list)

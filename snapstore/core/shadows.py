@@ -21,6 +21,7 @@ variable, or a group of small variables that share one flat buffer, named
 `<store>/packed_<n>/<slot>` and colocated with the group's first variable,
 initialized with the members' `value_at_init`s packed.
 """
+
 import functools
 
 from snapstore._tf import control_flow_ops
@@ -80,9 +81,13 @@ def make_slots(units, slots):
         gated[index] = tf.identity(values[index], name="value_at_init")
     return gated[index]
 
-  return [[_shadow(u, name, collections, functools.partial(initial, index=i))
-           for i, u in enumerate(units)]
-          for name, collections in slots]
+  return [
+    [
+      _shadow(u, name, collections, functools.partial(initial, index=i))
+      for i, u in enumerate(units)
+    ]
+    for name, collections in slots
+  ]
 
 
 def make_scratch(units, name, collections, reads):
@@ -125,14 +130,19 @@ def _shadow(unit, name, collections, initial):
   under, name = unit.shadow_name(name)
   # The deprecation warning TF prints when a ResourceVariable is made is about
   # its own constructor's arguments, not the user's code.
-  with ops.colocate_with(unit.anchor), ops.name_scope(under), \
-      deprecation.silence(), ops.name_scope(name) as scope:
+  with ops.colocate_with(unit.anchor), ops.name_scope(
+    under
+  ), deprecation.silence(), ops.name_scope(name) as scope:
     if resource:
       # As the constructor: the handle's shared name is its op name, so that
       # every session on the cluster finds the same variable.
       variable = variable_handle_from_shape_and_dtype(
-          unit.shape, dtype, shared_name=ops.name_from_scope_name(scope),
-          name=scope, graph_mode=True)
+        unit.shape,
+        dtype,
+        shared_name=ops.name_from_scope_name(scope),
+        name=scope,
+        graph_mode=True,
+      )
     else:
       variable = state_ops.variable_op_v2(unit.shape, dtype, name=scope)
     with ops.name_scope(scope):
@@ -146,9 +156,13 @@ def _shadow(unit, name, collections, initial):
         with ops.colocate_with(variable.op):
           value = tf.identity(variable, name="read")
     variable_def = variable_pb2.VariableDef(
-        variable_name=variable.name, initializer_name=initializer.name,
-        snapshot_name=value.name, initial_value_name=initial.name,
-        trainable=False, is_resource=resource)
+      variable_name=variable.name,
+      initializer_name=initializer.name,
+      snapshot_name=value.name,
+      initial_value_name=initial.name,
+      trainable=False,
+      is_resource=resource,
+    )
     if resource:
       shadow = resource_variable_ops.ResourceVariable(variable_def=variable_def)
     else:
@@ -202,8 +216,9 @@ def value_at_init(primary):
         handle = primary.handle
         initialized = resource_variable_ops.var_is_initialized_op(handle)
         current = resource_variable_ops.read_variable_op(
-            control_flow_ops.switch(handle, initialized)[1],
-            primary.dtype.base_dtype)
+          control_flow_ops.switch(handle, initialized)[1],
+          primary.dtype.base_dtype,
+        )
       else:
         ref = primary.op.outputs[0]
         initialized = state_ops.is_variable_initialized(ref)

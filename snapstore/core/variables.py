@@ -15,6 +15,7 @@ restores into the other. A variable outside the scope (an optimizer's
     varset = VariableSet(scope="online", optimizer=opt, include_global_step=True)
     varset.keys   # ('beta1_power', 'beta2_power', 'dense/kernel', ...)
 """
+
 import collections
 
 import numpy as np
@@ -29,14 +30,27 @@ from snapstore import errors
 # themselves picked up by scope or collection resolution.
 SHADOW_VARIABLES = "snapstore_shadows"
 
-_SUPPORTED_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int8, tf.int16,
-                     tf.int32, tf.int64, tf.uint8, tf.uint16, tf.bool,
-                     tf.complex64, tf.complex128)
+_SUPPORTED_DTYPES = (
+  tf.float16,
+  tf.float32,
+  tf.float64,
+  tf.int8,
+  tf.int16,
+  tf.int32,
+  tf.int64,
+  tf.uint8,
+  tf.uint16,
+  tf.bool,
+  tf.complex64,
+  tf.complex128,
+)
 
 
 class VariableSpec(
-    collections.namedtuple("VariableSpec", ["key", "variable", "shape", "dtype"])):
+  collections.namedtuple("VariableSpec", ["key", "variable", "shape", "dtype"])
+):
   """One covered variable: its key, the variable, static shape and numpy dtype."""
+
   __slots__ = ()
 
   @property
@@ -72,12 +86,19 @@ class VariableSet(object):
       variable as `var_list`.
   """
 
-  def __init__(self, var_list=None, scope=None, collection=None, optimizer=None,
-               include_global_step=False):
+  def __init__(
+    self,
+    var_list=None,
+    scope=None,
+    collection=None,
+    optimizer=None,
+    include_global_step=False,
+  ):
     if var_list is not None and collection is not None:
       raise ValueError(
-          "Pass var_list or collection, not both (got a var_list and "
-          "collection=%r)." % (collection,))
+        "Pass var_list or collection, not both (got a var_list and "
+        "collection=%r)." % (collection,)
+      )
     self._prefix = _scope_name(scope)
     pairs, graph, source = self._resolve(var_list, collection)
     if optimizer is not None:
@@ -86,8 +107,9 @@ class VariableSet(object):
       step = tf.train.get_global_step(graph)
       if step is None:
         raise ValueError(
-            "include_global_step=True, but the graph has no global step. Create "
-            "it with tf.train.get_or_create_global_step() before the store.")
+          "include_global_step=True, but the graph has no global step. Create "
+          "it with tf.train.get_or_create_global_step() before the store."
+        )
       pairs.append((None, step))
     self._specs = self._make_specs(pairs, source)
     self._graph = self._specs[0].variable.graph
@@ -152,23 +174,33 @@ class VariableSet(object):
     if missing:
       problems.append("missing variables: %s" % ", ".join(missing))
     if extra:
-      problems.append("variables the store does not have: %s" % errors.names(extra))
+      problems.append(
+        "variables the store does not have: %s" % errors.names(extra)
+      )
     for spec in self._specs:
       if spec.key not in declared:
         continue
       shape, dtype = declared[spec.key]
       if tuple(shape) != spec.shape:
-        problems.append("%s has shape %s, the variable has shape %s"
-                        % (spec.key, tuple(shape), spec.shape))
+        problems.append(
+          "%s has shape %s, the variable has shape %s"
+          % (spec.key, tuple(shape), spec.shape)
+        )
       if not same_dtype(dtype, spec.dtype):
-        problems.append("%s has dtype %s, the variable has dtype %s"
-                        % (spec.key, np.dtype(dtype).name if _is_dtype(dtype)
-                           else dtype, spec.dtype.name))
+        problems.append(
+          "%s has dtype %s, the variable has dtype %s"
+          % (
+            spec.key,
+            np.dtype(dtype).name if _is_dtype(dtype) else dtype,
+            spec.dtype.name,
+          )
+        )
     problems.extend(more_problems)
     if problems:
       raise errors.IncompatibleSnapshotError(
-          "%s does not match the store's variables: %s.%s"
-          % (source, "; ".join(problems), " " + hint if hint else ""))
+        "%s does not match the store's variables: %s.%s"
+        % (source, "; ".join(problems), " " + hint if hint else "")
+      )
 
   # -- resolution ---------------------------------------------------------------
 
@@ -177,25 +209,33 @@ class VariableSet(object):
     if var_list is not None:
       if isinstance(var_list, tf_variables.Variable):
         raise TypeError(
-            "var_list must be a list or dict of variables, got the single "
-            "variable %s. Pass a list: var_list=[%s]." % (var_list.name,
-                                                          var_list.op.name))
+          "var_list must be a list or dict of variables, got the single "
+          "variable %s. Pass a list: var_list=[%s]."
+          % (var_list.name, var_list.op.name)
+        )
       if isinstance(var_list, dict):
         pairs, where = [], []
         for key, var in sorted(var_list.items(), key=lambda kv: str(kv[0])):
           if not isinstance(key, str) or not key:
-            raise TypeError("var_list keys must be non-empty strings, got %r."
-                            % (key,))
+            raise TypeError(
+              "var_list keys must be non-empty strings, got %r." % (key,)
+            )
           parts = _parts(var, "var_list[%r]" % key)
           if len(parts) == 1:
             pairs.append((key, parts[0]))
           else:
-            pairs.extend(("%s/part_%d" % (key, i), p) for i, p in enumerate(parts))
+            pairs.extend(
+              ("%s/part_%d" % (key, i), p) for i, p in enumerate(parts)
+            )
           where.extend(["key %r" % key] * len(parts))
       else:
-        if isinstance(var_list, (str, bytes)) or not hasattr(var_list, "__iter__"):
-          raise TypeError("var_list must be a list or dict of variables, got %r."
-                          % (var_list,))
+        if isinstance(var_list, (str, bytes)) or not hasattr(
+          var_list, "__iter__"
+        ):
+          raise TypeError(
+            "var_list must be a list or dict of variables, got %r."
+            % (var_list,)
+          )
         pairs, where = [], []
         for i, var in enumerate(var_list):
           parts = _parts(var, "var_list")
@@ -206,14 +246,18 @@ class VariableSet(object):
     graph = tf.get_default_graph()
     key = collection
     if key is None:
-      key = (tf.GraphKeys.GLOBAL_VARIABLES if self._prefix is not None
-             else tf.GraphKeys.TRAINABLE_VARIABLES)
+      key = (
+        tf.GraphKeys.GLOBAL_VARIABLES
+        if self._prefix is not None
+        else tf.GraphKeys.TRAINABLE_VARIABLES
+      )
     shadows = set(id(v) for v in graph.get_collection(SHADOW_VARIABLES))
     pairs = []
     for var in graph.get_collection(key):
       if not isinstance(var, tf_variables.Variable):
-        raise TypeError("Collection %r holds %r, which is not a variable."
-                        % (key, var))
+        raise TypeError(
+          "Collection %r holds %r, which is not a variable." % (key, var)
+        )
       if id(var) in shadows or not self._under_prefix(var.op.name):
         continue
       pairs.append((None, var))
@@ -225,27 +269,41 @@ class VariableSet(object):
 
   def _optimizer_pairs(self, optimizer, primaries, graph):
     """Slot variables of `primaries` and non-slot variables of the optimizers."""
-    optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+    optimizers = (
+      optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+    )
     if primaries:
       graph = primaries[0].graph
     graph = graph or tf.get_default_graph()
     pairs = []
     for opt in optimizers:
       if is_keras_3_object(opt):
-        raise TypeError("optimizer %r is a Keras 3 optimizer. %s" % (opt, KERAS_3_FIX))
-      if not all(hasattr(opt, a) for a in ("variables", "get_slot", "get_slot_names")):
-        raise TypeError("optimizer must be a tf.train.Optimizer or a Keras "
-                        "optimizer, got %r." % (opt,))
-      with graph.as_default():  # Optimizer.variables() filters by default graph.
+        raise TypeError(
+          "optimizer %r is a Keras 3 optimizer. %s" % (opt, KERAS_3_FIX)
+        )
+      if not all(
+        hasattr(opt, a) for a in ("variables", "get_slot", "get_slot_names")
+      ):
+        raise TypeError(
+          "optimizer must be a tf.train.Optimizer or a Keras "
+          "optimizer, got %r." % (opt,)
+        )
+      with (
+        graph.as_default()
+      ):  # Optimizer.variables() filters by default graph.
         opt_vars = list(opt.variables())
       if not opt_vars:
         raise ValueError(
-            "Optimizer %s has no variables yet. Build its train op (minimize() or "
-            "apply_gradients()) before creating the store, so that its slots "
-            "exist." % getattr(opt, "_name", type(opt).__name__))
+          "Optimizer %s has no variables yet. Build its train op (minimize() or "
+          "apply_gradients()) before creating the store, so that its slots "
+          "exist." % getattr(opt, "_name", type(opt).__name__)
+        )
       names = list(opt.get_slot_names())
-      candidates = (list(primaries) + graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
-                    + graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES))
+      candidates = (
+        list(primaries)
+        + graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
+        + graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES)
+      )
       any_slot = set(id(s) for p in candidates for s in _slots(opt, p, names))
       pairs.extend((None, s) for p in primaries for s in _slots(opt, p, names))
       pairs.extend((None, v) for v in opt_vars if id(v) not in any_slot)
@@ -262,20 +320,27 @@ class VariableSet(object):
       key = explicit_key or self._key_of(var)
       if key in by_key:
         raise ValueError(
-            "Variables %s and %s both map to key %r. Pass a dict var_list to "
-            "name them, or a scope that tells them apart."
-            % (by_key[key].name, var.name, key))
+          "Variables %s and %s both map to key %r. Pass a dict var_list to "
+          "name them, or a scope that tells them apart."
+          % (by_key[key].name, var.name, key)
+        )
       by_key[key] = var
       specs.append(_spec(key, var))
     if not specs:
-      hint = ("Build the model before the store" if source != "var_list"
-              else "Pass at least one variable")
-      raise ValueError("No variables to snapshot: %s is empty. %s."
-                       % (source, hint))
+      hint = (
+        "Build the model before the store"
+        if source != "var_list"
+        else "Pass at least one variable"
+      )
+      raise ValueError(
+        "No variables to snapshot: %s is empty. %s." % (source, hint)
+      )
     graphs = set(id(s.variable.graph) for s in specs)
     if len(graphs) > 1:
-      raise ValueError("The variables belong to %d different graphs; a store "
-                       "covers variables of one graph." % len(graphs))
+      raise ValueError(
+        "The variables belong to %d different graphs; a store "
+        "covers variables of one graph." % len(graphs)
+      )
     return tuple(sorted(specs, key=lambda s: s.key))
 
   def _under_prefix(self, name):
@@ -284,7 +349,7 @@ class VariableSet(object):
   def _key_of(self, var):
     name = var.op.name
     if self._prefix is not None and name.startswith(self._prefix + "/"):
-      return name[len(self._prefix) + 1:]
+      return name[len(self._prefix) + 1 :]
     return name
 
 
@@ -311,7 +376,9 @@ def _scope_name(scope):
   if isinstance(scope, tf.VariableScope):
     scope = scope.name
   if not isinstance(scope, str):
-    raise TypeError("scope must be a string or tf.VariableScope, got %r." % (scope,))
+    raise TypeError(
+      "scope must be a string or tf.VariableScope, got %r." % (scope,)
+    )
   scope = scope.rstrip("/")
   return scope or None
 
@@ -326,8 +393,9 @@ def _check_listed_once(variables, where):
   for var, place in zip(variables, where):
     if id(var) in first:
       raise ValueError(
-          "var_list names variable %s twice: at %s and at %s. List each "
-          "variable once." % (var.name, first[id(var)], place))
+        "var_list names variable %s twice: at %s and at %s. List each "
+        "variable once." % (var.name, first[id(var)], place)
+      )
     first[id(var)] = place
 
 
@@ -336,8 +404,9 @@ def _parts(var, where):
     return list(var)
   if not isinstance(var, tf_variables.Variable):
     if is_keras_3_object(var):
-      raise TypeError("%s holds %r, a Keras 3 variable. %s" % (where, var,
-                                                              KERAS_3_FIX))
+      raise TypeError(
+        "%s holds %r, a Keras 3 variable. %s" % (where, var, KERAS_3_FIX)
+      )
     raise TypeError("%s holds %r, which is not a tf.Variable." % (where, var))
   return [var]
 
@@ -357,13 +426,17 @@ def _slots(opt, primary, names):
 def _spec(key, var):
   if not var.shape.is_fully_defined():
     raise ValueError(
-        "Variable %s has shape %s, which is not fully defined; snapstore needs "
-        "static shapes (create it with a known shape, or validate_shape=True)."
-        % (var.name, var.shape))
+      "Variable %s has shape %s, which is not fully defined; snapstore needs "
+      "static shapes (create it with a known shape, or validate_shape=True)."
+      % (var.name, var.shape)
+    )
   dtype = var.dtype.base_dtype
   if dtype not in _SUPPORTED_DTYPES:
     raise ValueError(
-        "Variable %s has dtype %s, which snapstore does not support. Supported: "
-        "%s." % (var.name, dtype.name, ", ".join(d.name for d in _SUPPORTED_DTYPES)))
-  return VariableSpec(key, var, tuple(var.shape.as_list()),
-                      np.dtype(dtype.as_numpy_dtype))
+      "Variable %s has dtype %s, which snapstore does not support. Supported: "
+      "%s."
+      % (var.name, dtype.name, ", ".join(d.name for d in _SUPPORTED_DTYPES))
+    )
+  return VariableSpec(
+    key, var, tuple(var.shape.as_list()), np.dtype(dtype.as_numpy_dtype)
+  )

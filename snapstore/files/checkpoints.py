@@ -28,6 +28,7 @@ float16, uint16, bool or complex tensors ("Data type not supported"). Such a
 checkpoint is reported, naming the tensor, with the fix: save it again in the
 V2 format (the default since TF 1.0).
 """
+
 import os
 import re
 
@@ -65,14 +66,16 @@ class Checkpoint(object):
       self._reader = tf.train.load_checkpoint(self._path)
     except CHECKPOINT_READ_ERRORS as e:
       raise errors.CheckpointError(
-          "%s is not a TensorFlow checkpoint snapstore can read (%s). Pass what "
-          "tf.train.Saver.save returned (the checkpoint prefix)."
-          % (self._path, errors.first_line(e))) from e
+        "%s is not a TensorFlow checkpoint snapstore can read (%s). Pass what "
+        "tf.train.Saver.save returned (the checkpoint prefix)."
+        % (self._path, errors.first_line(e))
+      ) from e
     dtypes = self._reader.get_variable_to_dtype_map()
     self._declared = dict(
-        (name, (tuple(shape), _numpy_dtype(dtypes[name])))
-        for name, shape in self._reader.get_variable_to_shape_map().items()
-        if name != OBJECT_GRAPH_PROTO_KEY)
+      (name, (tuple(shape), _numpy_dtype(dtypes[name])))
+      for name, shape in self._reader.get_variable_to_shape_map().items()
+      if name != OBJECT_GRAPH_PROTO_KEY
+    )
 
   @property
   def where(self):
@@ -96,16 +99,23 @@ class Checkpoint(object):
     except CHECKPOINT_READ_ERRORS as e:
       fix = ""
       if isinstance(e, tf.errors.UnimplementedError) and "Sliced" in str(e):
-        fix = (" It is a partitioned variable stored in slices by a V1 "
-               "checkpoint, which TF's checkpoint reader cannot read; save the "
-               "checkpoint again in the V2 format (the default).")
-      elif isinstance(e, tf.errors.UnimplementedError) and "Data type" in str(e):
-        fix = (" TF's checkpoint reader cannot read dtype %s from a V1 "
-               "checkpoint; save the checkpoint again in the V2 format (the "
-               "default)." % np.dtype(self._declared[name][1]).name)
+        fix = (
+          " It is a partitioned variable stored in slices by a V1 "
+          "checkpoint, which TF's checkpoint reader cannot read; save the "
+          "checkpoint again in the V2 format (the default)."
+        )
+      elif isinstance(e, tf.errors.UnimplementedError) and "Data type" in str(
+        e
+      ):
+        fix = (
+          " TF's checkpoint reader cannot read dtype %s from a V1 "
+          "checkpoint; save the checkpoint again in the V2 format (the "
+          "default)." % np.dtype(self._declared[name][1]).name
+        )
       raise errors.CheckpointError(
-          "Reading %r from checkpoint %s failed: %s.%s Nothing was stored."
-          % (name, self._path, errors.first_line(e), fix)) from e
+        "Reading %r from checkpoint %s failed: %s.%s Nothing was stored."
+        % (name, self._path, errors.first_line(e), fix)
+      ) from e
 
   def close(self):
     """Drops the reader. Safe to call twice."""
@@ -129,21 +139,25 @@ def _resolve(path):
     latest = tf.train.latest_checkpoint(path)
     if latest is None:
       raise errors.CheckpointError(
-          "%s is a directory with no 'checkpoint' file naming a checkpoint that "
-          "exists. Pass a checkpoint prefix, e.g. %s." % (
-              path, os.path.join(path, "model.ckpt-1000")))
+        "%s is a directory with no 'checkpoint' file naming a checkpoint that "
+        "exists. Pass a checkpoint prefix, e.g. %s."
+        % (path, os.path.join(path, "model.ckpt-1000"))
+      )
     return latest
   if _exists(path):
     match = _FILE_OF_CHECKPOINT.match(path)
     if match and _exists(match.group(1)):
       raise errors.CheckpointError(
-          "%s is one file of checkpoint %s; pass the checkpoint's prefix %s, as "
-          "tf.train.Saver.save returns it." % (path, match.group(1), match.group(1)))
+        "%s is one file of checkpoint %s; pass the checkpoint's prefix %s, as "
+        "tf.train.Saver.save returns it."
+        % (path, match.group(1), match.group(1))
+      )
     return path
   raise errors.CheckpointError(
-      "No checkpoint at %s: neither %s.index (V2 format) nor a file %s (V1 "
-      "format) exists. Pass what tf.train.Saver.save returned, or a directory "
-      "holding a 'checkpoint' file." % (path, path, path))
+    "No checkpoint at %s: neither %s.index (V2 format) nor a file %s (V1 "
+    "format) exists. Pass what tf.train.Saver.save returned, or a directory "
+    "holding a 'checkpoint' file." % (path, path, path)
+  )
 
 
 def _exists(path):

@@ -28,6 +28,7 @@ they load bit for bit (`snapstore verify --finite FILE` checks for them).
     store.files.save_npz("/tmp/best.npz")
     other_store.files.load_npz("/tmp/best.npz", tag="best")
 """
+
 import collections
 import functools
 import io
@@ -56,9 +57,15 @@ _METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
 # encryption, zlib its own error, numpy's header parser MemoryError (parser
 # stack overflow) or SyntaxError.
 _STREAM_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError)
-_MEMBER_ERRORS = _STREAM_ERRORS + (ValueError, NotImplementedError, RuntimeError,
-                                   SyntaxError, MemoryError, RecursionError,
-                                   struct.error)
+_MEMBER_ERRORS = _STREAM_ERRORS + (
+  ValueError,
+  NotImplementedError,
+  RuntimeError,
+  SyntaxError,
+  MemoryError,
+  RecursionError,
+  struct.error,
+)
 
 
 def save(path, keys, arrays, compress=False):
@@ -79,13 +86,15 @@ def save(path, keys, arrays, compress=False):
   path = checks.replaceable_file(path, "The .npz path")
   if layout.is_hdf5(path):
     raise errors.SnapshotFileError(
-        "Refusing to write an .npz archive over %s: it is an HDF5 file (a "
-        "snapstore spill file, perhaps in use by a live store, or another "
-        "program's data). Choose another path." % path)
+      "Refusing to write an .npz archive over %s: it is an HDF5 file (a "
+      "snapstore spill file, perhaps in use by a live store, or another "
+      "program's data). Choose another path." % path
+    )
   directory = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(directory):
     raise errors.SnapshotFileError(
-        "Cannot write %s: directory %s does not exist." % (path, directory))
+      "Cannot write %s: directory %s does not exist." % (path, directory)
+    )
   tmp = "%s.%s.tmp" % (path, uuid.uuid4().hex[:12])
   method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
   try:
@@ -115,7 +124,8 @@ def read(path):
   """
   with Archive(path) as archive:
     return collections.OrderedDict(
-        (key, archive.read(key)) for key in sorted(archive.declared()))
+      (key, archive.read(key)) for key in sorted(archive.declared())
+    )
 
 
 class Archive(object):
@@ -139,17 +149,25 @@ class Archive(object):
     path = checks.readable_file(path, "The .npz path")
     try:
       archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError,
-            struct.error) as e:
+    except (
+      zipfile.BadZipFile,
+      OSError,
+      ValueError,
+      NotImplementedError,
+      struct.error,
+    ) as e:
       raise errors.SnapshotFileError(
-          "%s is not an .npz archive (%s). Write archives with "
-          "SnapshotStore.save_npz or numpy.savez." % (path, e))
+        "%s is not an .npz archive (%s). Write archives with "
+        "SnapshotStore.save_npz or numpy.savez." % (path, e)
+      )
     self._path = path
     self._archive = archive
     try:
       self._members = _members(archive, path, os.path.getsize(path))
-      self._declared = {key: _header(archive, info, path, key)
-                        for key, info in self._members.items()}
+      self._declared = {
+        key: _header(archive, info, path, key)
+        for key, info in self._members.items()
+      }
       _check_numeric(self._declared, path)
     except BaseException:
       self.close()
@@ -184,15 +202,19 @@ def _check_numeric(declared, path):
   pickled = sorted(k for k, (_, dtype) in declared.items() if dtype.hasobject)
   if pickled:
     raise errors.SnapshotFileError(
-        "%s holds pickled Python objects in %s; snapstore loads .npz files "
-        "with allow_pickle=False. Save snapshots with SnapshotStore.save_npz "
-        "or numpy.savez of numeric arrays." % (path, errors.names(pickled)))
-  other = sorted(k for k, (_, dtype) in declared.items() if dtype.kind not in "biufc")
+      "%s holds pickled Python objects in %s; snapstore loads .npz files "
+      "with allow_pickle=False. Save snapshots with SnapshotStore.save_npz "
+      "or numpy.savez of numeric arrays." % (path, errors.names(pickled))
+    )
+  other = sorted(
+    k for k, (_, dtype) in declared.items() if dtype.kind not in "biufc"
+  )
   if other:
     raise errors.SnapshotFileError(
-        "%s holds arrays that are not numeric (%s); a snapshot holds "
-        "numbers." % (path, errors.names(
-            ["%r: %s" % (k, declared[k][1]) for k in other])))
+      "%s holds arrays that are not numeric (%s); a snapshot holds "
+      "numbers."
+      % (path, errors.names(["%r: %s" % (k, declared[k][1]) for k in other]))
+    )
 
 
 def _write_member(archive, name, array):
@@ -206,9 +228,10 @@ def _members(archive, path, size):
     name = info.filename
     if not name.endswith(_SUFFIX):
       raise errors.SnapshotFileError(
-          "%s holds %r, which is not a .npy array; it is not a snapshot archive."
-          % (path, name))
-    key = name[:-len(_SUFFIX)]
+        "%s holds %r, which is not a .npy array; it is not a snapshot archive."
+        % (path, name)
+      )
+    key = name[: -len(_SUFFIX)]
     if key in members:
       raise errors.SnapshotFileError("%s holds array %r twice." % (path, key))
     _check_member(info, path, key, size)
@@ -220,27 +243,36 @@ def _check_member(info, path, key, size):
   """Refuses a member whose sizes or storage no savez archive has."""
   if info.flag_bits & 0x1:
     raise errors.SnapshotFileError(
-        "%s: array %r is encrypted; snapstore reads unencrypted archives."
-        % (path, key))
+      "%s: array %r is encrypted; snapstore reads unencrypted archives."
+      % (path, key)
+    )
   if info.compress_type not in _METHODS:
     raise errors.SnapshotFileError(
-        "%s: array %r is compressed with zip method %d; snapstore reads stored "
-        "or deflated members (numpy.savez, numpy.savez_compressed)."
-        % (path, key, info.compress_type))
+      "%s: array %r is compressed with zip method %d; snapstore reads stored "
+      "or deflated members (numpy.savez, numpy.savez_compressed)."
+      % (path, key, info.compress_type)
+    )
   if info.header_offset + info.compress_size > size:
     raise errors.SnapshotFileError(
-        "%s: array %r ends past the end of the file (%d bytes); the archive is "
-        "truncated or corrupt." % (path, key, size))
+      "%s: array %r ends past the end of the file (%d bytes); the archive is "
+      "truncated or corrupt." % (path, key, size)
+    )
   if info.compress_type == zipfile.ZIP_STORED:
     expandable = info.compress_size
   else:
     expandable = _MAX_DEFLATE_RATIO * info.compress_size + 1024
   if info.file_size > expandable:
     raise errors.SnapshotFileError(
-        "%s: array %r declares %d bytes from %d %s bytes, more than they can "
-        "hold; the archive is corrupt (or a zip bomb)."
-        % (path, key, info.file_size, info.compress_size,
-           _METHODS[info.compress_type]))
+      "%s: array %r declares %d bytes from %d %s bytes, more than they can "
+      "hold; the archive is corrupt (or a zip bomb)."
+      % (
+        path,
+        key,
+        info.file_size,
+        info.compress_size,
+        _METHODS[info.compress_type],
+      )
+    )
 
 
 def _header(archive, info, path, key):
@@ -257,11 +289,17 @@ def _header(archive, info, path, key):
       width = 2 if version == (1, 0) else 4
       if len(start) < 8 + width:
         raise ValueError("the member ends inside the header")
-      length, = struct.unpack("<H" if width == 2 else "<I", start[8:8 + width])
+      (length,) = struct.unpack(
+        "<H" if width == 2 else "<I", start[8 : 8 + width]
+      )
       if length > _MAX_HEADER:
-        raise ValueError("a header of %d bytes; numpy writes at most %d"
-                         % (length, _MAX_HEADER))
-      header = io.BytesIO(start + f.read(max(0, 8 + width + length - len(start))))
+        raise ValueError(
+          "a header of %d bytes; numpy writes at most %d"
+          % (length, _MAX_HEADER)
+        )
+      header = io.BytesIO(
+        start + f.read(max(0, 8 + width + length - len(start)))
+      )
       header.seek(8)
       if version == (1, 0):
         shape, _, dtype = np.lib.format.read_array_header_1_0(header)
@@ -269,21 +307,25 @@ def _header(archive, info, path, key):
         shape, _, dtype = np.lib.format.read_array_header_2_0(header)
   except _STREAM_ERRORS as e:
     raise errors.SnapshotFileError(
-        "%s: array %r is truncated or corrupt (%s)." % (path, key, _describe(e)))
+      "%s: array %r is truncated or corrupt (%s)." % (path, key, _describe(e))
+    )
   except _MEMBER_ERRORS as e:
     raise errors.SnapshotFileError(
-        "%s: array %r has no valid .npy header (%s)." % (path, key, _describe(e)))
+      "%s: array %r has no valid .npy header (%s)." % (path, key, _describe(e))
+    )
   if any(d < 0 for d in shape):
     raise errors.SnapshotFileError(
-        "%s: array %r declares the negative shape %s." % (path, key, shape))
+      "%s: array %r declares the negative shape %s." % (path, key, shape)
+    )
   data = 8 + width + length
   if not dtype.hasobject:
     nbytes = functools.reduce(operator.mul, shape, 1) * dtype.itemsize
     if data + nbytes != info.file_size:
       raise errors.SnapshotFileError(
-          "%s: array %r declares shape %s of %s (%d bytes of data), but its "
-          "member holds %d; the archive is corrupt."
-          % (path, key, shape, dtype, nbytes, info.file_size - data))
+        "%s: array %r declares shape %s of %s (%d bytes of data), but its "
+        "member holds %d; the archive is corrupt."
+        % (path, key, shape, dtype, nbytes, info.file_size - data)
+      )
   return shape, dtype
 
 
@@ -295,7 +337,8 @@ def _read(archive, info, path, key):
         raise ValueError("data after the array")
   except _MEMBER_ERRORS as e:
     raise errors.SnapshotFileError(
-        "%s: array %r is truncated or corrupt (%s)." % (path, key, _describe(e)))
+      "%s: array %r is truncated or corrupt (%s)." % (path, key, _describe(e))
+    )
   if not array.dtype.isnative:
     array = array.astype(array.dtype.newbyteorder("="))
   return array

@@ -26,6 +26,7 @@ partitioner=...)` variable whole, under the partitioned variable's name
 source does not hold by its own key is cut from the whole array, by the part's
 offset and shape, so a checkpoint loads whatever partitioning wrote it.
 """
+
 import collections
 import re
 
@@ -73,9 +74,10 @@ class NameMap(object):
     if callable(mapping) and not isinstance(mapping, dict):
       if self._strip or self._add:
         raise ValueError(
-            "Pass a mapping function or strip_prefix/add_prefix, not both: the "
-            "function maps every name (got strip_prefix=%r, add_prefix=%r)."
-            % (strip_prefix, add_prefix))
+          "Pass a mapping function or strip_prefix/add_prefix, not both: the "
+          "function maps every name (got strip_prefix=%r, add_prefix=%r)."
+          % (strip_prefix, add_prefix)
+        )
       self._function = mapping
     elif mapping is not None:
       self._dict = _check_mapping(mapping, varset)
@@ -85,15 +87,17 @@ class NameMap(object):
     if self._function is not None:
       key = self._function(name)
       if key is not None and not isinstance(key, str):
-        raise TypeError("The mapping function returned %r for %r; it must return "
-                        "a store key (a string) or None." % (key, name))
+        raise TypeError(
+          "The mapping function returned %r for %r; it must return "
+          "a store key (a string) or None." % (key, name)
+        )
       return key
     if name in self._dict:
       return self._dict[name]
     if not self._strip:
       rest = name
     elif name.startswith(self._strip + "/"):
-      rest = name[len(self._strip) + 1:]
+      rest = name[len(self._strip) + 1 :]
     else:
       return name
     return self._add + "/" + rest if self._add else rest
@@ -110,12 +114,16 @@ class NameMap(object):
       if key is None:
         continue
       if key in by_key:
-        fix = ("Change the function" if self._function is not None else
-               "Change the prefixes, or pass mapping={%r: None} (or another "
-               "key) for one of them" % name)
+        fix = (
+          "Change the function"
+          if self._function is not None
+          else "Change the prefixes, or pass mapping={%r: None} (or another "
+          "key) for one of them" % name
+        )
         raise ValueError(
-            "Names %r and %r both map to %r (with %s); a variable takes one "
-            "name. %s." % (by_key[key], name, key, self, fix))
+          "Names %r and %r both map to %r (with %s); a variable takes one "
+          "name. %s." % (by_key[key], name, key, self, fix)
+        )
       by_key[key] = name
     return by_key
 
@@ -165,10 +173,15 @@ def read(source, varset, names, allow_extra=False):
     declared.update((key, held[name]) for key, name in extra.items())
   unused = names.unused(held)
   if unused:
-    problems.append("the mapping names %s, which the file does not hold"
-                    % ", ".join(unused))
-  varset.check_declared(declared, source.where, more_problems=problems,
-                        hint=_hint(names, sorted(extra.values()), allow_extra))
+    problems.append(
+      "the mapping names %s, which the file does not hold" % ", ".join(unused)
+    )
+  varset.check_declared(
+    declared,
+    source.where,
+    more_problems=problems,
+    hint=_hint(names, sorted(extra.values()), allow_extra),
+  )
   wholes = {}  # name -> array, for partitioned variables read once
   arrays = []
   for spec in varset.specs:
@@ -206,8 +219,11 @@ def _plan(varset, held, by_key):
     full_shape, dtype = held[name]
     declared[spec.key] = (spec.shape, dtype)
     if tuple(full_shape) != part.full_shape:
-      problem = ("%s has shape %s, the partitioned variable has shape %s"
-                 % (part.full_key, tuple(full_shape), part.full_shape))
+      problem = "%s has shape %s, the partitioned variable has shape %s" % (
+        part.full_key,
+        tuple(full_shape),
+        part.full_shape,
+      )
       if problem not in problems:  # once, not once per part
         problems.append(problem)
       continue
@@ -221,8 +237,10 @@ def _part(spec):
   match = re.match(r"^(.+)/part_\d+$", spec.key)
   if info is None or match is None:
     return None
-  slices = tuple(slice(offset, offset + size)
-                 for offset, size in zip(info.var_offset, info.var_shape))
+  slices = tuple(
+    slice(offset, offset + size)
+    for offset, size in zip(info.var_offset, info.var_shape)
+  )
   return _Part(match.group(1), tuple(info.full_shape), slices)
 
 
@@ -231,9 +249,16 @@ def _checked(value, spec, name, source):
   value = np.asarray(value)
   if value.shape != spec.shape or not same_dtype(value.dtype, spec.dtype):
     raise errors.SnapshotFileError(
-        "%s: %r reads as %s %s, but its header says %s %s; the file is corrupt."
-        % (source.where, name, value.dtype.name, value.shape, spec.dtype.name,
-           spec.shape))
+      "%s: %r reads as %s %s, but its header says %s %s; the file is corrupt."
+      % (
+        source.where,
+        name,
+        value.dtype.name,
+        value.shape,
+        spec.dtype.name,
+        spec.shape,
+      )
+    )
   if not value.dtype.isnative:
     value = value.astype(value.dtype.newbyteorder("="))
   return value
@@ -244,7 +269,9 @@ def _hint(names, extra, allow_extra):
   if extra and not allow_extra:
     hint += " allow_extra=True skips names that map to no variable."
   elif extra:
-    listed = ", ".join(extra[:_LISTED]) + (", ..." if len(extra) > _LISTED else "")
+    listed = ", ".join(extra[:_LISTED]) + (
+      ", ..." if len(extra) > _LISTED else ""
+    )
     hint += " Skipped as mapping to no variable: %s." % listed
   return hint
 
@@ -253,32 +280,40 @@ def _prefix(value, what):
   if value is None:
     return ""
   if not isinstance(value, str):
-    raise TypeError("%s must be a string (a scope name), got %r." % (what, value))
+    raise TypeError(
+      "%s must be a string (a scope name), got %r." % (what, value)
+    )
   return value.strip("/")
 
 
 def _check_mapping(mapping, varset):
   if not isinstance(mapping, dict):
-    raise TypeError("mapping must be a dict {name in the file: store key or None} "
-                    "or a function, got %r." % (mapping,))
+    raise TypeError(
+      "mapping must be a dict {name in the file: store key or None} "
+      "or a function, got %r." % (mapping,)
+    )
   # Keys of the store, and of partitioned variables whose parts it covers.
   keys = set(varset.keys)
   keys.update(part.full_key for part in map(_part, varset.specs) if part)
   by_key = {}
   for name, key in sorted(mapping.items(), key=lambda kv: str(kv[0])):
     if not isinstance(name, str) or not (key is None or isinstance(key, str)):
-      raise TypeError("mapping entries must be name -> store key (strings) or "
-                      "None, got %r: %r." % (name, key))
+      raise TypeError(
+        "mapping entries must be name -> store key (strings) or "
+        "None, got %r: %r." % (name, key)
+      )
     if key is None:
       continue
     if key not in keys:
       raise ValueError(
-          "mapping sends %r to %r, which is not a key of the store (see "
-          "store.keys; keys are variable names relative to the store's scope)."
-          % (name, key))
+        "mapping sends %r to %r, which is not a key of the store (see "
+        "store.keys; keys are variable names relative to the store's scope)."
+        % (name, key)
+      )
     if key in by_key:
       raise ValueError(
-          "mapping sends both %r and %r to variable %r; a variable takes one name."
-          % (by_key[key], name, key))
+        "mapping sends both %r and %r to variable %r; a variable takes one name."
+        % (by_key[key], name, key)
+      )
     by_key[key] = name
   return dict(mapping)

@@ -48,6 +48,7 @@ variable are colocated with it. A `tf.while_loop` cannot be copied with its
 The ops are copied by `snapstore.graph.subgraph`, which says why not by
 `graph_editor.copy_with_input_replacements` or `import_graph_def`.
 """
+
 import collections
 import contextlib
 
@@ -64,7 +65,8 @@ from snapstore import errors
 from snapstore.graph import subgraph
 
 Clone = collections.namedtuple(
-    "Clone", ["outputs", "inputs", "variables", "initializer", "scope"])
+  "Clone", ["outputs", "inputs", "variables", "initializer", "scope"]
+)
 Clone.__doc__ = """What `clone` made.
 
 Attributes:
@@ -83,16 +85,27 @@ INITIAL_VALUES = ("current", "initializer")
 
 # Collections a copy of a variable joins when its original is in them.
 _VARIABLE_COLLECTIONS = (
-    tf.GraphKeys.GLOBAL_VARIABLES, tf.GraphKeys.LOCAL_VARIABLES,
-    tf.GraphKeys.TRAINABLE_VARIABLES, tf.GraphKeys.MODEL_VARIABLES,
-    tf.GraphKeys.MOVING_AVERAGE_VARIABLES)
+  tf.GraphKeys.GLOBAL_VARIABLES,
+  tf.GraphKeys.LOCAL_VARIABLES,
+  tf.GraphKeys.TRAINABLE_VARIABLES,
+  tf.GraphKeys.MODEL_VARIABLES,
+  tf.GraphKeys.MOVING_AVERAGE_VARIABLES,
+)
 
 _SHARED_SOURCE_TYPES = subgraph.VARIABLE_OP_TYPES | frozenset(
-    ["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"])
+  ["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"]
+)
 
 
-def clone(outputs, inputs=None, replacements=None, scope="clone",
-          share_variables=False, initial_value="current", src_scope=None):
+def clone(
+  outputs,
+  inputs=None,
+  replacements=None,
+  scope="clone",
+  share_variables=False,
+  initial_value="current",
+  src_scope=None,
+):
   """Copies the subgraph between `inputs` and `outputs` into a new scope.
 
   See the module docstring for what is copied, how variables and names are
@@ -133,8 +146,10 @@ def clone(outputs, inputs=None, replacements=None, scope="clone",
   if not isinstance(scope, str) or not scope.strip("/"):
     raise ValueError("scope must be a non-empty string, got %r." % (scope,))
   if initial_value not in INITIAL_VALUES:
-    raise ValueError("Invalid initial_value %r; must be one of %s."
-                     % (initial_value, ", ".join(INITIAL_VALUES)))
+    raise ValueError(
+      "Invalid initial_value %r; must be one of %s."
+      % (initial_value, ", ".join(INITIAL_VALUES))
+    )
   inputs = _check_inputs(inputs, graph)
   replaced = _check_replacements(replacements, graph)
   stops = list(inputs) + list(replaced)
@@ -152,31 +167,35 @@ def clone(outputs, inputs=None, replacements=None, scope="clone",
   _refuse(to_copy, within, originals, initial_value, leaves)
   if not to_copy and not originals and not inputs:
     raise ValueError(
-        "Nothing to copy: the outputs depend on no input%s."
-        % (" or replacement" if share_variables else ", replacement or variable"))
+      "Nothing to copy: the outputs depend on no input%s."
+      % (" or replacement" if share_variables else ", replacement or variable")
+    )
   if graph.finalized:
     raise errors.CloneError(
-        "clone() must build ops, but the graph is finalized. Clone while "
-        "building the graph (before graph.finalize() or a MonitoredSession).")
+      "clone() must build ops, but the graph is finalized. Clone while "
+      "building the graph (before graph.finalize() or a MonitoredSession)."
+    )
 
   if src_scope is None:
-    src_scope = _top_scope([op.name for op in to_copy]
-                           + [v.op.name for v in originals])
+    src_scope = _top_scope(
+      [op.name for op in to_copy] + [v.op.name for v in originals]
+    )
   src_scope = src_scope.strip("/")
   with graph.as_default(), graph.control_dependencies(None):
     new_scope = graph.unique_name(scope.strip("/"), mark_as_used=True)
 
     def new_name(name):
       if src_scope and name.startswith(src_scope + "/"):
-        name = name[len(src_scope) + 1:]
+        name = name[len(src_scope) + 1 :]
       return new_scope + "/" + name
 
     builder = _Builder(graph, new_name)
     tensor_map = dict(replaced)
     new_inputs = collections.OrderedDict()
     for t in inputs:
-      new_inputs[t] = tensor_map[t] = (replaced[t] if t in replaced
-                                       else builder.placeholder(t))
+      new_inputs[t] = tensor_map[t] = (
+        replaced[t] if t in replaced else builder.placeholder(t)
+      )
     new_vars = collections.OrderedDict()
     for var in originals:
       new_vars[var] = builder.variable(var, initial_value)
@@ -186,15 +205,31 @@ def clone(outputs, inputs=None, replacements=None, scope="clone",
       op_map[var.op] = new.op
       if not copies.is_resource(var):
         tensor_map[var.value()] = new.value()
-    subgraph.copy_ops(subgraph.topological(to_copy), tensor_map, op_map,
-                      new_name, edit=builder.edit, after=builder.after)
+    subgraph.copy_ops(
+      subgraph.topological(to_copy),
+      tensor_map,
+      op_map,
+      new_name,
+      edit=builder.edit,
+      after=builder.after,
+    )
     with tf.name_scope(new_scope + "/"):
-      initializer = (tf.variables_initializer(list(new_vars.values()))
-                     if new_vars else tf.no_op(name="init"))
-  copied = [op_map.get(x, x) if isinstance(x, tf.Operation)
-            else tensor_map.get(x, x) for x in leaves]
-  return Clone(tf.nest.pack_sequence_as(outputs, copied), new_inputs, new_vars,
-               initializer, new_scope)
+      initializer = (
+        tf.variables_initializer(list(new_vars.values()))
+        if new_vars
+        else tf.no_op(name="init")
+      )
+  copied = [
+    op_map.get(x, x) if isinstance(x, tf.Operation) else tensor_map.get(x, x)
+    for x in leaves
+  ]
+  return Clone(
+    tf.nest.pack_sequence_as(outputs, copied),
+    new_inputs,
+    new_vars,
+    initializer,
+    new_scope,
+  )
 
 
 class _Builder(object):
@@ -206,7 +241,9 @@ class _Builder(object):
     self._renamed_variables = {}  # original variable op name -> copy's name
 
   def placeholder(self, t):
-    name = t.op.name if t.value_index == 0 else "%s_%d" % (t.op.name, t.value_index)
+    name = (
+      t.op.name if t.value_index == 0 else "%s_%d" % (t.op.name, t.value_index)
+    )
     directory, base = _split(self._new_name(name))
     with tf.name_scope(directory + "/" if directory else None):
       return tf.placeholder(t.dtype.base_dtype, t.shape, name=base)
@@ -214,8 +251,11 @@ class _Builder(object):
   def variable(self, var, initial_value):
     """A new `tf.Variable` like `var`, named and placed for the copy."""
     directory, base = _split(self._new_name(var.op.name))
-    members = [k for k in _VARIABLE_COLLECTIONS
-               if any(v is var for v in self._graph.get_collection(k))]
+    members = [
+      k
+      for k in _VARIABLE_COLLECTIONS
+      if any(v is var for v in self._graph.get_collection(k))
+    ]
     trainable = tf.GraphKeys.TRAINABLE_VARIABLES in members
     self._renamed_variables[var.op.name] = self._new_name(var.op.name)
     if initial_value == "current":
@@ -224,19 +264,32 @@ class _Builder(object):
       make_value = lambda: self._copied_initializer(var)
     # TF warns when an initial value reads another variable (it rewrites it
     # to use `initialized_value()`); reading the original is the point here.
-    with tf.name_scope(directory + "/" if directory else None), \
-        _maybe_device(var.device), deprecation.silence():
+    with tf.name_scope(directory + "/" if directory else None), _maybe_device(
+      var.device
+    ), deprecation.silence():
       new = tf.Variable(
-          initial_value=make_value, trainable=trainable,
-          collections=[k for k in members if k != tf.GraphKeys.TRAINABLE_VARIABLES],
-          validate_shape=var.shape.is_fully_defined(), name=base,
-          dtype=var.dtype.base_dtype, constraint=getattr(var, "constraint", None),
-          use_resource=copies.is_resource(var))
+        initial_value=make_value,
+        trainable=trainable,
+        collections=[
+          k for k in members if k != tf.GraphKeys.TRAINABLE_VARIABLES
+        ],
+        validate_shape=var.shape.is_fully_defined(),
+        name=base,
+        dtype=var.dtype.base_dtype,
+        constraint=getattr(var, "constraint", None),
+        use_resource=copies.is_resource(var),
+      )
     info = getattr(var, "_save_slice_info", None)
     if info is not None:  # a part of a partitioned variable
-      set_save_slice_info(new, tf_variables.Variable.SaveSliceInfo(
-          self._new_name(info.full_name), info.full_shape, info.var_offset,
-          info.var_shape))
+      set_save_slice_info(
+        new,
+        tf_variables.Variable.SaveSliceInfo(
+          self._new_name(info.full_name),
+          info.full_shape,
+          info.var_offset,
+          info.var_shape,
+        ),
+      )
     return new
 
   def _copied_initializer(self, var):
@@ -244,8 +297,14 @@ class _Builder(object):
     within = subgraph.backward_ops([var.initial_value.op])
     to_copy = set(op for op in within if op.type not in _SHARED_SOURCE_TYPES)
     tensor_map, op_map = {}, {}
-    subgraph.copy_ops(subgraph.topological(to_copy), tensor_map, op_map,
-                      self._new_name, edit=self.edit, after=self.after)
+    subgraph.copy_ops(
+      subgraph.topological(to_copy),
+      tensor_map,
+      op_map,
+      self._new_name,
+      edit=self.edit,
+      after=self.after,
+    )
     return tensor_map.get(var.initial_value, var.initial_value)
 
   def edit(self, op, node_def, inputs):
@@ -289,22 +348,30 @@ def _top_scope(names):
 
 # -- checks, all before anything is built ------------------------------------------
 
+
 def _check_outputs(leaves):
   if not leaves:
     raise ValueError("clone() got no outputs.")
   graph = None
   for x in leaves:
     if not isinstance(x, (tf.Tensor, tf.Operation)):
-      raise TypeError("clone() outputs must be tensors or ops (or a list, tuple "
-                      "or dict of them), got %r." % (x,))
+      raise TypeError(
+        "clone() outputs must be tensors or ops (or a list, tuple "
+        "or dict of them), got %r." % (x,)
+      )
     graph = _same_graph(graph, x)
   return graph
 
 
 def _same_graph(graph, x):
   if graph is not None:
-    checks.same_graph(x, graph, "clone()'s %s" % x.name, than="its first output",
-                      fix="A clone is made inside the outputs' graph.")
+    checks.same_graph(
+      x,
+      graph,
+      "clone()'s %s" % x.name,
+      than="its first output",
+      fix="A clone is made inside the outputs' graph.",
+    )
   return x.graph
 
 
@@ -314,8 +381,9 @@ def _check_inputs(inputs, graph):
   if isinstance(inputs, tf.Tensor):
     inputs = [inputs]
   if isinstance(inputs, (str, bytes, dict)) or not hasattr(inputs, "__iter__"):
-    raise TypeError("inputs must be a tensor or a list of tensors, got %r."
-                    % (inputs,))
+    raise TypeError(
+      "inputs must be a tensor or a list of tensors, got %r." % (inputs,)
+    )
   out = []
   for t in inputs:
     if not isinstance(t, tf.Tensor):
@@ -331,39 +399,56 @@ def _check_replacements(replacements, graph):
   if replacements is None:
     return {}
   if not isinstance(replacements, dict):
-    raise TypeError("replacements must be a dict from original tensors (or "
-                    "variables) to replacements, got %r." % (replacements,))
+    raise TypeError(
+      "replacements must be a dict from original tensors (or "
+      "variables) to replacements, got %r." % (replacements,)
+    )
   out = {}
   for key, value in replacements.items():
     if isinstance(key, tf_variables.Variable):
       if not isinstance(value, tf_variables.Variable):
-        raise TypeError("replacements[%s] must be a variable, got %r."
-                        % (key.name, value))
+        raise TypeError(
+          "replacements[%s] must be a variable, got %r." % (key.name, value)
+        )
       if copies.is_resource(key) != copies.is_resource(value):
         raise ValueError(
-            "replacements[%s]: %s is a %s variable and %s is not; a variable is "
-            "replaced by one of the same kind." % (
-                key.name, key.name,
-                "resource" if copies.is_resource(key) else "ref", value.name))
+          "replacements[%s]: %s is a %s variable and %s is not; a variable is "
+          "replaced by one of the same kind."
+          % (
+            key.name,
+            key.name,
+            "resource" if copies.is_resource(key) else "ref",
+            value.name,
+          )
+        )
       key_t, value_t = key.op.outputs[0], value.op.outputs[0]
     elif isinstance(key, tf.Tensor):
       if not isinstance(value, tf.Tensor):
-        raise TypeError("replacements[%s] must be a tensor, got %r."
-                        % (key.name, value))
+        raise TypeError(
+          "replacements[%s] must be a tensor, got %r." % (key.name, value)
+        )
       key_t, value_t = key, value
     else:
-      raise TypeError("replacements keys must be tensors or variables, got %r."
-                      % (key,))
+      raise TypeError(
+        "replacements keys must be tensors or variables, got %r." % (key,)
+      )
     _same_graph(graph, key_t)
     _same_graph(graph, value_t)
     if key_t.dtype.base_dtype != value_t.dtype.base_dtype:
-      raise ValueError("replacements[%s] has dtype %s; %s has dtype %s." % (
-          key_t.name, value_t.dtype.base_dtype.name, key_t.name,
-          key_t.dtype.base_dtype.name))
+      raise ValueError(
+        "replacements[%s] has dtype %s; %s has dtype %s."
+        % (
+          key_t.name,
+          value_t.dtype.base_dtype.name,
+          key_t.name,
+          key_t.dtype.base_dtype.name,
+        )
+      )
     if not key_t.shape.is_compatible_with(value_t.shape):
-      raise ValueError("replacements[%s] has shape %s, incompatible with %s's "
-                       "shape %s." % (key_t.name, value_t.shape, key_t.name,
-                                      key_t.shape))
+      raise ValueError(
+        "replacements[%s] has shape %s, incompatible with %s's "
+        "shape %s." % (key_t.name, value_t.shape, key_t.name, key_t.shape)
+      )
     out[key_t] = value_t
   return out
 
@@ -372,8 +457,9 @@ def _check_feeding(stops, within, leaves):
   for t in stops:
     if t not in leaves and not any(c in within for c in t.consumers()):
       raise ValueError(
-          "%s is given as an input or replacement, but the outputs do not "
-          "depend on it. Pass the tensors the outputs are computed from." % t.name)
+        "%s is given as an input or replacement, but the outputs do not "
+        "depend on it. Pass the tensors the outputs are computed from." % t.name
+      )
 
 
 def _variables_of(within, replaced, graph):
@@ -392,10 +478,11 @@ def _variables_of(within, replaced, graph):
       continue  # another op for a known variable: `_refuse` says so
     if op not in known:
       raise errors.CloneError(
-          "clone() cannot give variable op '%s' a copy: no tf.Variable in the "
-          "graph's collections owns it, so its kind and initial value are "
-          "unknown. Add it to a collection, map it in replacements, or pass "
-          "share_variables=True. Nothing was built." % op.name)
+        "clone() cannot give variable op '%s' a copy: no tf.Variable in the "
+        "graph's collections owns it, so its kind and initial value are "
+        "unknown. Add it to a collection, map it in replacements, or pass "
+        "share_variables=True. Nothing was built." % op.name
+      )
     found.append(known[op])
   return found
 
@@ -408,16 +495,23 @@ def _refuse(to_copy, within, originals, initial_value, outputs):
       _fail(op, outputs, alias + ", so the copy would still read the original")
     why = subgraph.uncopyable_control_flow(op) if op in to_copy else None
     if why:
-      _fail(op, outputs, why + ". Pass its outputs as inputs or replacements to "
-            "copy what follows it")
+      _fail(
+        op,
+        outputs,
+        why + ". Pass its outputs as inputs or replacements to "
+        "copy what follows it",
+      )
   if initial_value == "initializer":
     for var in originals:
       if getattr(var, "initial_value", None) is None:
         raise errors.CloneError(
-            "clone(initial_value='initializer') cannot copy the initializer of "
-            "%s: it has none (it was rebuilt from a VariableDef). Use "
-            "initial_value='current'. Nothing was built." % var.name)
+          "clone(initial_value='initializer') cannot copy the initializer of "
+          "%s: it has none (it was rebuilt from a VariableDef). Use "
+          "initial_value='current'. Nothing was built." % var.name
+        )
 
 
 def _fail(op, outputs, why):
-  raise errors.CloneError(subgraph.refusal("clone() cannot copy", op, outputs, why))
+  raise errors.CloneError(
+    subgraph.refusal("clone() cannot copy", op, outputs, why)
+  )

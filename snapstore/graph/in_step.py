@@ -67,6 +67,7 @@ fetched in the same run) is computed from the values the step started from.
 The copy is the device mode's `build_snapshot_op(slot, name)`, a new grouped
 copy made under the gate's control input.
 """
+
 import collections
 
 import numpy as np
@@ -108,13 +109,15 @@ def create_slots(optimizer, var_list):
     ValueError: An empty `var_list`.
   """
   if not isinstance(optimizer, tf.train.Optimizer):
-    raise TypeError("create_slots() takes a tf.train.Optimizer, got %r. A Keras "
-                    "optimizer creates its state with its first update." % (
-                        optimizer,))
+    raise TypeError(
+      "create_slots() takes a tf.train.Optimizer, got %r. A Keras "
+      "optimizer creates its state with its first update." % (optimizer,)
+    )
   var_list = list(var_list)
   if not var_list:
-    raise ValueError("create_slots() needs the variables the optimizer will "
-                     "update, got none.")
+    raise ValueError(
+      "create_slots() needs the variables the optimizer will update, got none."
+    )
   bad = [v for v in var_list if not isinstance(v, tf_variables.Variable)]
   if bad:
     raise TypeError("create_slots() takes variables, got %r." % (bad[0],))
@@ -125,7 +128,9 @@ def create_slots(optimizer, var_list):
 
 
 # A train op built by `build`, and what a guard needs to trust its slot.
-InStep = collections.namedtuple("InStep", "train_op slot condition count counted")
+InStep = collections.namedtuple(
+  "InStep", "train_op slot condition count counted"
+)
 InStep.__doc__ = """A train op that snapshots into a device slot in its own run.
 
 Attributes:
@@ -172,22 +177,26 @@ def build(update, device, slot, variables, name, if_finite=None):
     count = counted = None
     if if_finite is None:
       after = device.snapshot_op(slot)
-      count, counted, counting = _count_copies(after, variables[0],
-                                               name + "_copies")
+      count, counted, counting = _count_copies(
+        after, variables[0], name + "_copies"
+      )
     else:
       # A copy that may be skipped must be an op of its own: the cached
       # snapshot_op(slot) has no control inputs and cannot gain any.
       after = _copy_if_finite(
-          if_finite, lambda: device.build_snapshot_op(slot, "snapshot"),
-          name + "_if_finite")
+        if_finite,
+        lambda: device.build_snapshot_op(slot, "snapshot"),
+        name + "_if_finite",
+      )
       counting = None
     with tf.control_dependencies([after]):
       result = update()
       flat = [x for x in tf.nest.flatten(result) if x is not None]
       if not flat:
-        raise ValueError("The update function returned %r: return the op(s) "
-                         "the train step runs (what apply_gradients returns)."
-                         % (result,))
+        raise ValueError(
+          "The update function returned %r: return the op(s) "
+          "the train step runs (what apply_gradients returns)." % (result,)
+        )
       train_op = tf.group(*(flat + ([counting] if counting else [])), name=name)
   check_ordered(train_op, after, variables)
   replace_train_op(flat, train_op)
@@ -211,10 +220,13 @@ def _count_copies(copy, anchor, name):
     which the bump writes after `copy`; and the bump op.
   """
   with ops.init_scope(), ops.colocate_with(anchor), tf.name_scope(name):
-    counter = tf.Variable(np.int64(0), trainable=False, use_resource=True,
-                          collections=[tf.GraphKeys.LOCAL_VARIABLES,
-                                       SHADOW_VARIABLES],
-                          name="count")
+    counter = tf.Variable(
+      np.int64(0),
+      trainable=False,
+      use_resource=True,
+      collections=[tf.GraphKeys.LOCAL_VARIABLES, SHADOW_VARIABLES],
+      name="count",
+    )
     count = shadows.value_at_init(counter)
     counted = tf.add(count, np.int64(1), name="counted")
     with tf.control_dependencies([copy]):
@@ -225,14 +237,17 @@ def _count_copies(copy, anchor, name):
 def _check_update(update):
   if isinstance(update, (tf.Operation, tf.Tensor, list, tuple)):
     raise TypeError(
-        "snapshot_before() takes a function that builds the update, got the "
-        "already built %r. An op cannot be made to wait for the snapshot after "
-        "it is built; pass e.g. `lambda: opt.apply_gradients(grads, "
-        "global_step=step)` (compute the gradients before the call)."
-        % (_describe(update),))
+      "snapshot_before() takes a function that builds the update, got the "
+      "already built %r. An op cannot be made to wait for the snapshot after "
+      "it is built; pass e.g. `lambda: opt.apply_gradients(grads, "
+      "global_step=step)` (compute the gradients before the call)."
+      % (_describe(update),)
+    )
   if not callable(update):
-    raise TypeError("snapshot_before() takes a function of no arguments that "
-                    "builds the update, got %r." % (update,))
+    raise TypeError(
+      "snapshot_before() takes a function of no arguments that "
+      "builds the update, got %r." % (update,)
+    )
 
 
 def check_if_finite(loss, graph):
@@ -249,19 +264,27 @@ def check_if_finite(loss, graph):
       which the copy outside it cannot be conditioned on.
   """
   if not isinstance(loss, tf.Tensor):
-    raise TypeError("if_finite takes a float tensor of the model (the loss the "
-                    "step minimizes), got %r." % (_describe(loss),))
-  checks.same_graph(loss, graph, "if_finite %s" % loss.name,
-                    fix="Pass the loss of the model the store covers.")
+    raise TypeError(
+      "if_finite takes a float tensor of the model (the loss the "
+      "step minimizes), got %r." % (_describe(loss),)
+    )
+  checks.same_graph(
+    loss,
+    graph,
+    "if_finite %s" % loss.name,
+    fix="Pass the loss of the model the store covers.",
+  )
   if not loss.dtype.is_floating:
-    raise TypeError("if_finite %s has dtype %s; only float tensors can be NaN "
-                    "or infinite. Pass the (float) loss." % (
-                        loss.name, loss.dtype.name))
+    raise TypeError(
+      "if_finite %s has dtype %s; only float tensors can be NaN "
+      "or infinite. Pass the (float) loss." % (loss.name, loss.dtype.name)
+    )
   if control_flow_context(loss.op) is not None:
     raise ValueError(
-        "if_finite %s is computed inside a tf.cond or tf.while_loop, so it has "
-        "no value when the branch or loop does not produce one. Pass a tensor "
-        "computed outside (the cond's or loop's output)." % loss.name)
+      "if_finite %s is computed inside a tf.cond or tf.while_loop, so it has "
+      "no value when the branch or loop does not produce one. Pass a tensor "
+      "computed outside (the cond's or loop's output)." % loss.name
+    )
 
 
 def _copy_if_finite(loss, build_copy, scope):
@@ -292,7 +315,9 @@ def _copy_if_finite(loss, build_copy, scope):
     with tf.control_dependencies([copy]):
       copied = tf.identity(is_finite, name="copied")
     skipped = tf.identity(not_finite, name="skipped")
-    return control_flow_ops.merge([skipped, copied], name="copied_or_skipped")[0].op
+    return control_flow_ops.merge([skipped, copied], name="copied_or_skipped")[
+      0
+    ].op
 
 
 def check_ordered(train_op, snapshot_op, variables):
@@ -310,19 +335,26 @@ def check_ordered(train_op, snapshot_op, variables):
   early = []
   for op in sorted(ran - after, key=creation_order):
     for variable, write in finder.writes(op):
-      early.append(write.describe(op, variable.op.name if variable is not None
-                                  else "a variable snapstore cannot trace"))
+      early.append(
+        write.describe(
+          op,
+          variable.op.name
+          if variable is not None
+          else "a variable snapstore cannot trace",
+        )
+      )
       break
   if early:
     raise ValueError(
-        "snapshot_before(): %s but does not wait for the snapshot, so the "
-        "snapshot could read what it writes. Such an op was built before "
-        "snapshot_before() was called (a train op built beforehand, batch "
-        "norm's UPDATE_OPS passed in as control dependencies) or under "
-        "control_dependencies(None), and TensorFlow cannot make a built op "
-        "wait. Build it inside the update function, or leave the variable out "
-        "of the store. Nothing was pinned; the ops built are unused."
-        % errors.names(early, limit=5))
+      "snapshot_before(): %s but does not wait for the snapshot, so the "
+      "snapshot could read what it writes. Such an op was built before "
+      "snapshot_before() was called (a train op built beforehand, batch "
+      "norm's UPDATE_OPS passed in as control dependencies) or under "
+      "control_dependencies(None), and TensorFlow cannot make a built op "
+      "wait. Build it inside the update function, or leave the variable out "
+      "of the store. Nothing was pinned; the ops built are unused."
+      % errors.names(early, limit=5)
+    )
 
 
 def replace_train_op(inner, train_op, always=False):

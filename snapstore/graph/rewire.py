@@ -48,6 +48,7 @@ Rules:
 for the tag's slot (it never builds any), also mapping fed tensors to their
 copies; otherwise it uses the swap.
 """
+
 from snapstore._tf import creation_order
 from snapstore._tf import is_ref_dtype
 from snapstore._tf import registered_gradient
@@ -59,14 +60,18 @@ from snapstore.graph import subgraph
 
 _GRADIENT_OVERRIDE = "SnapstoreShadowInput"
 _ORIGINAL_GRADIENT = "_snapstore_gradient_op_type"
-_SWAP_NOTE = ("evaluate_with(past=True) evaluates such fetches by swapping the "
-              "parameters instead, which is exact.")
+_SWAP_NOTE = (
+  "evaluate_with(past=True) evaluates such fetches by swapping the "
+  "parameters instead, which is exact."
+)
 
 
 @tf.RegisterGradient(_GRADIENT_OVERRIDE)
 def _no_gradient_into_shadows(op, *grads):
   """Gradient of a copy reading a shadow: none for the shadow, TF's for the rest."""
-  shadows = set(v.op for v in op.graph.get_collection(variables.SHADOW_VARIABLES))
+  shadows = set(
+    v.op for v in op.graph.get_collection(variables.SHADOW_VARIABLES)
+  )
   blocked = [t.op in shadows for t in op.inputs]
   if not any(_differentiable(t) for t, b in zip(op.inputs, blocked) if not b):
     # Nothing else to differentiate (a read, a gather by integer ids, a cond
@@ -80,7 +85,9 @@ def _no_gradient_into_shadows(op, *grads):
   # The registry is private, but it is the only way to reach the gradient
   # the override hides; `ops.get_gradient_function` would return this one.
   grad_fn = registered_gradient(op_type)
-  in_grads = list(grad_fn(op, *grads)) if grad_fn is not None else [None] * len(blocked)
+  in_grads = (
+    list(grad_fn(op, *grads)) if grad_fn is not None else [None] * len(blocked)
+  )
   return [None if b else g for b, g in zip(blocked, in_grads)]
 
 
@@ -103,7 +110,9 @@ class Rewirer(object):
     self._graph = primaries[0].graph
     self._primary_ops = set(p.op for p in primaries)
     self._shadow_ops = set(s.op for slot in slots for s in slot)
-    self._primary_keys = dict((subgraph.resource_key(p.op), p) for p in primaries)
+    self._primary_keys = dict(
+      (subgraph.resource_key(p.op), p) for p in primaries
+    )
     # Per slot: original tensor/op -> the one reading the slot. They start with
     # each primary's ref tensor or handle (and op) mapped to the shadow's.
     self._tensors = []
@@ -113,8 +122,11 @@ class Rewirer(object):
     # Per slot: original cond context -> the context of its copies.
     self._contexts = []
     for slot in slots:
-      self._tensors.append(dict((p.op.outputs[0], s.op.outputs[0])
-                                for p, s in zip(primaries, slot)))
+      self._tensors.append(
+        dict(
+          (p.op.outputs[0], s.op.outputs[0]) for p, s in zip(primaries, slot)
+        )
+      )
       self._ops.append(dict((p.op, s.op) for p, s in zip(primaries, slot)))
       self._unchanged.append(set())
       self._contexts.append({})
@@ -124,14 +136,19 @@ class Rewirer(object):
     leaves = tf.nest.flatten(outputs)
     self._check_outputs(leaves)
     tensor_map = self._tensors[slot]
-    missing = [t for t in leaves
-               if t not in tensor_map and t not in self._unchanged[slot]]
+    missing = [
+      t
+      for t in leaves
+      if t not in tensor_map and t not in self._unchanged[slot]
+    ]
     if missing:
       self._copy(missing, slot)
     for t in missing:
       if t not in tensor_map:
         self._unchanged[slot].add(t)
-    return tf.nest.pack_sequence_as(outputs, [tensor_map.get(t, t) for t in leaves])
+    return tf.nest.pack_sequence_as(
+      outputs, [tensor_map.get(t, t) for t in leaves]
+    )
 
   def lookup(self, fetches, feed_dict, slot):
     """Rewired `(fetches, feed_dict)` for slot `slot`, or None if not all are.
@@ -168,7 +185,9 @@ class Rewirer(object):
       return x if x.graph is self._graph else None
     if isinstance(x, str):
       try:
-        x = self._graph.as_graph_element(x, allow_tensor=True, allow_operation=False)
+        x = self._graph.as_graph_element(
+          x, allow_tensor=True, allow_operation=False
+        )
       except (KeyError, ValueError, TypeError):
         return None
       return x
@@ -180,15 +199,19 @@ class Rewirer(object):
     for t in leaves:
       if isinstance(t, tf.Operation) or not isinstance(t, tf.Tensor):
         raise TypeError(
-            "store.slots.past() takes tensors (or a list, tuple or dict of them), got "
-            "%r. For a variable, pass var.value(); ops have no past value (run "
-            "them with evaluate_with, which swaps)." % (t,))
-      checks.same_graph(t, self._graph, "store.slots.past()'s output %s" % t.name)
+          "store.slots.past() takes tensors (or a list, tuple or dict of them), got "
+          "%r. For a variable, pass var.value(); ops have no past value (run "
+          "them with evaluate_with, which swaps)." % (t,)
+        )
+      checks.same_graph(
+        t, self._graph, "store.slots.past()'s output %s" % t.name
+      )
       if is_ref_dtype(t.dtype) or t.dtype.base_dtype == tf.resource:
         raise ValueError(
-            "store.slots.past() got %s, a variable's %s; pass the value "
-            "(var.value()) instead: a past reference could be written through."
-            % (t.name, "reference" if is_ref_dtype(t.dtype) else "handle"))
+          "store.slots.past() got %s, a variable's %s; pass the value "
+          "(var.value()) instead: a past reference could be written through."
+          % (t.name, "reference" if is_ref_dtype(t.dtype) else "handle")
+        )
 
   def _copy(self, missing, slot):
     tensor_map, op_map = self._tensors[slot], self._ops[slot]
@@ -199,14 +222,21 @@ class Rewirer(object):
       return
     if self._graph.finalized:
       raise errors.RewireError(
-          "store.slots.past() must build the ops computing %s from slot %d, but the "
-          "graph is finalized. Call store.slots.past() while building the graph "
-          "(before graph.finalize() or a MonitoredSession); its results are "
-          "cached and can be fetched afterwards." % (missing[0].name, slot))
+        "store.slots.past() must build the ops computing %s from slot %d, but the "
+        "graph is finalized. Call store.slots.past() while building the graph "
+        "(before graph.finalize() or a MonitoredSession); its results are "
+        "cached and can be fetched afterwards." % (missing[0].name, slot)
+      )
     prefix = "%s/past_%d/" % (self._name, slot)
-    subgraph.copy_ops(subgraph.topological(to_copy), tensor_map, op_map,
-                      lambda n: prefix + n, edit=self._edit,
-                      after=subgraph.copy_static_shapes, contexts=self._contexts[slot])
+    subgraph.copy_ops(
+      subgraph.topological(to_copy),
+      tensor_map,
+      op_map,
+      lambda n: prefix + n,
+      edit=self._edit,
+      after=subgraph.copy_static_shapes,
+      contexts=self._contexts[slot],
+    )
 
   def _refuse(self, within, to_copy, outputs):
     """Raises RewireError for the first op that cannot be rewired faithfully."""
@@ -214,32 +244,49 @@ class Rewirer(object):
     for op in sorted(within, key=creation_order):
       alias = subgraph.aliased(op, self._primary_keys)
       if alias and op not in self._shadow_ops:
-        self._fail(op, outputs, alias + ", which rewiring cannot map to a shadow")
+        self._fail(
+          op, outputs, alias + ", which rewiring cannot map to a shadow"
+        )
       if op not in to_copy:
         continue
       why = subgraph.uncopyable_control_flow(op)
       if why:
         self._fail(op, outputs, why)
       if subgraph.writes_variable(op):
-        self._fail(op, outputs, "it writes a variable, and a past evaluation must "
-                   "write neither the snapshot nor the current parameters. If it "
-                   "runs as a control dependency of the outputs (batch-norm "
-                   "updates, tf.assign), fetch it separately from the outputs")
+        self._fail(
+          op,
+          outputs,
+          "it writes a variable, and a past evaluation must "
+          "write neither the snapshot nor the current parameters. If it "
+          "runs as a control dependency of the outputs (batch-norm "
+          "updates, tf.assign), fetch it separately from the outputs",
+        )
       if subgraph.unsafe_stateful(op):
-        self._fail(op, outputs, "it is stateful, and snapstore does not know that "
-                   "running a copy of it next to the original is harmless (it "
-                   "copies random ops, variable reads, Print and Assert)")
+        self._fail(
+          op,
+          outputs,
+          "it is stateful, and snapstore does not know that "
+          "running a copy of it next to the original is harmless (it "
+          "copies random ops, variable reads, Print and Assert)",
+        )
 
   def _fail(self, op, outputs, why):
-    raise errors.RewireError("%s %s" % (
+    raise errors.RewireError(
+      "%s %s"
+      % (
         subgraph.refusal("store.slots.past() cannot rewire", op, outputs, why),
-        _SWAP_NOTE))
+        _SWAP_NOTE,
+      )
+    )
 
   def _edit(self, op, node_def, inputs):
     del op
     if not any(t.op in self._shadow_ops for t in inputs):
       return
     if "_gradient_op_type" in node_def.attr:
-      node_def.attr[_ORIGINAL_GRADIENT].CopyFrom(node_def.attr["_gradient_op_type"])
-    node_def.attr["_gradient_op_type"].s = tf.compat.as_bytes(_GRADIENT_OVERRIDE)
-
+      node_def.attr[_ORIGINAL_GRADIENT].CopyFrom(
+        node_def.attr["_gradient_op_type"]
+      )
+    node_def.attr["_gradient_op_type"].s = tf.compat.as_bytes(
+      _GRADIENT_OVERRIDE
+    )

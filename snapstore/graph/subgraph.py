@@ -29,6 +29,7 @@ its frame renamed, its `WhileContext` rebuilt in full and its TensorArrays
 copied along; `uncopyable_control_flow` reports loop ops and the callers
 refuse them.
 """
+
 import heapq
 
 from snapstore._tf import control_flow_context
@@ -41,33 +42,70 @@ from snapstore._tf import tf
 # Ops that own a variable's buffer (ref variables) or resource (ResourceVariable).
 VARIABLE_OP_TYPES = frozenset(["VariableV2", "Variable", "VarHandleOp"])
 
-_LOOP_OP_TYPES = frozenset(["Enter", "RefEnter", "Exit", "RefExit", "NextIteration",
-                            "RefNextIteration", "LoopCond"])
+_LOOP_OP_TYPES = frozenset(
+  [
+    "Enter",
+    "RefEnter",
+    "Exit",
+    "RefExit",
+    "NextIteration",
+    "RefNextIteration",
+    "LoopCond",
+  ]
+)
 
 # Ops that take a ref input only to read it or pass it on.
-_REF_READERS = frozenset(["IsVariableInitialized", "RefIdentity", "RefSwitch",
-                          "RefMerge", "RefSelect"])
+_REF_READERS = frozenset(
+  ["IsVariableInitialized", "RefIdentity", "RefSwitch", "RefMerge", "RefSelect"]
+)
 
 # Resource ops that write the resource they are given (what the ordering
 # check of `snapshot_before` calls a known writer; see `writers.py`).
-RESOURCE_WRITER_TYPES = frozenset(["AssignVariableOp", "AssignAddVariableOp",
-                               "AssignSubVariableOp", "ResourceStridedSliceAssign",
-                               "DestroyResourceOp", "ResourceCountUpTo"])
-RESOURCE_WRITER_PREFIXES = ("ResourceApply", "ResourceSparseApply",
-                             "ResourceScatter")
+RESOURCE_WRITER_TYPES = frozenset(
+  [
+    "AssignVariableOp",
+    "AssignAddVariableOp",
+    "AssignSubVariableOp",
+    "ResourceStridedSliceAssign",
+    "DestroyResourceOp",
+    "ResourceCountUpTo",
+  ]
+)
+RESOURCE_WRITER_PREFIXES = (
+  "ResourceApply",
+  "ResourceSparseApply",
+  "ResourceScatter",
+)
 
 # Stateful ops whose copy only reads state or draws its own random numbers, so
 # that running a copy next to the original changes nothing the original sees.
-SAFE_STATEFUL_TYPES = frozenset([
-    "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VarIsInitializedOp",
-    "VariableShape", "IsVariableInitialized",
-    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
-    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson",
-    "RandomPoissonV2", "RandomShuffle", "Multinomial",
-    "Print", "PrintV2", "Assert"])
+SAFE_STATEFUL_TYPES = frozenset(
+  [
+    "ReadVariableOp",
+    "ResourceGather",
+    "ResourceGatherNd",
+    "VarIsInitializedOp",
+    "VariableShape",
+    "IsVariableInitialized",
+    "RandomUniform",
+    "RandomUniformInt",
+    "RandomStandardNormal",
+    "TruncatedNormal",
+    "ParameterizedTruncatedNormal",
+    "RandomGamma",
+    "RandomPoisson",
+    "RandomPoissonV2",
+    "RandomShuffle",
+    "Multinomial",
+    "Print",
+    "PrintV2",
+    "Assert",
+  ]
+)
 
 
 # -- what an op is ---------------------------------------------------------------
+
 
 def uncopyable_control_flow(op):
   """Why `op`'s control flow cannot be copied, or None if it can.
@@ -76,13 +114,17 @@ def uncopyable_control_flow(op):
   v1 `tf.while_loop` or of another context (XLA) cannot.
   """
   if op.type in _LOOP_OP_TYPES or control_flow_util.IsInWhileLoop(op):
-    return ("it is part of a tf.while_loop, and a copy of a loop loses its "
-            "WhileContext (frame and gradients)")
+    return (
+      "it is part of a tf.while_loop, and a copy of a loop loses its "
+      "WhileContext (frame and gradients)"
+    )
   ctx = control_flow_context(op)
   while ctx is not None:
     if not isinstance(ctx, control_flow_ops.CondContext):
-      return ("it runs in control-flow context %s, which snapstore does not "
-              "copy" % type(ctx).__name__)
+      return (
+        "it runs in control-flow context %s, which snapstore does not "
+        "copy" % type(ctx).__name__
+      )
     ctx = ctx.outer_context
   return None
 
@@ -90,7 +132,8 @@ def uncopyable_control_flow(op):
 def writes_variable(op):
   """True if `op` writes a variable: assigns, scatters, optimizer updates."""
   if op.type in RESOURCE_WRITER_TYPES or op.type.startswith(
-      RESOURCE_WRITER_PREFIXES):
+    RESOURCE_WRITER_PREFIXES
+  ):
     return True
   if op.type in _REF_READERS:
     return False
@@ -116,8 +159,11 @@ def resource_key(op):
   `VarHandleOp` rebuilt with the `shared_name` of another).
   """
   # Like TF, an empty shared_name means the op's own name.
-  return (op.type == "VarHandleOp", _str_attr(op, "container"),
-          _str_attr(op, "shared_name") or op.name)
+  return (
+    op.type == "VarHandleOp",
+    _str_attr(op, "container"),
+    _str_attr(op, "shared_name") or op.name,
+  )
 
 
 def aliased(op, variables):
@@ -136,7 +182,9 @@ def aliased(op, variables):
   variable = variables.get(resource_key(op))
   if variable is None or op is variable.op:
     return None
-  return "it is the variable %s under another op (same shared_name)" % variable.name
+  return (
+    "it is the variable %s under another op (same shared_name)" % variable.name
+  )
 
 
 def refusal(what, op, outputs, why):
@@ -149,10 +197,21 @@ def refusal(what, op, outputs, why):
       `op` (all of them if none does).
     why: Why `op` cannot be copied.
   """
-  needed_by = [x.name for x in outputs
-               if op in backward_ops([x if isinstance(x, tf.Operation) else x.op])]
-  return "%s %s: on the way it meets op '%s' (type %s); %s. Nothing was built." % (
-      what, ", ".join(needed_by or [x.name for x in outputs]), op.name, op.type, why)
+  needed_by = [
+    x.name
+    for x in outputs
+    if op in backward_ops([x if isinstance(x, tf.Operation) else x.op])
+  ]
+  return (
+    "%s %s: on the way it meets op '%s' (type %s); %s. Nothing was built."
+    % (
+      what,
+      ", ".join(needed_by or [x.name for x in outputs]),
+      op.name,
+      op.type,
+      why,
+    )
+  )
 
 
 def _str_attr(op, name):
@@ -163,6 +222,7 @@ def _str_attr(op, name):
 
 
 # -- selecting ops ------------------------------------------------------------------
+
 
 def backward_ops(seed_ops, stop=(), done=()):
   """Ops the seeds depend on, through data and control inputs.
@@ -208,9 +268,12 @@ def forward_ops(within, sources, source_ops=()):
   sources = set(sources)
   source_ops = set(source_ops)
   reached = set()
-  todo = [op for op in within
-          if any(t in sources for t in op.inputs)
-          or any(c in source_ops for c in op.control_inputs)]
+  todo = [
+    op
+    for op in within
+    if any(t in sources for t in op.inputs)
+    or any(c in source_ops for c in op.control_inputs)
+  ]
   dependents = _dependents(within)
   while todo:
     op = todo.pop()
@@ -231,7 +294,9 @@ def topological(op_set):
   """
   pending = dict((op, len(set(_inputs_in(op, op_set)))) for op in op_set)
   dependents = _dependents(op_set)
-  ready = [(creation_order(op), op) for op, n in pending.items() if n == 0]  # unique
+  ready = [
+    (creation_order(op), op) for op, n in pending.items() if n == 0
+  ]  # unique
   heapq.heapify(ready)
   order = []
   while ready:
@@ -243,14 +308,16 @@ def topological(op_set):
         heapq.heappush(ready, (creation_order(d), d))
   if len(order) != len(op_set):
     stuck = sorted(op.name for op, n in pending.items() if n > 0)
-    raise ValueError("The ops to copy form a cycle (a while loop?): %s"
-                     % ", ".join(stuck[:5]))
+    raise ValueError(
+      "The ops to copy form a cycle (a while loop?): %s" % ", ".join(stuck[:5])
+    )
   return order
 
 
 def _inputs_in(op, op_set):
-  return ([t.op for t in op.inputs if t.op in op_set]
-          + [c for c in op.control_inputs if c in op_set])
+  return [t.op for t in op.inputs if t.op in op_set] + [
+    c for c in op.control_inputs if c in op_set
+  ]
 
 
 def _dependents(op_set):
@@ -264,8 +331,10 @@ def _dependents(op_set):
 
 # -- copying ----------------------------------------------------------------------
 
-def copy_ops(ordered, tensor_map, op_map, new_name, edit=None, after=None,
-             contexts=None):
+
+def copy_ops(
+  ordered, tensor_map, op_map, new_name, edit=None, after=None, contexts=None
+):
   """Copies `ordered` ops, in that order, into their graph.
 
   Each copy reads `tensor_map[t]` for each input `t` found there (the copies
@@ -289,18 +358,23 @@ def copy_ops(ordered, tensor_map, op_map, new_name, edit=None, after=None,
   if not ordered:
     return
   graph = ordered[0].graph
-  with graph.as_default(), graph.name_scope(None):  # `new_name` gives full names
+  with graph.as_default(), graph.name_scope(
+    None
+  ):  # `new_name` gives full names
     # Names are fixed before any op is made so that a copy can be colocated
     # with the copy of an op made after it.
-    names = dict((op, graph.unique_name(new_name(op.name), mark_as_used=True))
-                 for op in ordered)
+    names = dict(
+      (op, graph.unique_name(new_name(op.name), mark_as_used=True))
+      for op in ordered
+    )
   renamed = dict((op.name, new.name) for op, new in op_map.items())
   renamed.update((op.name, names[op]) for op in ordered)
   made = []
   # Copies are made outside any control-flow context or control_dependencies
   # block the caller may be in: they mirror the originals, nothing else.
-  with graph.as_default(), graph.control_dependencies(None), \
-      graph.name_scope(None):
+  with graph.as_default(), graph.control_dependencies(None), graph.name_scope(
+    None
+  ):
     for op in ordered:
       inputs = [tensor_map.get(t, t) for t in op.inputs]
       controls = [op_map.get(c, c) for c in op.control_inputs]
@@ -311,16 +385,22 @@ def copy_ops(ordered, tensor_map, op_map, new_name, edit=None, after=None,
       rename_colocation(node_def, renamed)
       if edit is not None:
         edit(op, node_def, inputs)
-      new = new_operation(node_def, graph, inputs=inputs, control_inputs=controls,
-                          op_def=op.op_def)
+      new = new_operation(
+        node_def,
+        graph,
+        inputs=inputs,
+        control_inputs=controls,
+        op_def=op.op_def,
+      )
       op_map[op] = new
       for t, new_t in zip(op.outputs, new.outputs):
         tensor_map[t] = new_t
       made.append((op, new))
       if after is not None:
         after(op, new)
-    _copy_contexts(made, tensor_map, {} if contexts is None else contexts,
-                   new_name)
+    _copy_contexts(
+      made, tensor_map, {} if contexts is None else contexts, new_name
+    )
 
 
 def _copy_contexts(made, tensor_map, contexts, new_name):
@@ -350,7 +430,9 @@ def _copy_contexts(made, tensor_map, contexts, new_name):
       raise ValueError("Cannot copy ops of control-flow context %s." % ctx.name)
     proto = ctx.to_proto()
     del proto.nested_contexts[:]  # nesting is rebuilt from the outer contexts
-    proto.context_name = graph.unique_name(new_name(ctx.name), mark_as_used=True)
+    proto.context_name = graph.unique_name(
+      new_name(ctx.name), mark_as_used=True
+    )
     proto.pred_name = rename(proto.pred_name)
     proto.pivot_name = rename(proto.pivot_name)
     external = dict(proto.values_def.external_values)
@@ -359,7 +441,8 @@ def _copy_contexts(made, tensor_map, contexts, new_name):
       proto.values_def.values.append(rename(key))
       proto.values_def.external_values[rename(key)] = rename(value)
     proto.values_def.values.extend(
-        t.name for new in by_context[ctx] for t in new.outputs)
+      t.name for new in by_context[ctx] for t in new.outputs
+    )
     outer = ctx.outer_context
     outer = contexts.get(outer, outer)
     if outer is not None:
@@ -401,8 +484,10 @@ def copy_static_shapes(op, new):
   example, loses its shape). When the copy's inputs have the original inputs'
   static shapes, the same op gives outputs of the same shapes.
   """
-  if any(_static_shape(t) != _static_shape(new_t)
-         for t, new_t in zip(op.inputs, new.inputs)):
+  if any(
+    _static_shape(t) != _static_shape(new_t)
+    for t, new_t in zip(op.inputs, new.inputs)
+  ):
     return
   for t, new_t in zip(op.outputs, new.outputs):
     if new_t.shape.is_compatible_with(t.shape):

@@ -28,6 +28,7 @@ library), the same format on every TensorFlow version: a node's input is
 `arg` for an argument of the function and `node:output_arg:index` for an
 output of another node.
 """
+
 from snapstore._tf import function_def
 from snapstore._tf import is_ref_dtype
 from snapstore._tf import tf
@@ -37,9 +38,16 @@ from snapstore.graph import subgraph
 # resource_variable_ops.py declares these with
 # auto_control_deps_utils.register_read_only_resource_op), plus
 # VarIsInitializedOp, whose kernel only looks the resource up.
-READ_ONLY_RESOURCE_OPS = frozenset([
-    "ReadVariableOp", "_ReadVariablesOp", "ResourceGather", "ResourceGatherNd",
-    "VariableShape", "VarIsInitializedOp"])
+READ_ONLY_RESOURCE_OPS = frozenset(
+  [
+    "ReadVariableOp",
+    "_ReadVariablesOp",
+    "ResourceGather",
+    "ResourceGatherNd",
+    "VariableShape",
+    "VarIsInitializedOp",
+  ]
+)
 
 
 def _same_index(name, k):
@@ -54,30 +62,43 @@ def _first(name, k):
 # (op name, input index) giving the outputs that carry it, named as in a
 # FunctionDef. None: only the data input (0) is passed on.
 _PASS_THROUGH = {
-    "Identity": None,
-    "IdentityN": _same_index,
-    "Switch": lambda name, k: ("%s:output_false:0" % name,
-                               "%s:output_true:0" % name),
-    "Merge": _first,
-    "Enter": None,
-    "Exit": None,
-    "NextIteration": None,
+  "Identity": None,
+  "IdentityN": _same_index,
+  "Switch": lambda name, k: (
+    "%s:output_false:0" % name,
+    "%s:output_true:0" % name,
+  ),
+  "Merge": _first,
+  "Enter": None,
+  "Exit": None,
+  "NextIteration": None,
 }
 # The same for references; they take a reference only to pass it on.
-_REF_PASS_THROUGH = frozenset(["RefIdentity", "RefSwitch", "RefMerge", "RefEnter",
-                               "RefExit", "RefNextIteration", "RefSelect"])
+_REF_PASS_THROUGH = frozenset(
+  [
+    "RefIdentity",
+    "RefSwitch",
+    "RefMerge",
+    "RefEnter",
+    "RefExit",
+    "RefNextIteration",
+    "RefSelect",
+  ]
+)
 # Takes a reference only to read it.
 _REF_READERS = frozenset(["IsVariableInitialized"])
 
 # Functional ops: how their inputs map to their functions' arguments.
-_IF = frozenset(["If", "StatelessIf"])            # cond, then the branch args
-_CASE = frozenset(["Case", "StatelessCase"])      # branch_index, then the args
-_WHILE = frozenset(["While", "StatelessWhile"])   # the loop vars
+_IF = frozenset(["If", "StatelessIf"])  # cond, then the branch args
+_CASE = frozenset(["Case", "StatelessCase"])  # branch_index, then the args
+_WHILE = frozenset(["While", "StatelessWhile"])  # the loop vars
 _CALL = frozenset(["PartitionedCall", "StatefulPartitionedCall"])  # the args
 
 _DT_RESOURCE = 20  # types_pb2.DT_RESOURCE, in a FunctionDef's signature
-_MISSING = ("is not in the graph's function library, so snapstore cannot tell "
-            "what it does")
+_MISSING = (
+  "is not in the graph's function library, so snapstore cannot tell "
+  "what it does"
+)
 
 
 class Write(object):
@@ -99,29 +120,45 @@ class Write(object):
 
   def inside(self, function, name, op_type):
     """This write, seen from the body of `function`, where op `name` runs it."""
-    return Write(self.certain, ((function, name, op_type),) + self.steps,
-                 self.end)
+    return Write(
+      self.certain, ((function, name, op_type),) + self.steps, self.end
+    )
 
   def describe(self, op, variable):
     """`'op' (type T) writes V (how)`, for the refusal naming `op`."""
     head = "'%s' (type %s) %s %s" % (
-        op.name, op.type, "writes" if self.certain else "may write", variable)
+      op.name,
+      op.type,
+      "writes" if self.certain else "may write",
+      variable,
+    )
     if not self.steps and self.end is None:
       if self.certain:
         return head
-      return head + (" (it takes the variable's handle and is not known to "
-                     "only read it)")
+      return head + (
+        " (it takes the variable's handle and is not known to only read it)"
+      )
     parts = []
     for function, name, op_type in self.steps:
-      parts.append("%s function %s runs '%s' (type %s)" % (
-          "whose" if parts else "its", function, name, op_type))
+      parts.append(
+        "%s function %s runs '%s' (type %s)"
+        % ("whose" if parts else "its", function, name, op_type)
+      )
     if self.end is not None:
-      parts.append("%s function %s %s" % ("whose" if parts else "its",
-                                           self.end[0], self.end[1]))
+      parts.append(
+        "%s function %s %s"
+        % ("whose" if parts else "its", self.end[0], self.end[1])
+      )
       return "%s (%s)" % (head, ", ".join(parts))
-    return "%s (%s%s)" % (head, ", ".join(parts), (
-        " on it" if self.certain else
-        ", which takes the handle and is not known to only read it"))
+    return "%s (%s%s)" % (
+      head,
+      ", ".join(parts),
+      (
+        " on it"
+        if self.certain
+        else ", which takes the handle and is not known to only read it"
+      ),
+    )
 
 
 def _undecided(function, why):
@@ -137,7 +174,7 @@ class WriteFinder(object):
   def __init__(self, variables):
     """Args: variables: The variables to look for (all of one graph)."""
     self._covered = dict((subgraph.resource_key(v.op), v) for v in variables)
-    self._origins = {}    # tensor -> the variable ops it may come from
+    self._origins = {}  # tensor -> the variable ops it may come from
     self._variables = {}  # variable op -> the variable of the set, or None
     self._bodies = _Bodies()
 
@@ -157,8 +194,9 @@ class WriteFinder(object):
         if origin is None or variable is not None:
           by_target.setdefault(variable, []).append(i)
     found = []
-    for variable, indices in sorted(by_target.items(),
-                                    key=lambda item: item[0] is None):
+    for variable, indices in sorted(
+      by_target.items(), key=lambda item: item[0] is None
+    ):
       write = self._op_writes(op, indices)
       if write is not None:
         found.append((variable, write))
@@ -168,7 +206,8 @@ class WriteFinder(object):
     """The variable of the set that `variable_op` owns the buffer of, or None."""
     if variable_op not in self._variables:
       self._variables[variable_op] = self._covered.get(
-          subgraph.resource_key(variable_op))
+        subgraph.resource_key(variable_op)
+      )
     return self._variables[variable_op]
 
   def _origins_of(self, t):
@@ -193,7 +232,8 @@ class WriteFinder(object):
           origins.add(op)
           continue
         if op.type in ("Placeholder", "PlaceholderWithDefault") or (
-            self._bodies.is_function_op(op)):
+          self._bodies.is_function_op(op)
+        ):
           origins.add(None)
         todo.extend(x.op for x in op.inputs if _is_handle(x.dtype))
       self._origins[t] = frozenset(origins)
@@ -202,7 +242,9 @@ class WriteFinder(object):
   def _op_writes(self, op, indices):
     """The Write if `op` may write what its inputs `indices` hold, else None."""
     refs = [i for i in indices if is_ref_dtype(op.inputs[i].dtype)]
-    if refs and op.type not in _REF_PASS_THROUGH and op.type not in _REF_READERS:
+    if (
+      refs and op.type not in _REF_PASS_THROUGH and op.type not in _REF_READERS
+    ):
       is_ref = _ref_args(op)
       if any(is_ref[i] for i in refs):
         return Write(True)
@@ -217,8 +259,9 @@ class WriteFinder(object):
       return Write(False)
     # What its outputs carry does not matter here: whoever takes them traces
     # them back to this op's inputs, and is checked in turn.
-    write, _ = self._bodies.call(op.type, _function_attrs(op.node_def),
-                                 handles, op.graph)
+    write, _ = self._bodies.call(
+      op.type, _function_attrs(op.node_def), handles, op.graph
+    )
     return write
 
 
@@ -233,8 +276,10 @@ class _Bodies(object):
 
   def is_function_op(self, op):
     """True for an op that runs functions: a call, functional control flow."""
-    return bool(_function_attrs(op.node_def)) or self.called(
-        op.graph, op.type) is not None
+    return (
+      bool(_function_attrs(op.node_def))
+      or self.called(op.graph, op.type) is not None
+    )
 
   def called(self, graph, op_type):
     """The FunctionDef an op of type `op_type` calls directly, or None.
@@ -257,7 +302,8 @@ class _Bodies(object):
     if found is None:
       if graph not in self._library:
         self._library[graph] = dict(
-            (f.signature.name, f) for f in graph.as_graph_def().library.function)
+          (f.signature.name, f) for f in graph.as_graph_def().library.function
+        )
       found = self._library[graph].get(name)
     return found
 
@@ -277,12 +323,16 @@ class _Bodies(object):
     indices = frozenset(indices)
     if op_type in _IF or op_type in _CASE:
       args = frozenset(i - 1 for i in indices if i >= 1)
-      names = (attrs.get("then_branch", []) + attrs.get("else_branch", [])
-               if op_type in _IF else attrs.get("branches", []))
+      names = (
+        attrs.get("then_branch", []) + attrs.get("else_branch", [])
+        if op_type in _IF
+        else attrs.get("branches", [])
+      )
       return self._branches(names, args, graph)
     if op_type in _WHILE:
-      return self._loop(attrs.get("cond", []), attrs.get("body", []), indices,
-                        graph)
+      return self._loop(
+        attrs.get("cond", []), attrs.get("body", []), indices, graph
+      )
     if op_type in _CALL:
       return self._branches(attrs.get("f", []), indices, graph)
     if not attrs:  # a direct call: the op's type is the function's name
@@ -297,8 +347,10 @@ class _Bodies(object):
         if fdef is None:
           return _undecided(name, _MISSING), None
         args = frozenset(
-            i for i, a in enumerate(fdef.signature.input_arg)
-            if a.type in (_DT_RESOURCE, 0))  # 0: a type an attribute sets
+          i
+          for i, a in enumerate(fdef.signature.input_arg)
+          if a.type in (_DT_RESOURCE, 0)
+        )  # 0: a type an attribute sets
         write, returned = self.body(name, args, graph)
         if write is not None:
           return write, None
@@ -358,8 +410,9 @@ class _Bodies(object):
   def _analyse(self, name, fdef, args, graph):
     arg_names = [a.name for a in fdef.signature.input_arg]
     if any(i >= len(arg_names) for i in args):
-      return _undecided(name, "has fewer arguments than the op has "
-                        "inputs"), frozenset()
+      return _undecided(
+        name, "has fewer arguments than the op has inputs"
+      ), frozenset()
     consumers = {}
     for node in fdef.node_def:
       for k, inp in enumerate(node.input):
@@ -378,8 +431,10 @@ class _Bodies(object):
             carried.add(out)
             todo.append(out)
     returned = frozenset(
-        j for j, out in enumerate(fdef.signature.output_arg)
-        if _canonical(fdef.ret.get(out.name, ""), arg_names) in carried)
+      j
+      for j, out in enumerate(fdef.signature.output_arg)
+      if _canonical(fdef.ret.get(out.name, ""), arg_names) in carried
+    )
     return None, returned
 
   def _node(self, node, k, graph):
@@ -406,17 +461,25 @@ class _Bodies(object):
       return write, ()
     if returned is None:  # which of its outputs carry the handle is unknown
       functions = ", ".join(n for names in attrs.values() for n in names)
-      return _undecided(functions, "returns the handle, which snapstore cannot "
-                        "follow out of a %s op" % node.op), ()
+      return _undecided(
+        functions,
+        "returns the handle, which snapstore cannot "
+        "follow out of a %s op" % node.op,
+      ), ()
     if fdef is not None:  # a direct call: its outputs are the function's
-      return None, tuple("%s:%s:0" % (node.name, fdef.signature.output_arg[j].name)
-                         for j in sorted(returned))
-    return None, tuple("%s:output:%d" % (node.name, j) for j in sorted(returned))
+      return None, tuple(
+        "%s:%s:0" % (node.name, fdef.signature.output_arg[j].name)
+        for j in sorted(returned)
+      )
+    return None, tuple(
+      "%s:output:%d" % (node.name, j) for j in sorted(returned)
+    )
 
 
 def _known_writer(op_type):
   return op_type in subgraph.RESOURCE_WRITER_TYPES or op_type.startswith(
-      subgraph.RESOURCE_WRITER_PREFIXES)
+    subgraph.RESOURCE_WRITER_PREFIXES
+  )
 
 
 def _canonical(inp, arg_names):

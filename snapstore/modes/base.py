@@ -9,6 +9,7 @@ tag to drop.
 Every method that moves data takes the raw `tf.Session` the store resolved.
 Graph ops are built in `__init__` only; methods run them.
 """
+
 import abc
 
 from snapstore.core import sessions
@@ -148,5 +149,6 @@ class CopyMode(abc.ABC):
 
   def _feed(self, session, op, feeder, arrays):
     """Runs `op`, which consumes `feeder`'s placeholders, fed with `arrays`."""
-    return sessions.run_cached(session, op, feeder.placeholders,
-                               feeder.values(arrays))
+    return sessions.run_cached(
+      session, op, feeder.placeholders, feeder.values(arrays)
+    )

@@ -29,6 +29,7 @@ thousands of small variables is then built and first run in a fraction of the
 time, with a fraction of the ops. Such variables have no shadow of their own,
 so `shadows()` and `past()` are refused; everything else works the same.
 """
+
 import re
 
 from snapstore._tf import ops
@@ -64,8 +65,11 @@ class DeviceMode(base.CopyMode):
   def __init__(self, varset, max_to_keep, name, saveable=False, pack=False):
     super(DeviceMode, self).__init__(varset, max_to_keep, name)
     shadow_name = name.split("/")[-1]
-    main = (tf.GraphKeys.GLOBAL_VARIABLES if saveable
-            else tf.GraphKeys.LOCAL_VARIABLES)
+    main = (
+      tf.GraphKeys.GLOBAL_VARIABLES
+      if saveable
+      else tf.GraphKeys.LOCAL_VARIABLES
+    )
     collections = [main, variables.SHADOW_VARIABLES]
     primaries = self._primaries = varset.variables
     if not isinstance(pack, bool):
@@ -74,29 +78,41 @@ class DeviceMode(base.CopyMode):
     self._units = packing.plan(primaries, name, pack)
     self._reads = copies.SharedReads()
     self._slots = shadows.make_slots(
-        self._units, [("%s/slot_%d" % (shadow_name, k), collections)
-                      for k in range(max_to_keep)])
+      self._units,
+      [
+        ("%s/slot_%d" % (shadow_name, k), collections)
+        for k in range(max_to_keep)
+      ],
+    )
     self._scratch = shadows.make_scratch(
-        self._units, shadow_name + "/scratch", [variables.SHADOW_VARIABLES],
-        self._reads)
-    self._snapshot_ops = [self._copy_in(slot, "snapshot_%d" % k)
-                          for k, slot in enumerate(self._slots)]
-    restores = [self._copy_out(slot, "restore_%d" % k,
-                               self._initialized(slot, k))
-                for k, slot in enumerate(self._slots)]
+      self._units,
+      shadow_name + "/scratch",
+      [variables.SHADOW_VARIABLES],
+      self._reads,
+    )
+    self._snapshot_ops = [
+      self._copy_in(slot, "snapshot_%d" % k)
+      for k, slot in enumerate(self._slots)
+    ]
+    restores = [
+      self._copy_out(slot, "restore_%d" % k, self._initialized(slot, k))
+      for k, slot in enumerate(self._slots)
+    ]
     self._restore_ops = [op for op, _ in restores]
     self._slot_reads = [values for _, values in restores]
     # The scratch shadows' initializers copy the primaries into them.
-    self._stash_op = tf.group(*[s.initializer for s in self._scratch],
-                              name="stash")
+    self._stash_op = tf.group(
+      *[s.initializer for s in self._scratch], name="stash"
+    )
     self._unstash_op = self._copy_out(self._scratch, "unstash")[0]
     # Writing arrays into a slot is its snapshot op with the primaries' reads
     # fed: no op per slot and variable.
-    self._feeder = copies.Feeder(varset.specs, "feed",
-                                 targets=[self._reads(p) for p in primaries])
+    self._feeder = copies.Feeder(
+      varset.specs, "feed", targets=[self._reads(p) for p in primaries]
+    )
     self._initializer = tf.group(
-        *[s.initializer for slot in self._slots for s in slot],
-        name="initializer")
+      *[s.initializer for slot in self._slots for s in slot], name="initializer"
+    )
     self._slot_of = {}
     self._free = list(range(max_to_keep))
     self._pinned_slots = set()
@@ -145,11 +161,16 @@ class DeviceMode(base.CopyMode):
     groups = [u for u in self._units if u.packed]
     if groups:
       raise errors.ModeError(
-          "%s() needs a shadow variable per variable; this store packs %d of "
-          "its %d variables into %d buffers per slot (pack=True). Build the "
-          "store with pack=False (the default) for per-variable shadows."
-          % (what, sum(len(g.members) for g in groups), len(self._primaries),
-             len(groups)))
+        "%s() needs a shadow variable per variable; this store packs %d of "
+        "its %d variables into %d buffers per slot (pack=True). Build the "
+        "store with pack=False (the default) for per-variable shadows."
+        % (
+          what,
+          sum(len(g.members) for g in groups),
+          len(self._primaries),
+          len(groups),
+        )
+      )
     return list(self._slots[slot])
 
   def slot_of(self, tag):
@@ -188,8 +209,12 @@ class DeviceMode(base.CopyMode):
 
   def put(self, tag, arrays, session, victim=None):
     slot = self._slot_for(tag, victim)
-    self._write_slot(slot, lambda: self._feed(
-        session, self._snapshot_ops[slot], self._feeder, arrays))
+    self._write_slot(
+      slot,
+      lambda: self._feed(
+        session, self._snapshot_ops[slot], self._feeder, arrays
+      ),
+    )
     self._bind(tag, slot, victim)
 
   def restore(self, tag, session):
@@ -214,8 +239,9 @@ class DeviceMode(base.CopyMode):
 
   def _copy_in(self, shadow_set, name):
     """One op copying the variables into `shadow_set` (a slot or the scratch)."""
-    return copies.copy([u.pack(self._reads) for u in self._units], shadow_set,
-                       name)
+    return copies.copy(
+      [u.pack(self._reads) for u in self._units], shadow_set, name
+    )
 
   def _copy_out(self, shadow_set, name, gate=None):
     """One op copying `shadow_set` into the variables, and the value of each.
@@ -251,8 +277,11 @@ class DeviceMode(base.CopyMode):
       checks = []
       for shadow in first.values():
         with ops.colocate_with(shadow):
-          check = tf.Assert(tf.is_variable_initialized(shadow),
-                            [UNINITIALIZED % slot], name="check")
+          check = tf.Assert(
+            tf.is_variable_initialized(shadow),
+            [UNINITIALIZED % slot],
+            name="check",
+          )
           with tf.control_dependencies([check]):  # what crosses: a NoOp's edge
             checks.append(tf.no_op(name="checked_here"))
       gates = {}
@@ -269,8 +298,9 @@ class DeviceMode(base.CopyMode):
         return slot
       # A TF name is followed by a space or a "/" in TF's messages.
       if "uninitialized" in message and any(
-          re.search(re.escape(s.op.name) + r"(?![\w.-])", message)
-          for s in shadow_set):
+        re.search(re.escape(s.op.name) + r"(?![\w.-])", message)
+        for s in shadow_set
+      ):
         return slot
     return None
 

@@ -28,6 +28,7 @@ there. `spill(tag)` writes a snapshot before the budget asks for it.
     store.restore(3, session=sess) # from memory or the file, bit-exact
     store.close()                  # finishes the queued writes
 """
+
 from snapstore.core import checks
 from snapstore.modes import host
 from snapstore.modes import tiers
@@ -56,24 +57,43 @@ class DiskMode(tiers.TieredMode):
   allows_unbounded = True
   data_needs_session = False
 
-  def __init__(self, varset, max_to_keep, name, spill_path=None,
-               memory_budget=None, compression=None, compression_opts=None,
-               max_pending=2, durable=False):
+  def __init__(
+    self,
+    varset,
+    max_to_keep,
+    name,
+    spill_path=None,
+    memory_budget=None,
+    compression=None,
+    compression_opts=None,
+    max_pending=2,
+    durable=False,
+  ):
     if spill_path is None:
-      raise ValueError("mode='disk' needs spill_path=, the HDF5 file to spill "
-                       "snapshots to.")
+      raise ValueError(
+        "mode='disk' needs spill_path=, the HDF5 file to spill snapshots to."
+      )
     if memory_budget is None:
       raise ValueError(
-          "mode='disk' needs memory_budget=, the bytes of snapshots to keep in "
-          "host memory (an int >= 0; one snapshot is %d bytes)." % varset.nbytes)
+        "mode='disk' needs memory_budget=, the bytes of snapshots to keep in "
+        "host memory (an int >= 0; one snapshot is %d bytes)." % varset.nbytes
+      )
     self._budget = checks.integer(
-        memory_budget, "memory_budget", 0,
-        hint="bytes of snapshots kept in host memory; one snapshot is %d bytes"
-        % varset.nbytes)
+      memory_budget,
+      "memory_budget",
+      0,
+      hint="bytes of snapshots kept in host memory; one snapshot is %d bytes"
+      % varset.nbytes,
+    )
     super(DiskMode, self).__init__(
-        host.HostMode(varset, None, name), varset, spill_path,
-        compression=compression, compression_opts=compression_opts,
-        max_pending=max_pending, durable=durable)
+      host.HostMode(varset, None, name),
+      varset,
+      spill_path,
+      compression=compression,
+      compression_opts=compression_opts,
+      max_pending=max_pending,
+      durable=durable,
+    )
     self._max_to_keep = max_to_keep  # all tiers together, not the host tier's
     self._order = []  # the store's SnapshotInfos at the last settle
 
@@ -110,5 +130,7 @@ class DiskMode(tiers.TieredMode):
     held = self.nbytes
     if held <= self._budget:
       return " (%d bytes, within memory_budget=%d)" % (held, self._budget)
-    return (" (host memory now holds %d bytes of snapshots, %d over "
-            "memory_budget=%d)" % (held, held - self._budget, self._budget))
+    return (
+      " (host memory now holds %d bytes of snapshots, %d over "
+      "memory_budget=%d)" % (held, held - self._budget, self._budget)
+    )

@@ -19,6 +19,7 @@ A restore feeds the arrays into placeholders built once and runs one grouped
 assign. Host memory holds `len(store) * store.param_nbytes` bytes; the device
 holds nothing extra.
 """
+
 from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.core import attached
@@ -49,7 +50,9 @@ class HostMode(base.CopyMode):
     for var, value in zip(varset.variables, self._reads):
       with ops.colocate_with(var):
         self._copies.append(tf.raw_ops.Snapshot(input=value))
-    self._fetches = attached.PerObject("host_fetches")  # per session: which of the two
+    self._fetches = attached.PerObject(
+      "host_fetches"
+    )  # per session: which of the two
     self._feeder = copies.Feeder(varset.specs, "feed")
     self._load_op = self._feeder.assign_to(varset.variables, "restore")
     self._initializer = tf.no_op(name="initializer")
@@ -67,8 +70,10 @@ class HostMode(base.CopyMode):
 
   def put(self, tag, arrays, session, victim=None):
     del session  # Nothing runs in TF.
-    copies = [buffers.aligned_copy(a, spec.dtype)  # always a new array
-              for a, spec in zip(arrays, self._varset.specs)]
+    copies = [
+      buffers.aligned_copy(a, spec.dtype)  # always a new array
+      for a, spec in zip(arrays, self._varset.specs)
+    ]
     self._keep(tag, copies, victim)
 
   def restore(self, tag, session):

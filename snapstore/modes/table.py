@@ -1,11 +1,12 @@
 """Copy modes, chosen by name: one table, and the checks of a mode's options.
 
-    mode_cls = get("device")                       # the list of names if unknown
-    max_to_keep = check_max_to_keep(None, mode_cls)
-    check_fits(mode_cls, max_to_keep, varset)      # device slots in memory
-    check_options(mode_cls, {"saveable": True})
-    mode = build(mode_cls, varset, max_to_keep, "snapstore", {"saveable": True})
+mode_cls = get("device")                       # the list of names if unknown
+max_to_keep = check_max_to_keep(None, mode_cls)
+check_fits(mode_cls, max_to_keep, varset)      # device slots in memory
+check_options(mode_cls, {"saveable": True})
+mode = build(mode_cls, varset, max_to_keep, "snapstore", {"saveable": True})
 """
+
 import collections
 import inspect
 import os
@@ -18,14 +19,19 @@ from snapstore.modes.host import HostMode
 from snapstore.modes.tiers import TieredMode
 
 MODES = {
-    DeviceMode.name: DeviceMode,
-    DiskMode.name: DiskMode,
-    HostMode.name: HostMode,
+  DeviceMode.name: DeviceMode,
+  DiskMode.name: DiskMode,
+  HostMode.name: HostMode,
 }
 
 # Options every mode takes for a spill file under it (see modes/tiers.py).
-SPILL_OPTIONS = ("spill_path", "compression", "compression_opts", "max_pending",
-                 "durable")
+SPILL_OPTIONS = (
+  "spill_path",
+  "compression",
+  "compression_opts",
+  "max_pending",
+  "durable",
+)
 
 
 def get(name):
@@ -37,14 +43,17 @@ def get(name):
   try:
     return MODES[name]
   except (KeyError, TypeError):
-    raise ValueError("Invalid mode %r; must be one of %s."
-                     % (name, ", ".join(sorted(MODES))))
+    raise ValueError(
+      "Invalid mode %r; must be one of %s." % (name, ", ".join(sorted(MODES)))
+    )
 
 
 def options(mode_cls):
   """Names of the options `mode_cls` takes, spill options included."""
   params = inspect.signature(mode_cls.__init__).parameters
-  own = [p for p in params if p not in ("self", "varset", "max_to_keep", "name")]
+  own = [
+    p for p in params if p not in ("self", "varset", "max_to_keep", "name")
+  ]
   return own + [o for o in SPILL_OPTIONS if o not in own]
 
 
@@ -57,8 +66,10 @@ def check_options(mode_cls, mode_options):
   allowed = options(mode_cls)
   unknown = sorted(set(mode_options) - set(allowed))
   if unknown:
-    raise TypeError("Mode %r takes no option %s; its options are: %s." % (
-        mode_cls.name, ", ".join(unknown), ", ".join(allowed) or "none"))
+    raise TypeError(
+      "Mode %r takes no option %s; its options are: %s."
+      % (mode_cls.name, ", ".join(unknown), ", ".join(allowed) or "none")
+    )
 
 
 def check_max_to_keep(max_to_keep, mode_cls):
@@ -71,11 +82,16 @@ def check_max_to_keep(max_to_keep, mode_cls):
   if max_to_keep is None:
     return mode_cls.default_max_to_keep
   if mode_cls.allows_unbounded:
-    max_to_keep = checks.integer(max_to_keep, "max_to_keep", 0,
-                                 hint="0 keeps every snapshot")
+    max_to_keep = checks.integer(
+      max_to_keep, "max_to_keep", 0, hint="0 keeps every snapshot"
+    )
     return max_to_keep or None
-  return checks.integer(max_to_keep, "max_to_keep", 1,
-                        hint="mode %r keeps at least 1 snapshot" % mode_cls.name)
+  return checks.integer(
+    max_to_keep,
+    "max_to_keep",
+    1,
+    hint="mode %r keeps at least 1 snapshot" % mode_cls.name,
+  )
 
 
 # What one shadow variable costs this process besides its data: its ~6 graph
@@ -111,14 +127,22 @@ def check_fits(mode_cls, max_to_keep, varset):
   for task, nbytes in sorted(need.items(), key=lambda kv: -kv[1]):
     if nbytes > ram:
       raise ValueError(
-          "max_to_keep=%d device slots cannot fit: %d slots and the scratch copy "
-          "of %d bytes of variables need %d bytes %s, more than the %d bytes of "
-          "physical memory of this machine. Lower max_to_keep, or keep "
-          "snapshots in host memory or on disk (mode='host' or mode='disk')."
-          % (max_to_keep, max_to_keep, varset.nbytes, nbytes,
-             "in this process (with their graph ops, about %d bytes per shadow "
-             "variable)" % GRAPH_BYTES_PER_SHADOW if task is None
-             else "on task %s" % task, ram))
+        "max_to_keep=%d device slots cannot fit: %d slots and the scratch copy "
+        "of %d bytes of variables need %d bytes %s, more than the %d bytes of "
+        "physical memory of this machine. Lower max_to_keep, or keep "
+        "snapshots in host memory or on disk (mode='host' or mode='disk')."
+        % (
+          max_to_keep,
+          max_to_keep,
+          varset.nbytes,
+          nbytes,
+          "in this process (with their graph ops, about %d bytes per shadow "
+          "variable)" % GRAPH_BYTES_PER_SHADOW
+          if task is None
+          else "on task %s" % task,
+          ram,
+        )
+      )
 
 
 def _task_of(device):
@@ -126,7 +150,10 @@ def _task_of(device):
   spec = tf.DeviceSpec.from_string(device or "")
   if spec.job is None or spec.job == "localhost":
     return None
-  return "/job:%s/task:%s" % (spec.job, spec.task if spec.task is not None else "*")
+  return "/job:%s/task:%s" % (
+    spec.job,
+    spec.task if spec.task is not None else "*",
+  )
 
 
 def _physical_memory():
@@ -145,12 +172,15 @@ def build(mode_cls, varset, max_to_keep, name, mode_options):
   """
   if issubclass(mode_cls, TieredMode):
     return mode_cls(varset, max_to_keep, name, **mode_options)
-  spill_options = dict((k, mode_options[k]) for k in SPILL_OPTIONS
-                       if k in mode_options)
+  spill_options = dict(
+    (k, mode_options[k]) for k in SPILL_OPTIONS if k in mode_options
+  )
   own = dict((k, v) for k, v in mode_options.items() if k not in spill_options)
   if spill_options and spill_options.get("spill_path") is None:
-    raise ValueError("%s only apply to a spill file; pass spill_path= as well."
-                     % ", ".join(sorted(spill_options)))
+    raise ValueError(
+      "%s only apply to a spill file; pass spill_path= as well."
+      % ", ".join(sorted(spill_options))
+    )
   inner = mode_cls(varset, max_to_keep, name, **own)
   if not spill_options:
     return inner

@@ -35,6 +35,7 @@ writes what is in memory first and stays open, raising, if it cannot. At
 interpreter exit the file is closed all the same (`close_at_exit`): what cannot
 be written then is lost with the process and named on stderr.
 """
+
 import errno
 import logging
 import weakref
@@ -94,8 +95,16 @@ class TieredMode(base.CopyMode):
     IncompatibleSnapshotError: The file holds other variables.
   """
 
-  def __init__(self, inner, varset, spill_path, compression=None,
-               compression_opts=None, max_pending=2, durable=False):
+  def __init__(
+    self,
+    inner,
+    varset,
+    spill_path,
+    compression=None,
+    compression_opts=None,
+    max_pending=2,
+    durable=False,
+  ):
     super(TieredMode, self).__init__(varset, inner.capacity, inner._name)  # pylint: disable=protected-access
     _check_compression(compression, compression_opts)
     self._inner = inner
@@ -104,20 +113,31 @@ class TieredMode(base.CopyMode):
     self._feeder = copies.Feeder(varset.specs, "spill_feed")
     self._load_op = self._feeder.assign_to(varset.variables, "restore_spilled")
     self._step_index = _global_step_index(varset)
-    self._held = {}     # tag -> _Held
+    self._held = {}  # tag -> _Held
     self._in_file = {}  # tag -> SpillEntry
-    self._errors = []   # (tag, what, exception) not yet reported
+    self._errors = []  # (tag, what, exception) not yet reported
     self._writing = True  # False after a failed write, until one succeeds
-    self._file = spill_file.SpillFile.open_for_writing(spill_path, varset, durable)
+    self._file = spill_file.SpillFile.open_for_writing(
+      spill_path, varset, durable
+    )
     try:
       dropped = self._file.delete_incomplete()
       if dropped or self._file.rolled_back:
-        done = (["rolled back its unfinished change"] if self._file.rolled_back
-                 else []) + (["removed incomplete snapshot(s) %s"
-                              % ", ".join(map(repr, dropped))] if dropped else [])
-        _LOG.warning("snapstore: spill file %s was left by a process that "
-                     "stopped while writing to it; %s.", self._file.path,
-                     " and ".join(done))
+        done = (
+          ["rolled back its unfinished change"]
+          if self._file.rolled_back
+          else []
+        ) + (
+          ["removed incomplete snapshot(s) %s" % ", ".join(map(repr, dropped))]
+          if dropped
+          else []
+        )
+        _LOG.warning(
+          "snapstore: spill file %s was left by a process that "
+          "stopped while writing to it; %s.",
+          self._file.path,
+          " and ".join(done),
+        )
       self._in_file = dict((e.tag, e) for e in self._file.entries())
       self._adopt_damaged(self._file.damaged())
       self._writer = writer.BackgroundWriter("snapstore-spill", max_pending)
@@ -135,7 +155,7 @@ class TieredMode(base.CopyMode):
   # -- tiers -----------------------------------------------------------------------
 
   def tier(self, tag):
-    """"device" or "host" (in memory), or "file"."""
+    """ "device" or "host" (in memory), or "file"."""
     if tag in self._held:
       return "host"
     if tag in self._in_file:
@@ -146,8 +166,10 @@ class TieredMode(base.CopyMode):
     return tag not in self._held and tag not in self._in_file
 
   def adopted(self):
-    return sorted(((e.tag, e.time) for e in self._in_file.values()),
-                  key=lambda pair: pair[1])
+    return sorted(
+      ((e.tag, e.time) for e in self._in_file.values()),
+      key=lambda pair: pair[1],
+    )
 
   def spill(self, tag, info, session):
     """Moves snapshot `tag` to the file (in the background); see module doc."""
@@ -170,15 +192,21 @@ class TieredMode(base.CopyMode):
       return
     failures, self._errors = self._errors, []
     raise errors.SpillError(
-        "Spill file %s: %s. This call did nothing else; call it again."
-        % (self._file.path, self._report(failures)))
+      "Spill file %s: %s. This call did nothing else; call it again."
+      % (self._file.path, self._report(failures))
+    )
 
   def _report(self, failures):
     """What went wrong in `failures` and where the snapshots are, for a message."""
     parts = []
-    for what, kept in (("write", "kept in host memory%s and written again with "
-                        "the next spill or flush()" % self._memory_note()),
-                       ("delete", "the file still holds them")):
+    for what, kept in (
+      (
+        "write",
+        "kept in host memory%s and written again with "
+        "the next spill or flush()" % self._memory_note(),
+      ),
+      ("delete", "the file still holds them"),
+    ):
       causes = []  # [(cause, [tags])], in order
       for tag, kind, error in failures:
         if kind != what:
@@ -192,10 +220,15 @@ class TieredMode(base.CopyMode):
         else:
           causes.append((cause, [tag]))
       for cause, tags in causes:
-        parts.append("%s snapshot %s failed (%s); %s" % (
+        parts.append(
+          "%s snapshot %s failed (%s); %s"
+          % (
             "writing" if what == "write" else "deleting from the file",
-            ", ".join(map(repr, tags)), cause,
-            kept))
+            ", ".join(map(repr, tags)),
+            cause,
+            kept,
+          )
+        )
     if any(_is_full(error) for _, _, error in failures):
       parts.append("free space on that disk: writing resumes by itself")
     return "; ".join(parts)
@@ -278,16 +311,23 @@ class TieredMode(base.CopyMode):
     failures = self._write_held()
     if self._held:
       raise errors.SpillError(
-          "Closing the store's spill file %s: %s. The store stays open and "
-          "nothing is dropped: call close() again once the file can be written, "
-          "or save the snapshots elsewhere first (save_npz)."
-          % (path, self._report(failures) or "snapshot(s) %s are not written"
-             % ", ".join(map(repr, self._held))))
+        "Closing the store's spill file %s: %s. The store stays open and "
+        "nothing is dropped: call close() again once the file can be written, "
+        "or save the snapshots elsewhere first (save_npz)."
+        % (
+          path,
+          self._report(failures)
+          or "snapshot(s) %s are not written"
+          % ", ".join(map(repr, self._held)),
+        )
+      )
     self._shut()
     failures, self._errors = self._errors, []
     if failures:
-      raise errors.SpillError("Closing the store's spill file %s: %s."
-                              % (path, self._report(failures)))
+      raise errors.SpillError(
+        "Closing the store's spill file %s: %s."
+        % (path, self._report(failures))
+      )
 
   def close_at_exit(self):
     """`close()` at interpreter exit: the file is closed whatever happens.
@@ -395,9 +435,16 @@ class TieredMode(base.CopyMode):
   def _queue(self, held):
     self._held[held.tag] = held
     held.state = _QUEUED
-    self._writer.submit(_Write(
-        self._file, held, self._varset.keys, self._step(held.arrays),
-        self._compression, self._compression_opts))
+    self._writer.submit(
+      _Write(
+        self._file,
+        held,
+        self._varset.keys,
+        self._step(held.arrays),
+        self._compression,
+        self._compression_opts,
+      )
+    )
 
   def _retry_failed(self, everything=False):
     """Queues failed writes again: all of them, or while writes keep failing
@@ -434,10 +481,13 @@ class TieredMode(base.CopyMode):
       if d.tag is not None and d.tag not in self._in_file:
         self._in_file[d.tag] = spill_file.SpillEntry(d.tag, 0.0, None, 0, ())
     _LOG.warning(
-        "snapstore: spill file %s holds %d damaged snapshot(s); the others are "
-        "usable. Restoring a damaged one raises SnapshotFileError, delete(tag) "
-        "removes it. %s", self._file.path, len(damaged),
-        " ".join(d.problem for d in damaged))
+      "snapstore: spill file %s holds %d damaged snapshot(s); the others are "
+      "usable. Restoring a damaged one raises SnapshotFileError, delete(tag) "
+      "removes it. %s",
+      self._file.path,
+      len(damaged),
+      " ".join(d.problem for d in damaged),
+    )
 
   def _step(self, arrays):
     if self._step_index is None:
@@ -465,14 +515,21 @@ class _Write(object):
 
   def __call__(self):
     held = self.held
-    self._file.write(held.tag, held.info.time, self._step, self._keys,
-                     held.arrays, self._compression, self._compression_opts)
-    self.entry = spill_file.SpillEntry(held.tag, held.info.time, self._step,
-                                       held.nbytes, self._keys)
+    self._file.write(
+      held.tag,
+      held.info.time,
+      self._step,
+      self._keys,
+      held.arrays,
+      self._compression,
+      self._compression_opts,
+    )
+    self.entry = spill_file.SpillEntry(
+      held.tag, held.info.time, self._step, held.nbytes, self._keys
+    )
 
 
 class _Delete(object):
-
   def __init__(self, spill_file, tag):
     self._file = spill_file
     self.tag = tag
@@ -499,30 +556,43 @@ def _lost_at_exit(path, lost, failures):
   if errnos & set((errno.ENOSPC, errno.EDQUOT)):
     room = "free space on that disk, or "
   elif errno.EFBIG in errnos:
-    room = ("raise the file-size limit (ulimit -f) or use a file system that "
-            "allows larger files, or ")
+    room = (
+      "raise the file-size limit (ulimit -f) or use a file system that "
+      "allows larger files, or "
+    )
   else:
     room = ""
   return (
-      "the program is ending, and snapshot(s) %s could not be written to the "
-      "spill file %s (%s): they are lost with the process. The file is closed "
-      "and valid, with every snapshot committed before%s. Next time, %s"
-      "call the store's close() before the program ends and handle its "
-      "SpillError (the snapshots stay in memory: call close() again once the "
-      "file can be written, or save them elsewhere with save_npz)."
-      % (", ".join(map(repr, lost)), path,
-         "; ".join(causes) or "not written",
-         "; deleting snapshot(s) %s from it failed, so it still holds them"
-         % ", ".join(map(repr, undeleted)) if undeleted else "", room))
+    "the program is ending, and snapshot(s) %s could not be written to the "
+    "spill file %s (%s): they are lost with the process. The file is closed "
+    "and valid, with every snapshot committed before%s. Next time, %s"
+    "call the store's close() before the program ends and handle its "
+    "SpillError (the snapshots stay in memory: call close() again once the "
+    "file can be written, or save them elsewhere with save_npz)."
+    % (
+      ", ".join(map(repr, lost)),
+      path,
+      "; ".join(causes) or "not written",
+      "; deleting snapshot(s) %s from it failed, so it still holds them"
+      % ", ".join(map(repr, undeleted))
+      if undeleted
+      else "",
+      room,
+    )
+  )
 
 
 def _check_compression(compression, opts):
   if compression is not None and compression not in layout.COMPRESSIONS:
-    raise ValueError("Invalid compression %r; must be None or one of %s."
-                     % (compression, ", ".join(layout.COMPRESSIONS)))
+    raise ValueError(
+      "Invalid compression %r; must be None or one of %s."
+      % (compression, ", ".join(layout.COMPRESSIONS))
+    )
   if opts is not None and compression != "gzip":
-    raise ValueError("compression_opts=%r is for compression='gzip' (a level "
-                     "0-9); lzf takes none." % (opts,))
+    raise ValueError(
+      "compression_opts=%r is for compression='gzip' (a level "
+      "0-9); lzf takes none." % (opts,)
+    )
   if opts is not None:
     checks.integer(opts, "compression_opts", 0, 9, hint="a gzip level")
 

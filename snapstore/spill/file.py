@@ -18,6 +18,7 @@ checksum would cost as much as the write (bench/README.md has the figures).
         print(entry.tag, entry.time, entry.nbytes)
       arrays = spill.read(spill.entries()[-1].tag)   # checksums verified
 """
+
 import collections
 import functools
 import os
@@ -35,7 +36,8 @@ from snapstore.spill import layout
 _SLAB = 16 << 20  # bytes per write or read call, and per GIL release
 
 SpillEntry = collections.namedtuple(
-    "SpillEntry", ["tag", "time", "step", "nbytes", "keys"])
+  "SpillEntry", ["tag", "time", "step", "nbytes", "keys"]
+)
 SpillEntry.__doc__ = """A complete snapshot in a spill file.
 
 Fields: tag (int or str), time (`time.time()` of taking it), step (the global
@@ -43,7 +45,8 @@ step, or None when the store did not cover it), nbytes, keys (variable keys).
 """
 
 DamagedSnapshot = collections.namedtuple(
-    "DamagedSnapshot", ["tag", "name", "problem"])
+  "DamagedSnapshot", ["tag", "name", "problem"]
+)
 DamagedSnapshot.__doc__ = """A snapshot of a spill file that cannot be listed.
 
 Fields: tag (None when its group's name encodes no tag), name (the group's
@@ -58,6 +61,7 @@ def _locked(method):
     with self._lock:  # pylint: disable=protected-access
       self._usable()  # pylint: disable=protected-access
       return method(self, *args, **kwargs)
+
   return wrapper
 
 
@@ -92,18 +96,21 @@ class SpillFile(object):
       self._file = journal.JournaledFile(self.path, writable, durable)
     except journal.LockedError:
       raise errors.SnapshotFileError(
-          "%s is open for writing by another process (a running store); close "
-          "that store first, or read its snapshots through it." % self.path)
+        "%s is open for writing by another process (a running store); close "
+        "that store first, or read its snapshots through it." % self.path
+      )
     except journal.ForeignJournalError as e:
       raise errors.SnapshotFileError(
-          "Cannot open %s: %s. Nothing was changed; if the file is yours, move "
-          "the journal away and open it again." % (self.path, e))
+        "Cannot open %s: %s. Nothing was changed; if the file is yours, move "
+        "the journal away and open it again." % (self.path, e)
+      )
     except OSError as e:
       raise errors.SnapshotFileError("Cannot open %s: %s." % (self.path, e))
     self.rolled_back = self._file.rolled_back
     try:
-      self._h5 = h5py.File(self._file, "r+" if writable else "r",
-                           libver=layout.LIBVER)
+      self._h5 = h5py.File(
+        self._file, "r+" if writable else "r", libver=layout.LIBVER
+      )
     except layout.H5_ERRORS as e:
       self._file.close()
       raise errors.SnapshotFileError(layout.open_problem(self.path, e))
@@ -138,23 +145,28 @@ class SpillFile(object):
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
       raise errors.SnapshotFileError(
-          "Cannot create spill file %s: directory %s does not exist. Create it "
-          "first or choose another path." % (path, directory))
+        "Cannot create spill file %s: directory %s does not exist. Create it "
+        "first or choose another path." % (path, directory)
+      )
     # An empty file (what tempfile.mkstemp gives) is a new spill file.
     if not os.path.exists(path) or layout.is_empty(path):
       if not os.access(directory, os.W_OK | os.X_OK):
         raise errors.SnapshotFileError(
-            "Cannot create spill file %s: no write permission in %s."
-            % (path, directory))
+          "Cannot create spill file %s: no write permission in %s."
+          % (path, directory)
+        )
       try:
-        journal.create(path, lambda f: layout.initialize(f, varset.specs), durable)
+        journal.create(
+          path, lambda f: layout.initialize(f, varset.specs), durable
+        )
       except OSError as e:
         raise errors.SnapshotFileError(
-            "Cannot create spill file %s: %s." % (path, e))
+          "Cannot create spill file %s: %s." % (path, e)
+        )
     elif not os.access(path, os.R_OK | os.W_OK):
       raise errors.SnapshotFileError(
-          "Cannot write spill file %s: no read and write permission on it."
-          % path)
+        "Cannot write spill file %s: no read and write permission on it." % path
+      )
     spill = cls(path, writable=True, durable=durable)
     try:
       spill.check_variables(varset)
@@ -210,15 +222,17 @@ class SpillFile(object):
     """
     group = self._group(tag)
     datasets = self._datasets(group, tag)
-    declared = dict((k, (d.shape, layout.dtype_of(d, self.path)))
-                    for k, d in datasets.items())
+    declared = dict(
+      (k, (d.shape, layout.dtype_of(d, self.path))) for k, d in datasets.items()
+    )
     if varset is not None:
       varset.check_declared(declared, "Snapshot %r in %s" % (tag, self.path))
       datasets = collections.OrderedDict((k, datasets[k]) for k in varset.keys)
     elif declared != dict((k, (s, d)) for k, s, d in self._declared):
       raise errors.SnapshotFileError(
-          "%s: snapshot %r does not hold the variables the file declares; the "
-          "file is damaged or was changed by another program." % (self.path, tag))
+        "%s: snapshot %r does not hold the variables the file declares; the "
+        "file is damaged or was changed by another program." % (self.path, tag)
+      )
     out = collections.OrderedDict()
     for key, ds in datasets.items():
       out[key] = self._read_dataset(tag, key, ds)
@@ -227,8 +241,10 @@ class SpillFile(object):
   @_locked
   def declared(self, tag):
     """`{key: (shape, dtype)}` of snapshot `tag`, from the file's metadata only."""
-    return dict((k, (d.shape, layout.dtype_of(d, self.path)))
-                for k, d in self._datasets(self._group(tag), tag).items())
+    return dict(
+      (k, (d.shape, layout.dtype_of(d, self.path)))
+      for k, d in self._datasets(self._group(tag), tag).items()
+    )
 
   @_locked
   def read_variable(self, tag, key):
@@ -241,9 +257,15 @@ class SpillFile(object):
       present = True  # layout.child reports the damage
     if not present:
       raise errors.SnapshotFileError(
-          "%s: snapshot %r holds no variable %r." % (self.path, tag, key))
-    ds = layout.child(group, name, h5py.Dataset,
-                      "variable %r of snapshot %r" % (key, tag), self.path)
+        "%s: snapshot %r holds no variable %r." % (self.path, tag, key)
+      )
+    ds = layout.child(
+      group,
+      name,
+      h5py.Dataset,
+      "variable %r of snapshot %r" % (key, tag),
+      self.path,
+    )
     return self._read_dataset(tag, key, ds)
 
   # -- writing (writable files only) -------------------------------------------------
@@ -251,12 +273,14 @@ class SpillFile(object):
   def check_variables(self, varset):
     """Raises IncompatibleSnapshotError unless the file is for `varset`."""
     varset.check_declared(
-        dict((k, (s, d)) for k, s, d in self._declared),
-        "Spill file %s" % self.path)
+      dict((k, (s, d)) for k, s, d in self._declared),
+      "Spill file %s" % self.path,
+    )
 
   @_locked
-  def write(self, tag, time, step, keys, arrays, compression=None,
-            compression_opts=None):
+  def write(
+    self, tag, time, step, keys, arrays, compression=None, compression_opts=None
+  ):
     """Writes a snapshot: complete when this returns, invisible if interrupted.
 
     A snapshot the file holds under `tag` is replaced.
@@ -271,21 +295,28 @@ class SpillFile(object):
       self._reopen()
       raise
 
-  def _write(self, tag, time, step, keys, arrays, compression, compression_opts):
+  def _write(
+    self, tag, time, step, keys, arrays, compression, compression_opts
+  ):
     name = layout.encode_tag(tag)
     if name in self._snapshots:
       self._delete(name)
     group = self._snapshots.create_group(name)
-    layout.set_attrs(group, [
+    layout.set_attrs(
+      group,
+      [
         ("complete", np.int8(0)),
         ("tag", layout.as_bytes(str(tag))),
         ("tag_type", layout.as_bytes("int" if isinstance(tag, int) else "str")),
         ("time", np.float64(time)),
         ("step", np.int64(-1 if step is None else step)),
-        ("nbytes", np.int64(sum(a.nbytes for a in arrays)))])
-    datasets = [self._create_dataset(group, key, array, compression,
-                                     compression_opts)
-                for key, array in zip(keys, arrays)]
+        ("nbytes", np.int64(sum(a.nbytes for a in arrays))),
+      ],
+    )
+    datasets = [
+      self._create_dataset(group, key, array, compression, compression_opts)
+      for key, array in zip(keys, arrays)
+    ]
     self._commit()  # The snapshot now exists, marked incomplete.
     for ds, array in zip(datasets, arrays):
       checksum = np.uint64(self._write_dataset(ds, array))
@@ -311,7 +342,7 @@ class SpillFile(object):
       group = layout.child(self._snapshots, name, h5py.Group, name, self.path)
     except errors.SnapshotFileError:
       group = None  # a link or damaged: only its name is removed, nothing freed
-    for ds in (group.values() if group is not None else ()):
+    for ds in group.values() if group is not None else ():
       if not isinstance(ds, h5py.Dataset):
         continue
       offset = ds.id.get_offset()
@@ -335,8 +366,9 @@ class SpillFile(object):
         self.delete(tag)
       except layout.H5_ERRORS as e:
         raise errors.SnapshotFileError(
-            "%s: cannot remove the incomplete snapshot %r (%s); the file is "
-            "damaged." % (self.path, tag, e))
+          "%s: cannot remove the incomplete snapshot %r (%s); the file is "
+          "damaged." % (self.path, tag, e)
+        )
     return tags
 
   # -- lifetime ----------------------------------------------------------------------
@@ -386,14 +418,22 @@ class SpillFile(object):
       try:
         tag = layout.decode_tag(name)
       except ValueError:
-        damaged.append(DamagedSnapshot(None, name, (
-            "%s: /snapshots/%s is not a snapstore snapshot (its name encodes no "
-            "tag); the file is damaged or was changed by another program."
-            % (self.path, errors.names([name])))))
+        damaged.append(
+          DamagedSnapshot(
+            None,
+            name,
+            (
+              "%s: /snapshots/%s is not a snapstore snapshot (its name encodes no "
+              "tag); the file is damaged or was changed by another program."
+              % (self.path, errors.names([name]))
+            ),
+          )
+        )
         continue
       try:
-        group = layout.child(self._snapshots, name, h5py.Group,
-                             "snapshot %r" % (tag,), self.path)
+        group = layout.child(
+          self._snapshots, name, h5py.Group, "snapshot %r" % (tag,), self.path
+        )
         if layout.is_complete(group):
           entries.append(self._entry(name, group))
         else:
@@ -410,27 +450,35 @@ class SpillFile(object):
       nbytes = int(group.attrs["nbytes"])
     except layout.H5_ERRORS as e:
       raise errors.SnapshotFileError(
-          "%s: snapshot %r has damaged attributes (%s)." % (self.path, tag, e))
+        "%s: snapshot %r has damaged attributes (%s)." % (self.path, tag, e)
+      )
     keys = tuple(sorted(self._datasets(group, tag, open_them=False)))
     return SpillEntry(tag, when, None if step < 0 else step, nbytes, keys)
 
   def _find(self, tag):
     """The group of snapshot `tag`, or None; never follows a soft or external link."""
     name = layout.encode_tag(tag)
-    if name not in layout.names(self._snapshots, "the snapshot list", self.path):
+    if name not in layout.names(
+      self._snapshots, "the snapshot list", self.path
+    ):
       return None
-    return layout.child(self._snapshots, name, h5py.Group, "snapshot %r" % (tag,),
-                        self.path)
+    return layout.child(
+      self._snapshots, name, h5py.Group, "snapshot %r" % (tag,), self.path
+    )
 
   def _group(self, tag):
     group = self._find(tag)
     if group is None or not layout.is_complete(group):
       held = ", ".join(repr(e.tag) for e in self.entries()) or "none"
-      note = (" Its writing was interrupted, so it is incomplete and never read."
-              if group is not None else "")
+      note = (
+        " Its writing was interrupted, so it is incomplete and never read."
+        if group is not None
+        else ""
+      )
       raise errors.UnknownTagError(
-          "%s holds no complete snapshot %r.%s Complete snapshots: %s."
-          % (self.path, tag, note, held))
+        "%s holds no complete snapshot %r.%s Complete snapshots: %s."
+        % (self.path, tag, note, held)
+      )
     return group
 
   def _datasets(self, group, tag, open_them=True):
@@ -441,12 +489,21 @@ class SpillFile(object):
         key = layout.decode_key(name)
       except ValueError:
         raise errors.SnapshotFileError(
-            "%s: snapshot %r holds %s, which is not a snapstore variable (its "
-            "name encodes no key); the file is damaged or was changed by "
-            "another program." % (self.path, tag, errors.names([name])))
-      out[key] = (layout.child(group, name, h5py.Dataset,
-                               "variable %r of snapshot %r" % (key, tag), self.path)
-                  if open_them else name)
+          "%s: snapshot %r holds %s, which is not a snapstore variable (its "
+          "name encodes no key); the file is damaged or was changed by "
+          "another program." % (self.path, tag, errors.names([name]))
+        )
+      out[key] = (
+        layout.child(
+          group,
+          name,
+          h5py.Dataset,
+          "variable %r of snapshot %r" % (key, tag),
+          self.path,
+        )
+        if open_them
+        else name
+      )
     return out
 
   def _create_dataset(self, group, key, array, compression, compression_opts):
@@ -455,39 +512,52 @@ class SpillFile(object):
       # Allocated now, never filled: the data is written once, in place.
       dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
       dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-      space = h5py.h5s.create_simple(array.shape) if array.shape else \
-          h5py.h5s.create(h5py.h5s.SCALAR)
-      dsid = h5py.h5d.create(group.id, layout.encode_key(key).encode("ascii"),
-                             h5py.h5t.py_create(array.dtype, logical=True),
-                             space, dcpl=dcpl)
+      space = (
+        h5py.h5s.create_simple(array.shape)
+        if array.shape
+        else h5py.h5s.create(h5py.h5s.SCALAR)
+      )
+      dsid = h5py.h5d.create(
+        group.id,
+        layout.encode_key(key).encode("ascii"),
+        h5py.h5t.py_create(array.dtype, logical=True),
+        space,
+        dcpl=dcpl,
+      )
       ds = h5py.Dataset(dsid)
     else:
       chunked = array.ndim > 0 and array.size > 0
       ds = group.create_dataset(
-          layout.encode_key(key), shape=array.shape, dtype=array.dtype,
-          chunks=True if chunked else None,
-          compression=compression if chunked else None,
-          compression_opts=compression_opts if chunked else None)
+        layout.encode_key(key),
+        shape=array.shape,
+        dtype=array.dtype,
+        chunks=True if chunked else None,
+        compression=compression if chunked else None,
+        compression_opts=compression_opts if chunked else None,
+      )
     return ds
 
   def _write_dataset(self, ds, array):
     array = np.ascontiguousarray(array)
-    flat = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
+    flat = (
+      array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
+    )
     offset = ds.id.get_offset()
     if offset is None and ds.chunks is None:  # nothing to store
       return layout.checksum(flat)
     if offset is not None:
       for start in range(0, flat.size, _SLAB):
-        self._file.write_at(offset + start, flat[start:start + _SLAB])
+        self._file.write_at(offset + start, flat[start : start + _SLAB])
       return layout.checksum(flat)
     rows = max(1, _SLAB // max(1, array[0].nbytes))
     for start in range(0, array.shape[0], rows):
-      ds[start:start + rows] = array[start:start + rows]
+      ds[start : start + rows] = array[start : start + rows]
     return layout.checksum(flat)
 
   def _read_dataset(self, tag, key, ds):
-    offset = layout.check_storage(ds, "variable %r of snapshot %r" % (key, tag),
-                                  self.path, self._file.size)
+    offset = layout.check_storage(
+      ds, "variable %r of snapshot %r" % (key, tag), self.path, self._file.size
+    )
     # Aligned, so that a restore feeds it without a copy.
     out = buffers.aligned_empty(ds.shape, layout.dtype_of(ds, self.path))
     flat = out.reshape(-1).view(np.uint8) if out.size else np.empty(0, np.uint8)
@@ -495,7 +565,7 @@ class SpillFile(object):
       stored = ds.attrs.get(layout.CHECKSUM)
       if offset is not None:
         for start in range(0, flat.size, _SLAB):
-          slab = flat[start:start + _SLAB]
+          slab = flat[start : start + _SLAB]
           if self._file.read_into(offset + start, slab) != slab.size:
             raise OSError("the file ends inside the data")
       elif out.size:
@@ -503,12 +573,14 @@ class SpillFile(object):
       stored = None if stored is None else int(stored)
     except layout.H5_ERRORS as e:
       raise errors.SnapshotFileError(
-          "%s: cannot read variable %r of snapshot %r (%s); the file is "
-          "truncated or corrupt." % (self.path, key, tag, e))
+        "%s: cannot read variable %r of snapshot %r (%s); the file is "
+        "truncated or corrupt." % (self.path, key, tag, e)
+      )
     if stored is None or layout.checksum(flat) != stored:
       raise errors.SnapshotFileError(
-          "%s: checksum mismatch in variable %r of snapshot %r: the stored data "
-          "is corrupt and was not used." % (self.path, key, tag))
+        "%s: checksum mismatch in variable %r of snapshot %r: the stored data "
+        "is corrupt and was not used." % (self.path, key, tag)
+      )
     return out
 
   def _commit(self):
@@ -551,9 +623,10 @@ class SpillFile(object):
     self._reopen(cleanup=False)
     if self._broken is not None:
       raise errors.SnapshotFileError(
-          "%s could not be reopened after a failed write (%s); its committed "
-          "snapshots are intact on disk. Free space or fix the disk; the next "
-          "operation tries again." % (self.path, self._broken))
+        "%s could not be reopened after a failed write (%s); its committed "
+        "snapshots are intact on disk. Free space or fix the disk; the next "
+        "operation tries again." % (self.path, self._broken)
+      )
 
 
 class SnapshotSource(object):

@@ -27,6 +27,7 @@ dataset once its deletion is committed) is overwritten without a copy.
       h5.flush()
       f.commit()
 """
+
 import bisect
 import errno
 import fcntl
@@ -38,8 +39,8 @@ import zlib
 
 PAGE = 4096
 _MAGIC = b"SNAPJRN1"
-_HEADER = struct.Struct("<8sQI")   # magic, committed size, crc of the first two
-_RECORD = struct.Struct("<QII")    # offset, length, crc of the data
+_HEADER = struct.Struct("<8sQI")  # magic, committed size, crc of the first two
+_RECORD = struct.Struct("<QII")  # offset, length, crc of the data
 
 
 class LockedError(OSError):
@@ -86,8 +87,9 @@ class JournaledFile(io.RawIOBase):
     self._lock = threading.Lock()
     self._fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
     try:
-      fcntl.flock(self._fd, (fcntl.LOCK_EX if writable else fcntl.LOCK_SH)
-                  | fcntl.LOCK_NB)
+      fcntl.flock(
+        self._fd, (fcntl.LOCK_EX if writable else fcntl.LOCK_SH) | fcntl.LOCK_NB
+      )
     except OSError as e:
       os.close(self._fd)
       self._fd = None
@@ -101,13 +103,16 @@ class JournaledFile(io.RawIOBase):
     except BaseException:
       self.close()
       raise
-    self._size = (self._overlay_size if self._overlay_size is not None
-                  else os.fstat(self._fd).st_size)
+    self._size = (
+      self._overlay_size
+      if self._overlay_size is not None
+      else os.fstat(self._fd).st_size
+    )
     self._committed = self._size
     self._pos = 0
-    self._saved = set()   # pages copied to the journal in this transaction
-    self._free = []       # sorted disjoint [start, end) ranges safe to overwrite
-    self._written = []    # ranges written in this transaction
+    self._saved = set()  # pages copied to the journal in this transaction
+    self._free = []  # sorted disjoint [start, end) ranges safe to overwrite
+    self._written = []  # ranges written in this transaction
     self.abandoned = False
     self._failure = None  # a failed write in this transaction
 
@@ -187,8 +192,11 @@ class JournaledFile(io.RawIOBase):
     end = min(offset + len(view), self._size)
     done = 0
     while offset + done < end:
-      n = os.preadv(self._fd, [view[done:end - offset]], offset + done) \
-          if hasattr(os, "preadv") else self._pread_copy(view, done, end, offset)
+      n = (
+        os.preadv(self._fd, [view[done : end - offset]], offset + done)
+        if hasattr(os, "preadv")
+        else self._pread_copy(view, done, end, offset)
+      )
       if n <= 0:
         break
       done += n
@@ -198,14 +206,19 @@ class JournaledFile(io.RawIOBase):
         data = self._overlay.get(page)
         if data is None:
           continue
-        lo, hi = max(offset, page * PAGE), min(offset + done, page * PAGE + len(data))
+        lo, hi = (
+          max(offset, page * PAGE),
+          min(offset + done, page * PAGE + len(data)),
+        )
         if lo < hi:
-          view[lo - offset:hi - offset] = data[lo - page * PAGE:hi - page * PAGE]
+          view[lo - offset : hi - offset] = data[
+            lo - page * PAGE : hi - page * PAGE
+          ]
     return done
 
   def _pread_copy(self, view, done, end, offset):
     data = os.pread(self._fd, end - offset - done, offset + done)
-    view[done:done + len(data)] = data
+    view[done : done + len(data)] = data
     return len(data)
 
   def write_at(self, offset, data):
@@ -262,9 +275,11 @@ class JournaledFile(io.RawIOBase):
     if self.abandoned:
       raise ValueError("commit() after abandon()")
     if self._failure is not None:
-      raise IOError(getattr(self._failure, "errno", None) or errno.EIO,
-                    "a write of this transaction failed (%s); it cannot be "
-                    "committed" % (self._failure,))
+      raise IOError(
+        getattr(self._failure, "errno", None) or errno.EIO,
+        "a write of this transaction failed (%s); it cannot be "
+        "committed" % (self._failure,),
+      )
     with self._lock:
       physical = os.fstat(self._fd).st_size
       # HDF5 may allocate space it has not written yet (a dataset written
@@ -284,7 +299,9 @@ class JournaledFile(io.RawIOBase):
         os.ftruncate(self._fd, self._size)
       if self._written:
         # Space written in this transaction may be in use from now on.
-        self._free = [r for r in self._free if not _overlaps_any(r, self._written)]
+        self._free = [
+          r for r in self._free if not _overlaps_any(r, self._written)
+        ]
       # Space HDF5 allocated in this transaction but did not write (a dataset
       # to be written later) holds nothing the committed file depends on.
       for lo, hi in _gaps(self._committed, self._size, self._written):
@@ -295,16 +312,23 @@ class JournaledFile(io.RawIOBase):
 
   @property
   def in_transaction(self):
-    return (self._journal_fd is not None or bool(self._written)
-            or self._failure is not None)
+    return (
+      self._journal_fd is not None
+      or bool(self._written)
+      or self._failure is not None
+    )
 
   def _protect(self, start, end):
     """Copies committed pages in [start, end) to the journal, once per commit."""
     end = min(end, self._committed)
     if start >= end:
       return
-    pages = [p for lo, hi in self._not_free(start // PAGE, (end - 1) // PAGE + 1)
-             for p in range(lo, hi) if p not in self._saved]
+    pages = [
+      p
+      for lo, hi in self._not_free(start // PAGE, (end - 1) // PAGE + 1)
+      for p in range(lo, hi)
+      if p not in self._saved
+    ]
     if not pages:
       return
     if self._journal_fd is None:
@@ -318,8 +342,9 @@ class JournaledFile(io.RawIOBase):
     for first, stop in runs:
       lo, hi = first * PAGE, min(stop * PAGE, self._committed)
       old = os.pread(self._fd, hi - lo, lo)
-      _write_all(self._journal_fd,
-                 _RECORD.pack(lo, len(old), zlib.crc32(old)) + old)
+      _write_all(
+        self._journal_fd, _RECORD.pack(lo, len(old), zlib.crc32(old)) + old
+      )
     if self._durable:
       os.fsync(self._journal_fd)
     self._saved.update(pages)
@@ -327,7 +352,9 @@ class JournaledFile(io.RawIOBase):
   def _not_free(self, first, stop):
     """Page ranges in [first, stop) not wholly inside a free range."""
     covered = []
-    i = max(0, bisect.bisect_right(self._free, (first * PAGE, float("inf"))) - 1)
+    i = max(
+      0, bisect.bisect_right(self._free, (first * PAGE, float("inf"))) - 1
+    )
     for lo, hi in self._free[i:]:
       if lo >= stop * PAGE:
         break
@@ -336,7 +363,9 @@ class JournaledFile(io.RawIOBase):
 
   def _begin(self):
     path = journal_path(self._path)
-    self._journal_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    self._journal_fd = os.open(
+      path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
+    )
     head = struct.pack("<8sQ", _MAGIC, self._committed)
     _write_all(self._journal_fd, head + struct.pack("<I", zlib.crc32(head)))
     if self._durable:
@@ -360,27 +389,33 @@ class JournaledFile(io.RawIOBase):
       # A transaction only grows the file and saves each committed page once:
       # the committed size and the journal's length are bounded by the file.
       size, _ = _parse_journal(f.read(_HEADER.size))
-      if size is None:  # Killed while starting the journal: nothing was changed.
+      if (
+        size is None
+      ):  # Killed while starting the journal: nothing was changed.
         if self._writable:
           os.unlink(path)
         return
       longest = _HEADER.size + -(-size // PAGE) * (_RECORD.size + PAGE)
-      if size > os.fstat(self._fd).st_size or \
-          os.fstat(f.fileno()).st_size > longest:
+      if (
+        size > os.fstat(self._fd).st_size
+        or os.fstat(f.fileno()).st_size > longest
+      ):
         raise ForeignJournalError(
-            "the journal %s does not belong to it (it records a file of %d "
-            "bytes)" % (path, size))
+          "the journal %s does not belong to it (it records a file of %d "
+          "bytes)" % (path, size)
+        )
       f.seek(0)
       size, records = _parse_journal(f.read())
     if any(offset + len(data) > size for offset, data in records):
       raise ForeignJournalError(
-          "the journal %s does not belong to it (it saves bytes past the "
-          "file's committed end)" % path)
+        "the journal %s does not belong to it (it saves bytes past the "
+        "file's committed end)" % path
+      )
     self.rolled_back = True
     if not self._writable:
       for offset, data in records:
         for k in range(0, len(data), PAGE):
-          self._overlay[(offset + k) // PAGE] = data[k:k + PAGE]
+          self._overlay[(offset + k) // PAGE] = data[k : k + PAGE]
       self._overlay_size = size
       return
     for offset, data in records:
@@ -432,7 +467,7 @@ def _parse_journal(raw):
   records, pos = [], _HEADER.size
   while pos + _RECORD.size <= len(raw):
     offset, length, crc = _RECORD.unpack_from(raw, pos)
-    data = raw[pos + _RECORD.size:pos + _RECORD.size + length]
+    data = raw[pos + _RECORD.size : pos + _RECORD.size + length]
     if len(data) != length or zlib.crc32(data) != crc:
       break  # killed while writing it: its page was not overwritten yet
     records.append((offset, data))
@@ -461,7 +496,7 @@ def _overlaps_any(r, ranges):
 def _write_all(fd, data):
   view = memoryview(data)
   while view:
-    view = view[os.write(fd, view):]
+    view = view[os.write(fd, view) :]
 
 
 def _pwrite_all(fd, data, offset):

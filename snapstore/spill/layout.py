@@ -27,6 +27,7 @@ moves the data, in transactions.
     declared, snapshots = check_format(h5, path)     # or SnapshotFileError
     group = child(snapshots, encode_tag(7), h5py.Group, "snapshot 7", path)
 """
+
 import functools
 import json
 import os
@@ -49,8 +50,12 @@ CHECKSUM = "xxh3_64"  # faster than CRC-32: a spill is bound by memory bandwidth
 LIBVER = ("v110", "v110")
 # Compression filters a spill file may use; gzip and lzf expand at most about
 # 1032-fold (deflate's bound; lzf's is lower).
-FILTERS = (h5py.h5z.FILTER_DEFLATE, h5py.h5z.FILTER_SHUFFLE,
-           h5py.h5z.FILTER_FLETCHER32, 32000)  # 32000: lzf
+FILTERS = (
+  h5py.h5z.FILTER_DEFLATE,
+  h5py.h5z.FILTER_SHUFFLE,
+  h5py.h5z.FILTER_FLETCHER32,
+  32000,
+)  # 32000: lzf
 MAX_RATIO = 1032
 # What h5py raises for a damaged or foreign file: KeyError when an object
 # cannot be opened, OSError when it cannot be read, RuntimeError when links
@@ -117,7 +122,9 @@ def _quote(text):
   out = []
   for byte in text.encode("utf-8"):
     c = chr(byte)
-    out.append(c if (c.isalnum() and byte < 128) or c in "_-" else "%%%02X" % byte)
+    out.append(
+      c if (c.isalnum() and byte < 128) or c in "_-" else "%%%02X" % byte
+    )
   return "".join(out)
 
 
@@ -125,7 +132,7 @@ def _unquote(text):
   out, i = bytearray(), 0
   while i < len(text):
     if text[i] == "%":
-      out.append(int(text[i + 1:i + 3], 16))
+      out.append(int(text[i + 1 : i + 3], 16))
       i += 3
     else:
       out.append(ord(text[i]))
@@ -141,8 +148,9 @@ def initialize(f, specs):
     h5.attrs["format"] = as_bytes(FORMAT)
     h5.attrs["version"] = VERSION
     h5.attrs["checksum"] = as_bytes(CHECKSUM)
-    h5.attrs["variables"] = as_bytes(json.dumps(
-        [[s.key, list(s.shape), np.dtype(s.dtype).str] for s in specs]))
+    h5.attrs["variables"] = as_bytes(
+      json.dumps([[s.key, list(s.shape), np.dtype(s.dtype).str] for s in specs])
+    )
     h5.create_group("snapshots")
     h5.flush()
 
@@ -156,8 +164,9 @@ def set_attrs(obj, pairs):
   scalar = h5py.h5s.create(h5py.h5s.SCALAR)
   for name, value in pairs:
     value = np.asarray(value)
-    attr = h5py.h5a.create(obj.id, name.encode("ascii"),
-                           h5py.h5t.py_create(value.dtype), scalar)
+    attr = h5py.h5a.create(
+      obj.id, name.encode("ascii"), h5py.h5t.py_create(value.dtype), scalar
+    )
     attr.write(value)
 
 
@@ -188,11 +197,13 @@ def dtype_of(ds, path):
     dtype = ds.dtype
   except H5_ERRORS as e:
     raise errors.SnapshotFileError(
-        "%s: dataset %s has a type numpy cannot hold (%s)." % (path, ds.name, e))
+      "%s: dataset %s has a type numpy cannot hold (%s)." % (path, ds.name, e)
+    )
   if dtype.kind not in "biufc" or dtype.fields is not None:
     raise errors.SnapshotFileError(
-        "%s: dataset %s holds %s, not numbers; the file was not written by "
-        "snapstore." % (path, ds.name, dtype))
+      "%s: dataset %s holds %s, not numbers; the file was not written by "
+      "snapstore." % (path, ds.name, dtype)
+    )
   return dtype
 
 
@@ -203,7 +214,8 @@ def parse_variables(text):
     if not isinstance(key, str) or not key:
       raise ValueError("the key %r is not a name" % (key,))
     if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+      isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
       raise ValueError("%s has the shape %r" % (key, shape))
     dtype = np.dtype(str(dtype))
     if dtype.kind not in "biufc" or dtype.fields is not None:
@@ -220,8 +232,10 @@ def open_problem(path, error):
   """The message for a file h5py could not open: truncated, not HDF5, other."""
   message = str(error)
   if "truncated" in message:
-    return ("%s is truncated (%s); it was cut short, e.g. by a full disk or an "
-            "interrupted copy." % (path, message))
+    return (
+      "%s is truncated (%s); it was cut short, e.g. by a full disk or an "
+      "interrupted copy." % (path, message)
+    )
   if "signature" in message:
     return "%s is not an HDF5 file, so not a snapstore spill file." % path
   return "Cannot open %s as an HDF5 spill file: %s." % (path, message)
@@ -238,37 +252,44 @@ def check_format(h5, path):
       checksum, a corrupt variable list, or damaged metadata.
   """
   try:
-    attrs = dict((name, h5.attrs[name]) for name in
-                 ("format", "version", "checksum", "variables")
-                 if name in h5.attrs)
+    attrs = dict(
+      (name, h5.attrs[name])
+      for name in ("format", "version", "checksum", "variables")
+      if name in h5.attrs
+    )
     has_snapshots = "snapshots" in h5
   except H5_ERRORS as e:
     raise errors.SnapshotFileError(
-        "%s: cannot read the file's attributes (%s); it is damaged or not a "
-        "snapstore spill file." % (path, e))
+      "%s: cannot read the file's attributes (%s); it is damaged or not a "
+      "snapstore spill file." % (path, e)
+    )
   fmt = attrs.get("format")
   if fmt is None or as_text(fmt) != FORMAT or not has_snapshots:
     raise errors.SnapshotFileError(
-        "%s is an HDF5 file, but not a snapstore spill file (it has no "
-        "format=%r marker); it was written by another program." % (path, FORMAT))
+      "%s is an HDF5 file, but not a snapstore spill file (it has no "
+      "format=%r marker); it was written by another program." % (path, FORMAT)
+    )
   try:
     version = int(attrs.get("version", -1))
   except (TypeError, ValueError):
     version = -1
   if version != VERSION:
     raise errors.SnapshotFileError(
-        "%s is a snapstore spill file of format version %d; this snapstore "
-        "reads version %d. Use the snapstore version that wrote it."
-        % (path, version, VERSION))
+      "%s is a snapstore spill file of format version %d; this snapstore "
+      "reads version %d. Use the snapstore version that wrote it."
+      % (path, version, VERSION)
+    )
   if as_text(attrs.get("checksum", "")) != CHECKSUM:
     raise errors.SnapshotFileError(
-        "%s: unknown checksum algorithm %r; this snapstore uses %r."
-        % (path, as_text(attrs.get("checksum", "")), CHECKSUM))
+      "%s: unknown checksum algorithm %r; this snapstore uses %r."
+      % (path, as_text(attrs.get("checksum", "")), CHECKSUM)
+    )
   try:
     declared = parse_variables(as_text(attrs["variables"]))
   except (KeyError, ValueError, TypeError) as e:
     raise errors.SnapshotFileError(
-        "%s: the spill file's variable list is corrupt (%s)." % (path, e))
+      "%s: the spill file's variable list is corrupt (%s)." % (path, e)
+    )
   return declared, child(h5, "snapshots", h5py.Group, "the snapshot list", path)
 
 
@@ -278,7 +299,8 @@ def names(group, what, path):
     return list(group)
   except H5_ERRORS as e:
     raise errors.SnapshotFileError(
-        "%s: cannot list %s (%s); the file is damaged." % (path, what, e))
+      "%s: cannot list %s (%s); the file is damaged." % (path, what, e)
+    )
 
 
 def child(group, name, kind, what, path):
@@ -291,17 +313,20 @@ def child(group, name, kind, what, path):
     link = group.get(name, getlink=True)
     if not isinstance(link, h5py.HardLink):
       raise errors.SnapshotFileError(
-          "%s: %s is a link (%s), not data stored in the file; snapstore "
-          "never follows links." % (path, what, type(link).__name__))
+        "%s: %s is a link (%s), not data stored in the file; snapstore "
+        "never follows links." % (path, what, type(link).__name__)
+      )
     obj = group[name]
   except H5_ERRORS as e:
     raise errors.SnapshotFileError(
-        "%s: cannot open %s (%s); the file is damaged." % (path, what, e))
+      "%s: cannot open %s (%s); the file is damaged." % (path, what, e)
+    )
   if not isinstance(obj, kind):
     raise errors.SnapshotFileError(
-        "%s: %s is a %s where a %s belongs; the file is damaged or was "
-        "changed by another program." % (path, what, type(obj).__name__,
-                                         kind.__name__))
+      "%s: %s is a %s where a %s belongs; the file is damaged or was "
+      "changed by another program."
+      % (path, what, type(obj).__name__, kind.__name__)
+    )
   return obj
 
 
@@ -334,30 +359,43 @@ def check_storage(ds, what, path, file_size):
     stored = ds.id.get_storage_size()
   except H5_ERRORS as e:
     raise errors.SnapshotFileError(
-        "%s: cannot read the layout of %s (%s); the file is damaged."
-        % (path, what, e))
+      "%s: cannot read the layout of %s (%s); the file is damaged."
+      % (path, what, e)
+    )
   problem = None
   if external:
-    problem = ("keeps its data in %d external file(s), which snapstore never "
-               "reads" % external)
+    problem = (
+      "keeps its data in %d external file(s), which snapstore never "
+      "reads" % external
+    )
   elif layout == h5py.h5d.CONTIGUOUS:
-    if nbytes and (offset is None or stored != nbytes or offset + nbytes > file_size):
-      problem = ("declares %d bytes (shape %s, %s) but the file holds %d for "
-                 "it" % (nbytes, ds.shape, dtype, stored))
+    if nbytes and (
+      offset is None or stored != nbytes or offset + nbytes > file_size
+    ):
+      problem = (
+        "declares %d bytes (shape %s, %s) but the file holds %d for "
+        "it" % (nbytes, ds.shape, dtype, stored)
+      )
   elif layout == h5py.h5d.CHUNKED:
     unknown = sorted(set(filters) - set(FILTERS))
     if unknown:
       problem = "needs HDF5 filter(s) %s, which spill files never use" % unknown
     elif nbytes and not 0 < stored <= file_size:
-      problem = "declares %d bytes but the file holds %d for it" % (nbytes, stored)
+      problem = "declares %d bytes but the file holds %d for it" % (
+        nbytes,
+        stored,
+      )
     elif nbytes > MAX_RATIO * stored + (1 << 20):
-      problem = ("declares %d bytes from %d compressed, more than compression "
-                 "can produce" % (nbytes, stored))
+      problem = (
+        "declares %d bytes from %d compressed, more than compression "
+        "can produce" % (nbytes, stored)
+      )
     offset = None
   else:
     problem = "has HDF5 layout %d, which spill files never use" % layout
   if problem:
     raise errors.SnapshotFileError(
-        "%s: %s %s; the file is damaged or was not written by snapstore."
-        % (path, what, problem))
+      "%s: %s %s; the file is damaged or was not written by snapstore."
+      % (path, what, problem)
+    )
   return offset

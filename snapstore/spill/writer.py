@@ -21,6 +21,7 @@ finished, or the ones that cannot be are reported, before the process ends.
       ...
     writer.close()
 """
+
 import atexit
 import collections
 import sys
@@ -66,8 +67,10 @@ class BackgroundWriter(object):
       RuntimeError: The writer is closed.
     """
     with self._cond:
-      while len(self._queue) + self._running >= self._max_pending \
-          and not self._closed:
+      while (
+        len(self._queue) + self._running >= self._max_pending
+        and not self._closed
+      ):
         self._cond.wait()
       if self._closed:
         raise RuntimeError("The background writer is closed.")

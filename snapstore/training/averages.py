@@ -43,6 +43,7 @@ value), as TF's EMA does. `saveable=True` on the store puts the averages in
 checkpoints. The shadows holding the averages are the store's:
 `store.slots.shadows(ema.slot)`.
 """
+
 import numpy as np
 
 from snapstore._tf import ops
@@ -64,8 +65,9 @@ class _SlotAverage(object):
     try:
       slots = store.slots
     except errors.ModeError as e:
-      raise errors.ModeError("%s keeps its average in device shadows. %s"
-                             % (what, e)) from None
+      raise errors.ModeError(
+        "%s keeps its average in device shadows. %s" % (what, e)
+      ) from None
     self._store = store
     self._slot = slot
     # Every check first (shadows() refuses a packed store): a refused average
@@ -94,8 +96,9 @@ class _SlotAverage(object):
 
   def evaluate_with(self, fetches, feed_dict=None, session=None):
     """Runs `fetches` with the averages, then puts the variables back bit for bit."""
-    return self._store.evaluate_with(fetches, feed_dict, tag=self._tag,
-                                     session=session)
+    return self._store.evaluate_with(
+      fetches, feed_dict, tag=self._tag, session=session
+    )
 
 
 class MovingAverage(_SlotAverage):
@@ -158,23 +161,36 @@ class MovingAverage(_SlotAverage):
     GraphMismatchError: `num_updates` of another graph.
   """
 
-  def __init__(self, store, tau=None, decay=None, tau_non_trainable=None,
-               num_updates=None, slot=0, tag="ema", name="moving_average",
-               form="ema"):
+  def __init__(
+    self,
+    store,
+    tau=None,
+    decay=None,
+    tau_non_trainable=None,
+    num_updates=None,
+    slot=0,
+    tag="ema",
+    name="moving_average",
+    form="ema",
+  ):
     if form not in FORMS:
       raise ValueError(
-          "form must be 'ema' (average - (average - variable) * tau, as "
-          "tf.train.ExponentialMovingAverage) or 'lerp' ((1 - tau) * average "
-          "+ tau * variable, the RL libraries' soft target update), got %r."
-          % (form,))
+        "form must be 'ema' (average - (average - variable) * tau, as "
+        "tf.train.ExponentialMovingAverage) or 'lerp' ((1 - tau) * average "
+        "+ tau * variable, the RL libraries' soft target update), got %r."
+        % (form,)
+      )
     if (tau is None) == (decay is None):
-      raise ValueError("Give the rate as tau= or as decay= (decay = 1 - tau), "
-                       "not %s." % ("both" if tau is not None else "neither"))
+      raise ValueError(
+        "Give the rate as tau= or as decay= (decay = 1 - tau), "
+        "not %s." % ("both" if tau is not None else "neither")
+      )
     if form == "lerp" and decay is not None:
       raise ValueError(
-          "form='lerp' takes the rate as tau= (the weight of the variable in "
-          "(1 - tau) * average + tau * variable), not decay=; decay= is for "
-          "form='ema', TF's EMA arithmetic.")
+        "form='lerp' takes the rate as tau= (the weight of the variable in "
+        "(1 - tau) * average + tau * variable), not decay=; decay= is for "
+        "form='ema', TF's EMA arithmetic."
+      )
     if tau is not None:
       _check_rate(tau, "tau")
     else:
@@ -187,8 +203,10 @@ class MovingAverage(_SlotAverage):
     self._tau = tau
     self._decay = decay
     self._form = form
-    trainable = set(id(v) for v in
-                    store.graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES))
+    trainable = set(
+      id(v)
+      for v in store.graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES)
+    )
     with store.graph.as_default(), tf.name_scope(name) as scope:
       warmup = None
       if num_updates is not None:
@@ -217,8 +235,11 @@ class MovingAverage(_SlotAverage):
             rates[key] = _rate_from_decay(decay, warmup, dtype)
           else:
             rates[key] = _rate(key[1], warmup, dtype)
-        updates.append(_lerp_update(var, shadow, *rates[key]) if form == "lerp"
-                       else _ema_update(var, shadow, rates[key]))
+        updates.append(
+          _lerp_update(var, shadow, *rates[key])
+          if form == "lerp"
+          else _ema_update(var, shadow, rates[key])
+        )
       self._update_op = tf.group(*updates, name=scope)
 
   @property
@@ -233,7 +254,7 @@ class MovingAverage(_SlotAverage):
 
   @property
   def form(self):
-    """"ema" or "lerp": the arithmetic of the update (see the class doc)."""
+    """ "ema" or "lerp": the arithmetic of the update (see the class doc)."""
     return self._form
 
 
@@ -270,24 +291,33 @@ class RunningMean(_SlotAverage):
     first_var, first_shadow = self._pairs[0]
     graph = store.graph
     collections = [variables.SHADOW_VARIABLES]
-    if any(v is first_shadow for v in
-           graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)):
+    if any(
+      v is first_shadow
+      for v in graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
+    ):
       collections.append(tf.GraphKeys.GLOBAL_VARIABLES)
     else:
       collections.append(tf.GraphKeys.LOCAL_VARIABLES)
     with graph.as_default(), tf.name_scope(name) as scope:
       with ops.init_scope(), ops.colocate_with(first_var):
         self._count = tf.Variable(
-            np.int64(0), trainable=False, collections=collections,
-            name="count",
-            use_resource=copies.is_resource(first_var))
+          np.int64(0),
+          trainable=False,
+          collections=collections,
+          name="count",
+          use_resource=copies.is_resource(first_var),
+        )
       n = copies.read(self._count)
-      averaged = tf.cond(tf.equal(n, 0),
-                         lambda: self._copy_all(),
-                         lambda: self._add_to_mean(n), name="average")
+      averaged = tf.cond(
+        tf.equal(n, 0),
+        lambda: self._copy_all(),
+        lambda: self._add_to_mean(n),
+        name="average",
+      )
       with tf.control_dependencies([averaged]):
         self._update_op = tf.group(
-            copies.assign_add(self._count, tf.constant(1, tf.int64)), name=scope)
+          copies.assign_add(self._count, tf.constant(1, tf.int64)), name=scope
+        )
       with tf.control_dependencies(None):  # a reset never waits for a step
         self._reset_op = copies.assign(self._count, tf.constant(0, tf.int64))
 
@@ -302,8 +332,9 @@ class RunningMean(_SlotAverage):
     return self._reset_op
 
   def _copy_all(self):
-    return copies.copy([v for v, _ in self._pairs],
-                          [s for _, s in self._pairs], "copy")
+    return copies.copy(
+      [v for v, _ in self._pairs], [s for _, s in self._pairs], "copy"
+    )
 
   def _add_to_mean(self, n):
     updates = []
@@ -342,7 +373,9 @@ def _rate_from_decay(decay, warmup, dtype):
 
 def _ema_update(var, shadow, rate):
   with ops.colocate_with(var):
-    return copies.assign_sub(shadow, (copies.read(shadow) - copies.read(var)) * rate)
+    return copies.assign_sub(
+      shadow, (copies.read(shadow) - copies.read(var)) * rate
+    )
 
 
 def _lerp_weights(tau, warmup, dtype):
@@ -370,8 +403,9 @@ def _lerp_update(var, shadow, keep, rate):
   # sum, as the libraries' expression runs (IEEE products and sums commute,
   # so trfl's tau * source + (1 - tau) * target gives the same bits).
   with ops.colocate_with(var):
-    return copies.assign(shadow, keep * copies.read(shadow)
-                         + rate * copies.read(var))
+    return copies.assign(
+      shadow, keep * copies.read(shadow) + rate * copies.read(var)
+    )
 
 
 def _check_rate(value, name, decay=False):
@@ -379,17 +413,23 @@ def _check_rate(value, name, decay=False):
   if decay and not 0 <= value < 1:
     raise ValueError("decay must be in [0, 1), got %r." % (value,))
   if not decay and not 0 < value <= 1:
-    raise ValueError("%s must be in (0, 1] (1.0 is a hard copy), got %r."
-                     % (name, value))
+    raise ValueError(
+      "%s must be in (0, 1] (1.0 is a hard copy), got %r." % (name, value)
+    )
 
 
 def _check_num_updates(num_updates, graph):
   if not isinstance(num_updates, (tf.Tensor, tf_variables.Variable)):
-    raise TypeError("num_updates must be a scalar tensor or variable (e.g. the "
-                    "global step), got %r." % (num_updates,))
+    raise TypeError(
+      "num_updates must be a scalar tensor or variable (e.g. the "
+      "global step), got %r." % (num_updates,)
+    )
   dtype = num_updates.dtype.base_dtype
-  if not (dtype.is_integer or dtype.is_floating) or num_updates.shape.ndims != 0:
-    raise TypeError("num_updates must be a numeric scalar, got %s of dtype %s "
-                    "and shape %s." % (num_updates.name, dtype.name,
-                                       num_updates.shape))
+  if (
+    not (dtype.is_integer or dtype.is_floating) or num_updates.shape.ndims != 0
+  ):
+    raise TypeError(
+      "num_updates must be a numeric scalar, got %s of dtype %s "
+      "and shape %s." % (num_updates.name, dtype.name, num_updates.shape)
+    )
   checks.same_graph(num_updates, graph, "num_updates %s" % num_updates.name)

@@ -62,6 +62,7 @@ whose snapshot would evict an enclosing one's is refused before it takes it
         sess.run(train_op)
         raise ValueError                       # back to "guard/1", then out
 """
+
 import numpy as np
 
 from snapstore._tf import tf
@@ -136,8 +137,16 @@ class Guard(object):
     GraphMismatchError: A watched tensor of another graph than the store's.
   """
 
-  def __init__(self, store, watch=None, retries=0, reraise=True,
-               catch=(Exception,), tag="guard", session=None):
+  def __init__(
+    self,
+    store,
+    watch=None,
+    retries=0,
+    reraise=True,
+    catch=(Exception,),
+    tag="guard",
+    session=None,
+  ):
     self._store = store
     self._watch = _watched_tensors(watch, store.graph)
     self._retries = checks.integer(retries, "retries", 0)
@@ -150,7 +159,9 @@ class Guard(object):
     self._active = None  # the running attempt
     self._in_step = []  # in_step.InStep of train ops snapshotting under the tag
     self._owed = False  # the attempt's snapshot is still to be taken
-    self._counts = None  # their copy counts when the attempt's snapshot was taken
+    self._counts = (
+      None  # their copy counts when the attempt's snapshot was taken
+    )
     self._refused = None  # a run refused inside the block: no rollback
     self.failures = []
     self.failed = False
@@ -170,9 +181,10 @@ class Guard(object):
   def __enter__(self):
     if self._retries:
       raise ValueError(
-          "retries=%d needs the block to run again, which a `with` statement "
-          "cannot do. Iterate instead: `for attempt in snapstore.Guard(store, ...): with "
-          "attempt: ...`, or use guard.call(fn)." % self._retries)
+        "retries=%d needs the block to run again, which a `with` statement "
+        "cannot do. Iterate instead: `for attempt in snapstore.Guard(store, ...): with "
+        "attempt: ...`, or use guard.call(fn)." % self._retries
+      )
     self._begin()
     self._active = _Attempt(self, 0, last=True).__enter__()
     return self
@@ -193,8 +205,10 @@ class Guard(object):
         attempt = _Attempt(self, number, last=number == self._retries)
         yield attempt
         if attempt.outcome is None:
-          raise RuntimeError("Use each attempt of a guard as a context manager: "
-                             "`for attempt in guard: with attempt: ...`.")
+          raise RuntimeError(
+            "Use each attempt of a guard as a context manager: "
+            "`for attempt in guard: with attempt: ...`."
+          )
         if attempt.outcome == "ok" or self.failed:
           return
     finally:
@@ -233,8 +247,11 @@ class Guard(object):
     session = self._user_session()
     counts = self._snapshot_for(fetches)
     result, watched, counted = session.run(
-        (fetches, self._watch, counts or []), feed_dict=feed_dict,
-        options=options, run_metadata=run_metadata)
+      (fetches, self._watch, counts or []),
+      feed_dict=feed_dict,
+      options=options,
+      run_metadata=run_metadata,
+    )
     if counts:
       self._counts = counted
     self._check([t.name for t in self._watch], watched)
@@ -252,13 +269,14 @@ class Guard(object):
     self._check_active("check")
     if self._owed:
       self._refused = ValueError(
-          "guard.check(): the guard of tag %r takes its snapshot in the "
-          "block's first guard.run (train op %s snapshots under that tag in "
-          "its run), and this block ran no step through guard.run, so the "
-          "guard cannot tell what the slot holds and cannot roll back. Run "
-          "the step as guard.run(train_op, feed_dict), then check; or give the "
-          "guard another tag, so that it snapshots on entry."
-          % (self._tag, errors.names([e.train_op.name for e in self._in_step])))
+        "guard.check(): the guard of tag %r takes its snapshot in the "
+        "block's first guard.run (train op %s snapshots under that tag in "
+        "its run), and this block ran no step through guard.run, so the "
+        "guard cannot tell what the slot holds and cannot roll back. Run "
+        "the step as guard.run(train_op, feed_dict), then check; or give the "
+        "guard another tag, so that it snapshots on entry."
+        % (self._tag, errors.names([e.train_op.name for e in self._in_step]))
+      )
       raise self._refused
     self._check(["value %d" % i for i in range(len(values))], values)
 
@@ -271,22 +289,25 @@ class Guard(object):
     self._in_step = _in_steps(self._store, own)
     if not self._in_step:
       _check_unpinned(self._store, own, "guard")
-    conditional = [e.train_op.name for e in self._in_step
-                   if e.condition is not None]
+    conditional = [
+      e.train_op.name for e in self._in_step if e.condition is not None
+    ]
     if conditional:
       # After a step whose loss is not finite, such a slot holds an older
       # step's parameters, not the block's start: a rollback would undo more.
       raise ValueError(
-          "A guard of tag %r cannot use %s: it snapshots under that tag only "
-          "when its loss is finite (snapshot_before(if_finite=...)), so the "
-          "slot may hold an older step's parameters than the block started "
-          "from. Give the guard another tag (it then takes its own snapshot), "
-          "or use SnapshotHook(store, loss=..., in_step=%r)."
-          % (own, errors.names(conditional), own))
+        "A guard of tag %r cannot use %s: it snapshots under that tag only "
+        "when its loss is finite (snapshot_before(if_finite=...)), so the "
+        "slot may hold an older step's parameters than the block started "
+        "from. Give the guard another tag (it then takes its own snapshot), "
+        "or use SnapshotHook(store, loss=..., in_step=%r)."
+        % (own, errors.names(conditional), own)
+      )
     # With a train op that snapshots under the tag in its run, the attempt's
     # first run takes the snapshot (see _snapshot_for).
-    self._tag = _enter(self._store, own, self._session,
-                       snapshot=not self._in_step)
+    self._tag = _enter(
+      self._store, own, self._session, snapshot=not self._in_step
+    )
 
   def _snapshot_for(self, fetches):
     """Takes the attempt's snapshot before its first run, unless the run does.
@@ -302,48 +323,62 @@ class Guard(object):
     """
     if not self._in_step:
       return None
-    fetched = in_step.fetched(fetches, self._store.graph,
-                              [e.train_op for e in self._in_step])
+    fetched = in_step.fetched(
+      fetches, self._store.graph, [e.train_op for e in self._in_step]
+    )
     if fetched and not self._owed:
       self._refused = ValueError(
-          "guard.run(): this is the second run of %s in the guarded block; it "
-          "snapshots under the guard's tag %r in its run, which would replace "
-          "the snapshot the guard rolls back to. Run it once per guarded block "
-          "(one step per block), or run a train op built without "
-          "snapshot_before() for the other steps." % (fetched[0].name, self._tag))
+        "guard.run(): this is the second run of %s in the guarded block; it "
+        "snapshots under the guard's tag %r in its run, which would replace "
+        "the snapshot the guard rolls back to. Run it once per guarded block "
+        "(one step per block), or run a train op built without "
+        "snapshot_before() for the other steps." % (fetched[0].name, self._tag)
+      )
       raise self._refused
     if not self._owed:
       return None
     if not fetched:
       self._store.snapshot(self._tag, session=self._session)
     self._owed = False
-    return [e.counted if e.train_op in fetched else e.count
-            for e in self._in_step]
+    return [
+      e.counted if e.train_op in fetched else e.count for e in self._in_step
+    ]
 
   def _check_active(self, what):
     if self._active is None:
-      raise RuntimeError("guard.%s() runs inside the guarded block (`with guard:` "
-                         "or `with attempt:`), where a failure can be rolled back."
-                         % what)
+      raise RuntimeError(
+        "guard.%s() runs inside the guarded block (`with guard:` "
+        "or `with attempt:`), where a failure can be rolled back." % what
+      )
 
   def _user_session(self):
     sessions.resolve(self._session, self._store.graph, "guard.run")
-    return self._session if self._session is not None else tf.get_default_session()
+    return (
+      self._session if self._session is not None else tf.get_default_session()
+    )
 
   def _check(self, names, values):
     bad = []
     for name, value in zip(names, values):
       value = np.asarray(value)
       if value.dtype.kind not in "fc":
-        raise TypeError("%s is not a float value (dtype %s); only floats can "
-                        "be NaN or infinite." % (_name(name), value.dtype))
+        raise TypeError(
+          "%s is not a float value (dtype %s); only floats can "
+          "be NaN or infinite." % (_name(name), value.dtype)
+        )
       if not np.all(np.isfinite(value)):
         bad.append("%s is %s" % (_name(name), _describe(value)))
     if bad:
       raise errors.NonFiniteError(
-          "%s (attempt %d of %d). The guard rolls the store's variables back "
-          "to snapshot %r." % ("; ".join(bad), self._active.number + 1,
-                               self._retries + 1, self._tag))
+        "%s (attempt %d of %d). The guard rolls the store's variables back "
+        "to snapshot %r."
+        % (
+          "; ".join(bad),
+          self._active.number + 1,
+          self._retries + 1,
+          self._tag,
+        )
+      )
 
   def _rollback(self, exc):
     if self._owed:
@@ -351,14 +386,14 @@ class Guard(object):
       # take, and the block may have run the train op in a session.run of
       # its own, writing the slot with something other than the block's start.
       raise ValueError(
-          "The guard of tag %r cannot roll back: it takes its snapshot in the "
-          "block's first guard.run (train op %s snapshots under that tag in "
-          "its run), and the block failed but ran no step through guard.run, "
-          "so the guard does not know what the slot holds. Run the "
-          "block's steps with guard.run, or give the guard another tag, so "
-          "that it snapshots on entry." % (
-              self._tag, errors.names([e.train_op.name for e in self._in_step])
-          )) from exc
+        "The guard of tag %r cannot roll back: it takes its snapshot in the "
+        "block's first guard.run (train op %s snapshots under that tag in "
+        "its run), and the block failed but ran no step through guard.run, "
+        "so the guard does not know what the slot holds. Run the "
+        "block's steps with guard.run, or give the guard another tag, so "
+        "that it snapshots on entry."
+        % (self._tag, errors.names([e.train_op.name for e in self._in_step]))
+      ) from exc
     self._check_counts(exc)
     _roll_back(self._store, self._tag, self._session, exc)
 
@@ -367,17 +402,22 @@ class Guard(object):
     if not self._in_step or self._counts is None:
       return  # no in-step tag, or the first run failed: nothing ran after it
     now = sessions.resolve(self._session, self._store.graph, "guard").run(
-        [e.count for e in self._in_step])
-    moved = ["%s ran %d time%s" % (e.train_op.name, n - c, "" if n - c == 1 else "s")
-             for e, c, n in zip(self._in_step, self._counts, now) if n != c]
+      [e.count for e in self._in_step]
+    )
+    moved = [
+      "%s ran %d time%s" % (e.train_op.name, n - c, "" if n - c == 1 else "s")
+      for e, c, n in zip(self._in_step, self._counts, now)
+      if n != c
+    ]
     if moved:
       raise ValueError(
-          "The guard of tag %r cannot roll back: %s outside guard.run since "
-          "the guard's snapshot, and each run wrote the slot (snapshot_before), "
-          "so the slot holds the start of the last of them, not the block's. "
-          "Run every step of the block through guard.run (one run of the train "
-          "op per block), or give the guard another tag, so that its snapshot "
-          "is its own." % (self._tag, errors.names(moved))) from exc
+        "The guard of tag %r cannot roll back: %s outside guard.run since "
+        "the guard's snapshot, and each run wrote the slot (snapshot_before), "
+        "so the slot holds the start of the last of them, not the block's. "
+        "Run every step of the block through guard.run (one run of the train "
+        "op per block), or give the guard another tag, so that its snapshot "
+        "is its own." % (self._tag, errors.names(moved))
+      ) from exc
 
 
 class _Attempt(object):
@@ -411,8 +451,10 @@ class _Attempt(object):
       self.outcome = "ok"
       return False
     self.outcome = "failed"
-    if (not isinstance(exc, guard._catch)  # pylint: disable=protected-access
-        or exc is guard._refused):  # pylint: disable=protected-access
+    if (
+      not isinstance(exc, guard._catch)  # pylint: disable=protected-access
+      or exc is guard._refused
+    ):  # pylint: disable=protected-access
       return False
     guard.failures.append(exc)
     guard._rollback(exc)  # pylint: disable=protected-access
@@ -464,14 +506,24 @@ class Trial(object):
     GraphMismatchError: A metric of another graph than the store's.
   """
 
-  def __init__(self, store, metric=None, feed_dict=None, accept=None,
-               tag="trial", session=None):
+  def __init__(
+    self,
+    store,
+    metric=None,
+    feed_dict=None,
+    accept=None,
+    tag="trial",
+    session=None,
+  ):
     if accept is not None and metric is None:
-      raise ValueError("accept=... compares the metric before and after the "
-                       "block; pass metric= too (or decide with trial.keep()).")
+      raise ValueError(
+        "accept=... compares the metric before and after the "
+        "block; pass metric= too (or decide with trial.keep())."
+      )
     if accept is not None and not callable(accept):
-      raise TypeError("accept must be a function (before, after) -> bool, got "
-                      "%r." % (accept,))
+      raise TypeError(
+        "accept must be a function (before, after) -> bool, got %r." % (accept,)
+      )
     if metric is not None:
       _check_graph(tf.nest.flatten(metric), store.graph)
     self._store = store
@@ -532,9 +584,10 @@ class Trial(object):
       decision = bool(self._accept(self.before, self.after))
     if decision is None:
       error = errors.TrialError(
-          "The trial block ended without a decision, so its update was rolled "
-          "back. Call trial.keep() or trial.reject() in the block, or pass "
-          "metric= (and accept=) to snapstore.Trial().")
+        "The trial block ended without a decision, so its update was rolled "
+        "back. Call trial.keep() or trial.reject() in the block, or pass "
+        "metric= (and accept=) to snapstore.Trial()."
+      )
       self._roll_back(error)
       raise error
     if not decision:
@@ -572,11 +625,12 @@ def _own_tag(store, tag):
   victim = store.evicts(own)
   if victim in active:
     raise ValueError(
-        "A guard or trial nested in another one needs a snapshot of its own, "
-        "but the store keeps max_to_keep=%s snapshots and taking %r would evict "
-        "%r, which an enclosing guard or trial rolls back to. Build the store "
-        "with a larger max_to_keep (one more per nesting level)."
-        % (store.max_to_keep, own, victim))
+      "A guard or trial nested in another one needs a snapshot of its own, "
+      "but the store keeps max_to_keep=%s snapshots and taking %r would evict "
+      "%r, which an enclosing guard or trial rolls back to. Build the store "
+      "with a larger max_to_keep (one more per nesting level)."
+      % (store.max_to_keep, own, victim)
+    )
   return own
 
 
@@ -621,17 +675,22 @@ def _check_unpinned(store, tag, what):
     return
   writers = slots.in_step_ops(tag)
   if writers:
-    by = ("train op %s writes in each of its runs (snapshot_before), so the "
-          "block's steps would overwrite the %s's snapshot"
-          % (errors.names([op.name for op in writers]), what))
+    by = (
+      "train op %s writes in each of its runs (snapshot_before), so the "
+      "block's steps would overwrite the %s's snapshot"
+      % (errors.names([op.name for op in writers]), what)
+    )
   else:
-    by = ("in-graph ops write (pin_slot: an average, Lookahead's slow weights, "
-          "a target network): a snapshot there would replace what they keep, "
-          "and they could overwrite it")
+    by = (
+      "in-graph ops write (pin_slot: an average, Lookahead's slow weights, "
+      "a target network): a snapshot there would replace what they keep, "
+      "and they could overwrite it"
+    )
   raise ValueError(
-      "%s(tag=%r): that tag is pinned to slot %d, which %s. Give the %s "
-      "another tag (the default %r), which takes a snapshot of its own."
-      % (what, tag, slots.slot_of(tag), by, what, what))
+    "%s(tag=%r): that tag is pinned to slot %d, which %s. Give the %s "
+    "another tag (the default %r), which takes a snapshot of its own."
+    % (what, tag, slots.slot_of(tag), by, what, what)
+  )
 
 
 def _slots(store):
@@ -667,11 +726,15 @@ def _watched_tensors(watch, graph):
   watch = list(watch) if isinstance(watch, (list, tuple)) else [watch]
   for t in watch:
     if not isinstance(t, tf.Tensor):
-      raise TypeError("watch takes float tensors (e.g. the loss), got %r. For a "
-                      "variable, pass a tensor reading it." % (t,))
+      raise TypeError(
+        "watch takes float tensors (e.g. the loss), got %r. For a "
+        "variable, pass a tensor reading it." % (t,)
+      )
     if not (t.dtype.is_floating or t.dtype.is_complex):
-      raise TypeError("Watched tensor %s has dtype %s; only float tensors can "
-                      "be NaN or infinite." % (t.name, t.dtype.name))
+      raise TypeError(
+        "Watched tensor %s has dtype %s; only float tensors can "
+        "be NaN or infinite." % (t.name, t.dtype.name)
+      )
   _check_graph(watch, graph)
   return watch
 
@@ -679,23 +742,28 @@ def _watched_tensors(watch, graph):
 def _check_graph(tensors, graph):
   for t in tensors:
     if hasattr(t, "graph"):  # a metric may hold names as well as tensors
-      checks.same_graph(t, graph, t.name,
-                        fix="Pass tensors of the store's graph (store.graph).")
+      checks.same_graph(
+        t, graph, t.name, fix="Pass tensors of the store's graph (store.graph)."
+      )
 
 
 def _exception_types(catch):
   types = catch if isinstance(catch, tuple) else (catch,)
-  if not types or not all(isinstance(t, type) and issubclass(t, BaseException)
-                          for t in types):
-    raise TypeError("catch must be an exception type or a tuple of them, got %r."
-                    % (catch,))
+  if not types or not all(
+    isinstance(t, type) and issubclass(t, BaseException) for t in types
+  ):
+    raise TypeError(
+      "catch must be an exception type or a tuple of them, got %r." % (catch,)
+    )
   return types
 
 
 def _check_tag(store, tag):
   if tag is None:
-    raise TypeError("A guard or trial needs a fixed tag (an int or a non-empty "
-                    "string), got None.")
+    raise TypeError(
+      "A guard or trial needs a fixed tag (an int or a non-empty "
+      "string), got None."
+    )
   return checks.tag(tag)
 
 
@@ -708,4 +776,8 @@ def _describe(value):
   bad = flat[~np.isfinite(flat)]
   if flat.size == 1:
     return str(flat[0])
-  return "%d of %d elements not finite (first: %s)" % (bad.size, flat.size, bad[0])
+  return "%d of %d elements not finite (first: %s)" % (
+    bad.size,
+    flat.size,
+    bad[0],
+  )

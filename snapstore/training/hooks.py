@@ -70,6 +70,7 @@ the variables back by then, but `train()` still stops with
 `NanLossDuringTrainingError` (an infinite loss is rolled back and training
 goes on).
 """
+
 import numpy as np
 
 from snapstore._tf import keras_callback_base
@@ -84,14 +85,26 @@ from snapstore.graph import in_step
 class _Keeper(object):
   """Periodic (or in-step) snapshots, trusted after a finite loss; rollback when not."""
 
-  def __init__(self, store, timer, watching, max_consecutive_rollbacks,
-               on_rollback, in_step=None):
-    if (in_step is None and watching and store.max_to_keep is not None
-        and store.max_to_keep < 2):
+  def __init__(
+    self,
+    store,
+    timer,
+    watching,
+    max_consecutive_rollbacks,
+    on_rollback,
+    in_step=None,
+  ):
+    if (
+      in_step is None
+      and watching
+      and store.max_to_keep is not None
+      and store.max_to_keep < 2
+    ):
       raise ValueError(
-          "Rolling back on a loss needs a store that keeps 2 snapshots (the "
-          "trusted one and the one being checked); this one keeps %d. Create it "
-          "with max_to_keep=2." % store.max_to_keep)
+        "Rolling back on a loss needs a store that keeps 2 snapshots (the "
+        "trusted one and the one being checked); this one keeps %d. Create it "
+        "with max_to_keep=2." % store.max_to_keep
+      )
     self.store = store
     self._timer = timer  # None with in_step
     self._in_step = in_step  # the tag the train op snapshots under, if finite
@@ -99,7 +112,9 @@ class _Keeper(object):
     self._max_consecutive = max_consecutive_rollbacks
     self._on_rollback = on_rollback
     self.step = 0
-    self.trusted = None  # tag of the newest snapshot known to give a finite loss
+    self.trusted = (
+      None  # tag of the newest snapshot known to give a finite loss
+    )
     self._checking = None  # tag of the snapshot taken before this step
     self._consecutive = 0
     self.snapshots = 0
@@ -146,67 +161,101 @@ class _Keeper(object):
     self._checking = None
     if self.trusted is None or self.trusted not in self.store:
       if self._in_step is not None:
-        held = ("no step has had a finite loss yet, so %r holds no parameters "
-                "known to give one" % (self._in_step,))
+        held = (
+          "no step has had a finite loss yet, so %r holds no parameters "
+          "known to give one" % (self._in_step,)
+        )
       else:
         held = "the store holds %s" % (self.store.tags(),)
       raise errors.NonFiniteError(
-          "The loss is %s at step %d and there is no trusted snapshot to roll "
-          "back to (%s)." % (value, step, held))
+        "The loss is %s at step %d and there is no trusted snapshot to roll "
+        "back to (%s)." % (value, step, held)
+      )
     self.store.restore(self.trusted, session=session)
     self.rollbacks += 1
     self._consecutive += 1
     if self._on_rollback is not None:
       self._on_rollback(session)
-    if (self._max_consecutive is not None
-        and self._consecutive > self._max_consecutive):
+    if (
+      self._max_consecutive is not None
+      and self._consecutive > self._max_consecutive
+    ):
       raise errors.NonFiniteError(
-          "The loss is %s at step %d: %d rollbacks in a row, more than "
-          "max_consecutive_rollbacks=%d. The variables hold snapshot %r, the "
-          "newest one that gave a finite loss."
-          % (value, step, self._consecutive, self._max_consecutive, self.trusted))
+        "The loss is %s at step %d: %d rollbacks in a row, more than "
+        "max_consecutive_rollbacks=%d. The variables hold snapshot %r, the "
+        "newest one that gave a finite loss."
+        % (value, step, self._consecutive, self._max_consecutive, self.trusted)
+      )
 
 
 class _Protocol(object):
   """What SnapshotHook and SnapshotCallback share: options, and the keeper."""
 
-  def _configure(self, store, allow_none, every_n_steps, every_n_secs,
-                 steps_name, max_consecutive_rollbacks, on_rollback, timed=True):
-    if not (isinstance(store, SnapshotStore) or callable(store)
-            or (allow_none and store is None)):
-      raise TypeError("store must be a SnapshotStore, a function returning "
-                      "one%s, got %r." % (" or None" if allow_none else "", store))
-    self._timer_args = (_timer_args(every_n_steps, every_n_secs, steps_name)
-                        if timed else None)
+  def _configure(
+    self,
+    store,
+    allow_none,
+    every_n_steps,
+    every_n_secs,
+    steps_name,
+    max_consecutive_rollbacks,
+    on_rollback,
+    timed=True,
+  ):
+    if not (
+      isinstance(store, SnapshotStore)
+      or callable(store)
+      or (allow_none and store is None)
+    ):
+      raise TypeError(
+        "store must be a SnapshotStore, a function returning "
+        "one%s, got %r." % (" or None" if allow_none else "", store)
+      )
+    self._timer_args = (
+      _timer_args(every_n_steps, every_n_secs, steps_name) if timed else None
+    )
     if max_consecutive_rollbacks is not None:
       checks.integer(max_consecutive_rollbacks, "max_consecutive_rollbacks", 0)
     self._max_consecutive = max_consecutive_rollbacks
     self._on_rollback = checks.function(on_rollback, "on_rollback")
     self._keeper = None
-    self._stores = attached.PerObject("hook_store")  # the store built on each graph
+    self._stores = attached.PerObject(
+      "hook_store"
+    )  # the store built on each graph
 
   def _store_for(self, store, graph, build):
     """`store` if a SnapshotStore, else the one `build()` made for `graph`."""
     if not isinstance(store, SnapshotStore):
       store = self._stores.get(graph)
-      if store is None:  # built once per graph: a graph is often finalized later
+      if (
+        store is None
+      ):  # built once per graph: a graph is often finalized later
         with graph.as_default():
           store = build()
         if not isinstance(store, SnapshotStore):
-          raise TypeError("The store function returned %r, not a SnapshotStore."
-                          % (store,))
+          raise TypeError(
+            "The store function returned %r, not a SnapshotStore." % (store,)
+          )
         self._stores.set(graph, store)
     checks.same_graph(
-        store, graph, "%s's store" % type(self).__name__, than="the one being run",
-        fix="With an Estimator (which builds a new graph for each train() call), "
-        "pass a function that creates the store.")
+      store,
+      graph,
+      "%s's store" % type(self).__name__,
+      than="the one being run",
+      fix="With an Estimator (which builds a new graph for each train() call), "
+      "pass a function that creates the store.",
+    )
     return store
 
   def _start(self, store, watching, in_step=None):
-    timer = (tf.train.SecondOrStepTimer(*self._timer_args)
-             if self._timer_args is not None else None)
-    self._keeper = _Keeper(store, timer, watching, self._max_consecutive,
-                           self._on_rollback, in_step)
+    timer = (
+      tf.train.SecondOrStepTimer(*self._timer_args)
+      if self._timer_args is not None
+      else None
+    )
+    self._keeper = _Keeper(
+      store, timer, watching, self._max_consecutive, self._on_rollback, in_step
+    )
 
   @property
   def store(self):
@@ -263,26 +312,47 @@ class SnapshotHook(_Protocol, tf.train.SessionRunHook):
       `loss`, `on_rollback` or `in_step` tag.
   """
 
-  def __init__(self, store, every_n_steps=None, every_n_secs=None, loss=None,
-               max_consecutive_rollbacks=3, on_rollback=None, in_step=None):
-    if not (loss is None or isinstance(loss, (tf.Tensor, str)) or callable(loss)):
-      raise TypeError("loss must be a tensor, a tensor name or a function "
-                      "returning a tensor, got %r." % (loss,))
+  def __init__(
+    self,
+    store,
+    every_n_steps=None,
+    every_n_secs=None,
+    loss=None,
+    max_consecutive_rollbacks=3,
+    on_rollback=None,
+    in_step=None,
+  ):
+    if not (
+      loss is None or isinstance(loss, (tf.Tensor, str)) or callable(loss)
+    ):
+      raise TypeError(
+        "loss must be a tensor, a tensor name or a function "
+        "returning a tensor, got %r." % (loss,)
+      )
     if in_step is not None:
       in_step = checks.tag(in_step)
       if loss is None:
         raise ValueError(
-            "SnapshotHook(in_step=%r) rolls back when a step's loss is not "
-            "finite: pass loss=, the tensor given to snapshot_before(..., "
-            "if_finite=)." % (in_step,))
+          "SnapshotHook(in_step=%r) rolls back when a step's loss is not "
+          "finite: pass loss=, the tensor given to snapshot_before(..., "
+          "if_finite=)." % (in_step,)
+        )
       if every_n_steps is not None or every_n_secs is not None:
         raise ValueError(
-            "SnapshotHook(in_step=%r): the train op snapshots in its own run, "
-            "so the hook takes no snapshots and every_n_steps/every_n_secs "
-            "do not apply. Pass neither." % (in_step,))
-    self._configure(store, False, every_n_steps,
-                    every_n_secs, "every_n_steps", max_consecutive_rollbacks,
-                    on_rollback, timed=in_step is None)
+          "SnapshotHook(in_step=%r): the train op snapshots in its own run, "
+          "so the hook takes no snapshots and every_n_steps/every_n_secs "
+          "do not apply. Pass neither." % (in_step,)
+        )
+    self._configure(
+      store,
+      False,
+      every_n_steps,
+      every_n_secs,
+      "every_n_steps",
+      max_consecutive_rollbacks,
+      on_rollback,
+      timed=in_step is None,
+    )
     self._store_arg = store
     self._loss_arg = loss
     self._loss = None
@@ -308,9 +378,13 @@ class SnapshotHook(_Protocol, tf.train.SessionRunHook):
 
   def before_run(self, run_context):
     # In-step, a run without the train op wrote no slot: nothing to vouch for.
-    self._checked = self._in_step_ops is None or bool(in_step.fetched(
-        run_context.original_args.fetches, self._keeper.store.graph,
-        self._in_step_ops))
+    self._checked = self._in_step_ops is None or bool(
+      in_step.fetched(
+        run_context.original_args.fetches,
+        self._keeper.store.graph,
+        self._in_step_ops,
+      )
+    )
     if not self._checked:
       return None
     self._keeper.before_step(run_context.session)
@@ -352,12 +426,25 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
     RuntimeError: `tf.keras` is Keras 3, which has no graph mode.
   """
 
-  def __init__(self, store=None, every_n_batches=None, every_n_secs=None,
-               monitor="loss", max_consecutive_rollbacks=3, on_rollback=None):
+  def __init__(
+    self,
+    store=None,
+    every_n_batches=None,
+    every_n_secs=None,
+    monitor="loss",
+    max_consecutive_rollbacks=3,
+    on_rollback=None,
+  ):
     super(SnapshotCallback, self).__init__()
-    self._configure(store, True,
-                    every_n_batches, every_n_secs, "every_n_batches",
-                    max_consecutive_rollbacks, on_rollback)
+    self._configure(
+      store,
+      True,
+      every_n_batches,
+      every_n_secs,
+      "every_n_batches",
+      max_consecutive_rollbacks,
+      on_rollback,
+    )
     self._store_arg = store
     self._monitor = monitor
 
@@ -374,9 +461,11 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
     value = None
     if self._monitor is not None:
       if not logs or self._monitor not in logs:
-        raise ValueError("The batch logs have no %r to check (they have %s); "
-                         "pass monitor= one of them, or None." % (
-                             self._monitor, sorted(logs or ())))
+        raise ValueError(
+          "The batch logs have no %r to check (they have %s); "
+          "pass monitor= one of them, or None."
+          % (self._monitor, sorted(logs or ()))
+        )
       value = logs[self._monitor]
     self._keeper.after_step(tf.keras.backend.get_session(), value)
 
@@ -391,8 +480,13 @@ def _keras_store(model):
     optimizer = inner
   if optimizer is not None and not optimizer.variables():
     optimizer = None  # plain SGD: nothing beyond the weights
-  return SnapshotStore(var_list=var_list, optimizer=optimizer, mode="device",
-                       max_to_keep=2, name="snapshot_callback")
+  return SnapshotStore(
+    var_list=var_list,
+    optimizer=optimizer,
+    mode="device",
+    max_to_keep=2,
+    name="snapshot_callback",
+  )
 
 
 def _in_step_ops(store, tag, loss):
@@ -401,29 +495,33 @@ def _in_step_ops(store, tag, loss):
     slots = store.slots
   except errors.ModeError as e:
     raise ValueError(
-        "SnapshotHook(in_step=%r) needs a train op that snapshots into a "
-        "device slot in its run (store.slots.snapshot_before): %s" % (tag, e))
+      "SnapshotHook(in_step=%r) needs a train op that snapshots into a "
+      "device slot in its run (store.slots.snapshot_before): %s" % (tag, e)
+    )
   ops = slots.in_step_ops(tag)
   if not ops:
     raise ValueError(
-        "SnapshotHook(in_step=%r): no train op of the store snapshots under "
-        "that tag in its run (its pinned tags: %s). Build the train op with "
-        "store.slots.snapshot_before(update, tag=%r, if_finite=loss)."
-        % (tag, slots.pinned(), tag))
+      "SnapshotHook(in_step=%r): no train op of the store snapshots under "
+      "that tag in its run (its pinned tags: %s). Build the train op with "
+      "store.slots.snapshot_before(update, tag=%r, if_finite=loss)."
+      % (tag, slots.pinned(), tag)
+    )
   for op in ops:
     condition = slots.in_step_condition(op)
     if condition is None:
       raise ValueError(
-          "SnapshotHook(in_step=%r): train op %s writes the slot in every run, "
-          "also when the loss is not finite, so the slot could hold the "
-          "parameters that gave it. Build the train op with "
-          "store.slots.snapshot_before(..., if_finite=loss)." % (tag, op.name))
+        "SnapshotHook(in_step=%r): train op %s writes the slot in every run, "
+        "also when the loss is not finite, so the slot could hold the "
+        "parameters that gave it. Build the train op with "
+        "store.slots.snapshot_before(..., if_finite=loss)." % (tag, op.name)
+      )
     if condition.name != loss.name:
       raise ValueError(
-          "SnapshotHook(in_step=%r): the hook checks the loss %s, but train op "
-          "%s snapshots when %s is finite. Pass the same tensor as loss= and "
-          "as if_finite=, so that the slot holds parameters whose checked loss "
-          "was finite." % (tag, loss.name, op.name, condition.name))
+        "SnapshotHook(in_step=%r): the hook checks the loss %s, but train op "
+        "%s snapshots when %s is finite. Pass the same tensor as loss= and "
+        "as if_finite=, so that the slot holds parameters whose checked loss "
+        "was finite." % (tag, loss.name, op.name, condition.name)
+      )
   return ops
 
 
@@ -444,16 +542,20 @@ def _resolve_loss(loss, graph):
     try:
       loss = graph.get_tensor_by_name(loss)
     except (KeyError, ValueError) as e:
-      raise ValueError("loss=%r names no tensor of the graph (%s). Pass a name "
-                       "like 'loss:0', the tensor, or a function returning it."
-                       % (loss, e))
+      raise ValueError(
+        "loss=%r names no tensor of the graph (%s). Pass a name "
+        "like 'loss:0', the tensor, or a function returning it." % (loss, e)
+      )
   elif not isinstance(loss, tf.Tensor):
     loss = loss()
   if not isinstance(loss, tf.Tensor):
     raise TypeError("The loss function returned %r, not a tensor." % (loss,))
-  checks.same_graph(loss, graph, "The loss %s" % loss.name,
-                    than="the one being run")
+  checks.same_graph(
+    loss, graph, "The loss %s" % loss.name, than="the one being run"
+  )
   if not loss.dtype.is_floating:
-    raise TypeError("The loss %s has dtype %s; only float tensors can be NaN or "
-                    "infinite." % (loss.name, loss.dtype.name))
+    raise TypeError(
+      "The loss %s has dtype %s; only float tensors can be NaN or "
+      "infinite." % (loss.name, loss.dtype.name)
+    )
   return loss

@@ -23,6 +23,7 @@ parameters in device memory, next to each variable.
         sess.run(train_op, feed)
       slow_loss = opt.evaluate_with(loss, held_out, session=sess)  # with phi
 """
+
 import collections
 
 import numpy as np
@@ -85,13 +86,16 @@ class Lookahead(WrapperOptimizer):
     ValueError: `k < 1`, or `alpha` outside (0, 1].
   """
 
-  def __init__(self, optimizer, k=5, alpha=0.5, use_locking=False,
-               name="Lookahead"):
+  def __init__(
+    self, optimizer, k=5, alpha=0.5, use_locking=False, name="Lookahead"
+  ):
     k = checks.integer(k, "k", 1)
     alpha = checks.number(alpha, "alpha")
     if not 0 < alpha <= 1:
-      raise ValueError("alpha must be in (0, 1] (the slow weights' step size), "
-                       "got %r." % (alpha,))
+      raise ValueError(
+        "alpha must be in (0, 1] (the slow weights' step size), "
+        "got %r." % (alpha,)
+      )
     super(Lookahead, self).__init__(optimizer, use_locking, name)
     self._k = k
     self._alpha = alpha
@@ -122,30 +126,46 @@ class Lookahead(WrapperOptimizer):
     grads_and_vars = tuple(grads_and_vars)
     fast = self._trained_variables(grads_and_vars)
     graph = fast[0].graph
-    store = SnapshotStore(var_list=fast, mode="device", max_to_keep=1,
-                          name=self._name, saveable=True)
+    store = SnapshotStore(
+      var_list=fast,
+      mode="device",
+      max_to_keep=1,
+      name=self._name,
+      saveable=True,
+    )
     store.slots.pin(0, SLOW)
     fast = list(store.variables.values())
     slow = list(store.slots.shadows(0).values())
-    counter = self._own_variable(np.int64(0), self._name + "_counter",
-                                 min(fast, key=lambda v: v.name))
-    self._set_state(graph, _State(store, counter,
-                                  {id(f): s for f, s in zip(fast, slow)}))
+    counter = self._own_variable(
+      np.int64(0), self._name + "_counter", min(fast, key=lambda v: v.name)
+    )
+    self._set_state(
+      graph, _State(store, counter, {id(f): s for f, s in zip(fast, slow)})
+    )
 
     with tf.name_scope(name, self._name) as scope:
-      start = tf.cond(tf.equal(counter, 0),
-                      lambda: copies.copy(fast, slow, "take_start"),
-                      tf.no_op, name="start")
+      start = tf.cond(
+        tf.equal(counter, 0),
+        lambda: copies.copy(fast, slow, "take_start"),
+        tf.no_op,
+        name="start",
+      )
       with tf.control_dependencies([start]):
-        inner_step = self._optimizer.apply_gradients(grads_and_vars,
-                                                     global_step=global_step)
+        inner_step = self._optimizer.apply_gradients(
+          grads_and_vars, global_step=global_step
+        )
       with tf.control_dependencies([inner_step]):
         with tf.control_dependencies([copies.assign_add(counter, np.int64(1))]):
           count = copies.read(counter)
-        synced = tf.cond(tf.equal(tf.math.floormod(count, self._k), 0),
-                         lambda: self._synchronize(fast, slow), tf.no_op,
-                         name="synchronize")
-      return self._replaces(inner_step, tf.group(inner_step, synced, name=scope))
+        synced = tf.cond(
+          tf.equal(tf.math.floormod(count, self._k), 0),
+          lambda: self._synchronize(fast, slow),
+          tf.no_op,
+          name="synchronize",
+        )
+      return self._replaces(
+        inner_step, tf.group(inner_step, synced, name=scope)
+      )
 
   def _synchronize(self, fast, slow):
     assigns = []
@@ -180,7 +200,8 @@ class Lookahead(WrapperOptimizer):
     bit what they held before.
     """
     return self._state_of_session(session).store.evaluate_with(
-        fetches, feed_dict, tag=SLOW, session=session)
+      fetches, feed_dict, tag=SLOW, session=session
+    )
 
   # -- tf.train.Optimizer's view of the state ------------------------------------------
 

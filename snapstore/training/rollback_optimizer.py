@@ -38,6 +38,7 @@ on the same batch (feed the same placeholders). With an input pipeline in the
 graph, each run draws a new batch, so build the loss the check evaluates on
 fixed data instead.
 """
+
 import collections
 
 import numpy as np
@@ -52,7 +53,8 @@ from snapstore.store import SnapshotStore
 from snapstore.training.wrapped_optimizer import WrapperOptimizer
 
 _State = collections.namedtuple(
-    "_State", ["store", "loss_before", "armed", "rollbacks", "check"])
+  "_State", ["store", "loss_before", "armed", "rollbacks", "check"]
+)
 
 
 class RollbackOptimizer(WrapperOptimizer):
@@ -84,25 +86,39 @@ class RollbackOptimizer(WrapperOptimizer):
       the other way round; `backoff <= 0`.
   """
 
-  def __init__(self, optimizer, tolerance=0.0, relative_tolerance=0.0,
-               learning_rate=None, backoff=None, use_locking=False,
-               name="Rollback"):
-    for value, what in ((tolerance, "tolerance"),
-                        (relative_tolerance, "relative_tolerance")):
+  def __init__(
+    self,
+    optimizer,
+    tolerance=0.0,
+    relative_tolerance=0.0,
+    learning_rate=None,
+    backoff=None,
+    use_locking=False,
+    name="Rollback",
+  ):
+    for value, what in (
+      (tolerance, "tolerance"),
+      (relative_tolerance, "relative_tolerance"),
+    ):
       if checks.number(value, what) < 0:
         raise ValueError("%s must be >= 0, got %r." % (what, value))
     if (learning_rate is None) != (backoff is None):
-      raise ValueError("learning_rate= and backoff= go together: the learning "
-                       "rate variable is multiplied by backoff at each rollback.")
+      raise ValueError(
+        "learning_rate= and backoff= go together: the learning "
+        "rate variable is multiplied by backoff at each rollback."
+      )
     if backoff is not None:
       if checks.number(backoff, "backoff") <= 0:
         raise ValueError("backoff must be > 0, got %r." % (backoff,))
-      if not (isinstance(learning_rate, tf_variables.Variable)
-              and learning_rate.dtype.base_dtype.is_floating
-              and learning_rate.shape.ndims == 0):
-        raise TypeError("learning_rate must be a scalar float tf.Variable (the "
-                        "one the inner optimizer was built with), got %r."
-                        % (learning_rate,))
+      if not (
+        isinstance(learning_rate, tf_variables.Variable)
+        and learning_rate.dtype.base_dtype.is_floating
+        and learning_rate.shape.ndims == 0
+      ):
+        raise TypeError(
+          "learning_rate must be a scalar float tf.Variable (the "
+          "one the inner optimizer was built with), got %r." % (learning_rate,)
+        )
     super(RollbackOptimizer, self).__init__(optimizer, use_locking, name)
     self._tolerance = float(tolerance)
     self._relative_tolerance = float(relative_tolerance)
@@ -111,20 +127,33 @@ class RollbackOptimizer(WrapperOptimizer):
 
   # -- building the train op ---------------------------------------------------------
 
-  def minimize(self, loss, global_step=None, var_list=None,
-               gate_gradients=tf.train.Optimizer.GATE_OP, aggregation_method=None,
-               colocate_gradients_with_ops=False, name=None, grad_loss=None):
+  def minimize(
+    self,
+    loss,
+    global_step=None,
+    var_list=None,
+    gate_gradients=tf.train.Optimizer.GATE_OP,
+    aggregation_method=None,
+    colocate_gradients_with_ops=False,
+    name=None,
+    grad_loss=None,
+  ):
     """As `tf.train.Optimizer.minimize`; `loss` is also what `check` evaluates."""
     grads_and_vars = self.compute_gradients(
-        loss, var_list=var_list, gate_gradients=gate_gradients,
-        aggregation_method=aggregation_method,
-        colocate_gradients_with_ops=colocate_gradients_with_ops,
-        grad_loss=grad_loss)
-    return self.apply_gradients(grads_and_vars, global_step=global_step,
-                                name=name, loss=loss)
+      loss,
+      var_list=var_list,
+      gate_gradients=gate_gradients,
+      aggregation_method=aggregation_method,
+      colocate_gradients_with_ops=colocate_gradients_with_ops,
+      grad_loss=grad_loss,
+    )
+    return self.apply_gradients(
+      grads_and_vars, global_step=global_step, name=name, loss=loss
+    )
 
-  def apply_gradients(self, grads_and_vars, global_step=None, name=None,
-                      loss=None):  # pylint: disable=arguments-differ
+  def apply_gradients(
+    self, grads_and_vars, global_step=None, name=None, loss=None
+  ):  # pylint: disable=arguments-differ
     """Builds the train op and the check for `loss`.
 
     Args:
@@ -146,43 +175,63 @@ class RollbackOptimizer(WrapperOptimizer):
     graph = variables[0].graph
     _check_loss(loss, graph)
     if self._learning_rate is not None:
-      checks.same_graph(self._learning_rate, graph,
-                        "learning_rate %s" % self._learning_rate.name,
-                        than="the trained variables")
+      checks.same_graph(
+        self._learning_rate,
+        graph,
+        "learning_rate %s" % self._learning_rate.name,
+        than="the trained variables",
+      )
     first = min(variables, key=lambda v: v.name)
     with graph.as_default():
       # The inner optimizer's state must exist before the store covers it, and
       # the store's copy must run before the inner step writes.
       with ops.init_scope():
         create_slots(self._optimizer, variables)
-      loss_before = self._own_variable(np.zeros((), loss.dtype.as_numpy_dtype),
-                                       self._name + "_loss_before", first)
+      loss_before = self._own_variable(
+        np.zeros((), loss.dtype.as_numpy_dtype),
+        self._name + "_loss_before",
+        first,
+      )
       armed = self._own_variable(np.bool_(False), self._name + "_armed", first)
-      rollbacks = self._own_variable(np.int64(0), self._name + "_rollbacks", first)
+      rollbacks = self._own_variable(
+        np.int64(0), self._name + "_rollbacks", first
+      )
       inner_state = self._optimizer.variables()
-      store = SnapshotStore(var_list=variables, mode="device", max_to_keep=1,
-                            optimizer=self._optimizer if inner_state else None,
-                            name=self._name)
+      store = SnapshotStore(
+        var_list=variables,
+        mode="device",
+        max_to_keep=1,
+        optimizer=self._optimizer if inner_state else None,
+        name=self._name,
+      )
       before_step = set(id(v) for v in inner_state)
       with tf.name_scope(name, self._name) as scope:
-        record = tf.group(copies.assign(loss_before, loss),
-                          copies.assign(armed, tf.constant(True)),
-                          name="record_loss")
+        record = tf.group(
+          copies.assign(loss_before, loss),
+          copies.assign(armed, tf.constant(True)),
+          name="record_loss",
+        )
 
         def inner_step():
           with tf.control_dependencies([record]):  # in parallel with the copy
-            return self._optimizer.apply_gradients(grads_and_vars,
-                                                   global_step=global_step)
+            return self._optimizer.apply_gradients(
+              grads_and_vars, global_step=global_step
+            )
 
-        step = store.slots.snapshot_before(inner_step, slot=0, tag="before_step")
+        step = store.slots.snapshot_before(
+          inner_step, slot=0, tag="before_step"
+        )
         train_op = self._replaces(step, tf.group(step, name=scope))
-      missed = [v.name for v in self._optimizer.variables()
-                if id(v) not in before_step]
+      missed = [
+        v.name for v in self._optimizer.variables() if id(v) not in before_step
+      ]
       if missed:
         raise ValueError(
-            "The inner optimizer created state while building its step (%s) that "
-            "RollbackOptimizer could not snapshot first; it needs an optimizer "
-            "whose _create_slots creates all of its variables." % ", ".join(missed))
+          "The inner optimizer created state while building its step (%s) that "
+          "RollbackOptimizer could not snapshot first; it needs an optimizer "
+          "whose _create_slots creates all of its variables."
+          % ", ".join(missed)
+        )
       check = self._build_check(loss, store, loss_before, armed, rollbacks)
     self._set_state(graph, _State(store, loss_before, armed, rollbacks, check))
     return train_op
@@ -197,18 +246,26 @@ class RollbackOptimizer(WrapperOptimizer):
         done = [copies.assign_add(rollbacks, tf.constant(1, tf.int64))]
         if self._learning_rate is not None:
           lr = self._learning_rate
-          done.append(copies.assign(
-              lr, copies.read(lr) * tf.cast(self._backoff, lr.dtype.base_dtype)))
+          done.append(
+            copies.assign(
+              lr, copies.read(lr) * tf.cast(self._backoff, lr.dtype.base_dtype)
+            )
+          )
       with tf.control_dependencies(done):
         return tf.constant(True)
 
     with tf.name_scope(self._name + "_check"):
       before = copies.read(loss_before)
       allowed = self._tolerance + self._relative_tolerance * tf.abs(before)
-      worse = tf.logical_or(tf.logical_not(tf.math.is_finite(loss)),
-                            loss - before > allowed)
-      rolled_back = tf.cond(tf.logical_and(copies.read(armed), worse),
-                            roll_back, lambda: tf.constant(False), name="decide")
+      worse = tf.logical_or(
+        tf.logical_not(tf.math.is_finite(loss)), loss - before > allowed
+      )
+      rolled_back = tf.cond(
+        tf.logical_and(copies.read(armed), worse),
+        roll_back,
+        lambda: tf.constant(False),
+        name="decide",
+      )
       with tf.control_dependencies([rolled_back]):
         disarm = copies.assign(armed, tf.constant(False))
       with tf.control_dependencies([disarm]):
@@ -251,12 +308,17 @@ class RollbackOptimizer(WrapperOptimizer):
 
 def _check_loss(loss, graph):
   if loss is None:
-    raise ValueError("RollbackOptimizer needs the loss to check the step: "
-                     "minimize(loss) passes it; with apply_gradients, pass loss=.")
+    raise ValueError(
+      "RollbackOptimizer needs the loss to check the step: "
+      "minimize(loss) passes it; with apply_gradients, pass loss=."
+    )
   if not isinstance(loss, tf.Tensor):
     raise TypeError("loss must be a tensor, got %r." % (loss,))
   if not loss.dtype.is_floating or loss.shape.ndims != 0:
-    raise TypeError("loss must be a scalar float tensor, got %s with dtype %s "
-                    "and shape %s." % (loss.name, loss.dtype.name, loss.shape))
-  checks.same_graph(loss, graph, "The loss %s" % loss.name,
-                    than="the trained variables")
+    raise TypeError(
+      "loss must be a scalar float tensor, got %s with dtype %s "
+      "and shape %s." % (loss.name, loss.dtype.name, loss.shape)
+    )
+  checks.same_graph(
+    loss, graph, "The loss %s" % loss.name, than="the trained variables"
+  )

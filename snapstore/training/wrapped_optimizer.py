@@ -10,6 +10,7 @@ on (an Estimator builds a new graph for each `train()` call). For the same
 reason the wrappers make their own variables rather than TF's non-slot
 variables, which `tf.train.Optimizer` keys by graph.
 """
+
 import weakref
 
 from snapstore._tf import ops
@@ -34,9 +35,10 @@ class WrapperOptimizer(tf.train.Optimizer):
   def __init__(self, optimizer, use_locking, name):
     if not isinstance(optimizer, tf.train.Optimizer):
       raise TypeError(
-          "%s wraps a tf.train.Optimizer (e.g. tf.train.AdamOptimizer(...)), got "
-          "%r. Keras optimizers are not supported." % (type(self).__name__,
-                                                        optimizer))
+        "%s wraps a tf.train.Optimizer (e.g. tf.train.AdamOptimizer(...)), got "
+        "%r. Keras optimizers are not supported."
+        % (type(self).__name__, optimizer)
+      )
     super(WrapperOptimizer, self).__init__(use_locking, name)
     self._optimizer = optimizer
     self._states = attached.PerObject("optimizer_state")  # on each graph
@@ -75,19 +77,26 @@ class WrapperOptimizer(tf.train.Optimizer):
     graph's state instead of a dict keyed by the graph.
     """
     with ops.init_scope(), ops.colocate_with(colocate_with):
-      return tf.Variable(initial_value, name=name, trainable=False,
-                         use_resource=copies.is_resource(colocate_with))
+      return tf.Variable(
+        initial_value,
+        name=name,
+        trainable=False,
+        use_resource=copies.is_resource(colocate_with),
+      )
 
   def _trained_variables(self, grads_and_vars):
     """The variables with a gradient, checked to be of a graph without a train op."""
     variables = [v for g, v in grads_and_vars if g is not None]
     if not variables:
-      raise ValueError("No gradients provided for any variable: %s."
-                       % ([v.name for _, v in grads_and_vars],))
+      raise ValueError(
+        "No gradients provided for any variable: %s."
+        % ([v.name for _, v in grads_and_vars],)
+      )
     if self._states.get(variables[0].graph) is not None:
       raise ValueError(
-          "%s %r already has a train op in this graph; create one %s per train "
-          "op." % (type(self).__name__, self._name, type(self).__name__))
+        "%s %r already has a train op in this graph; create one %s per train "
+        "op." % (type(self).__name__, self._name, type(self).__name__)
+      )
     return variables
 
   def _replaces(self, inner_op, train_op):
@@ -109,8 +118,9 @@ class WrapperOptimizer(tf.train.Optimizer):
     state = self._states.get(graph)
     if state is None:
       raise ValueError(
-          "%s %r has no train op in this graph yet; call minimize() or "
-          "apply_gradients() first." % (type(self).__name__, self._name))
+        "%s %r has no train op in this graph yet; call minimize() or "
+        "apply_gradients() first." % (type(self).__name__, self._name)
+      )
     return state
 
   def _set_state(self, graph, state):
