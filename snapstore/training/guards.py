@@ -154,27 +154,30 @@ class Guard(object):
       raise TypeError("reraise must be a bool, got %r." % (reraise,))
     self._reraise = reraise
     self._catch = _exception_types(catch) + (errors.NonFiniteError,)
-    self._requested = self._tag = _check_tag(store, tag)
+    self._requested = _check_tag(store, tag)
     self._session = session
-    self._active = None  # the running attempt
-    self._in_step = []  # in_step.InStep of train ops snapshotting under the tag
-    self._owed = False  # the attempt's snapshot is still to be taken
-    self._counts = (
-      None  # their copy counts when the attempt's snapshot was taken
-    )
-    self._refused = None  # a run refused inside the block: no rollback
-    self.failures = []
-    self.failed = False
+    self._use = None  # the current `with` block or `for` loop
+    self._entered = None  # the attempt of a `with` block
 
   @property
   def tag(self):
     """The tag of the guard's snapshot: `tag`, or `<tag>/<n>` when nested."""
-    return self._tag
+    return self._use.tag if self._use is not None else self._requested
 
   @property
   def watch(self):
     """The watched tensors."""
     return list(self._watch)
+
+  @property
+  def failures(self):
+    """The exceptions of the failed attempts of the latest use, in order."""
+    return list(self._use.failures) if self._use is not None else []
+
+  @property
+  def failed(self):
+    """Whether the latest use failed in every attempt (with `reraise=False`)."""
+    return self._use is not None and self._use.failed
 
   # -- one attempt: `with guard:` -------------------------------------------------
 
@@ -182,37 +185,38 @@ class Guard(object):
     if self._retries:
       raise ValueError(
         "retries=%d needs the block to run again, which a `with` statement "
-        "cannot do. Iterate instead: `for attempt in snapstore.Guard(store, ...): with "
-        "attempt: ...`, or use guard.call(fn)." % self._retries
+        "cannot do. Iterate instead: `for attempt in snapstore.Guard(store, "
+        "...): with attempt: ...`, or use guard.call(fn)." % self._retries
       )
     self._begin()
-    self._active = _Attempt(self, 0, last=True).__enter__()
+    self._entered = _Attempt(self._use, 0, last=True).__enter__()
     return self
 
   def __exit__(self, exc_type, exc, tb):
-    attempt, self._active = self._active, None
+    attempt, self._entered = self._entered, None
     try:
       return attempt.__exit__(exc_type, exc, tb)
     finally:
-      _leave(self._store, self._tag)
+      _leave(self._store, self._use.tag)
 
   # -- several attempts: `for attempt in guard:` ----------------------------------
 
   def __iter__(self):
     self._begin()
+    use = self._use
     try:
       for number in range(self._retries + 1):
-        attempt = _Attempt(self, number, last=number == self._retries)
+        attempt = _Attempt(use, number, last=number == self._retries)
         yield attempt
         if attempt.outcome is None:
           raise RuntimeError(
             "Use each attempt of a guard as a context manager: "
             "`for attempt in guard: with attempt: ...`."
           )
-        if attempt.outcome == "ok" or self.failed:
+        if attempt.outcome == "ok" or use.failed:
           return
     finally:
-      _leave(self._store, self._tag)
+      _leave(self._store, use.tag)
 
   def call(self, fn, *args, **kwargs):
     """Runs `fn(*args, **kwargs)` under the guard, with its retries.
@@ -243,19 +247,7 @@ class Guard(object):
         guarded block fails and the guard rolls back.
       RuntimeError: Called outside the guarded block.
     """
-    self._check_active("run")
-    session = self._user_session()
-    counts = self._snapshot_for(fetches)
-    result, watched, counted = session.run(
-      (fetches, self._watch, counts or []),
-      feed_dict=feed_dict,
-      options=options,
-      run_metadata=run_metadata,
-    )
-    if counts:
-      self._counts = counted
-    self._check([t.name for t in self._watch], watched)
-    return result
+    return self._active("run").run(fetches, feed_dict, options, run_metadata)
 
   def check(self, *values):
     """Fails the attempt if any of `values` (fetched numbers) is NaN or infinite.
@@ -266,32 +258,25 @@ class Guard(object):
       NonFiniteError: A value has a NaN or infinite element.
       RuntimeError: Called outside the guarded block.
     """
-    self._check_active("check")
-    if self._owed:
-      self._refused = ValueError(
-        "guard.check(): the guard of tag %r takes its snapshot in the "
-        "block's first guard.run (train op %s snapshots under that tag in "
-        "its run), and this block ran no step through guard.run, so the "
-        "guard cannot tell what the slot holds and cannot roll back. Run "
-        "the step as guard.run(train_op, feed_dict), then check; or give the "
-        "guard another tag, so that it snapshots on entry."
-        % (self._tag, errors.names([e.train_op.name for e in self._in_step]))
-      )
-      raise self._refused
-    self._check(["value %d" % i for i in range(len(values))], values)
+    self._active("check").check(*values)
 
   # -- internals ----------------------------------------------------------------------
 
+  def _active(self, what):
+    attempt = self._use.active if self._use is not None else None
+    if attempt is None:
+      raise RuntimeError(
+        "guard.%s() runs inside the guarded block (`with guard:` "
+        "or `with attempt:`), where a failure can be rolled back." % what
+      )
+    return attempt
+
   def _begin(self):
-    self.failures = []
-    self.failed = False
     own = _own_tag(self._store, self._requested)
-    self._in_step = _in_steps(self._store, own)
-    if not self._in_step:
+    steps = _in_steps(self._store, own)
+    if not steps:
       _check_unpinned(self._store, own, "guard")
-    conditional = [
-      e.train_op.name for e in self._in_step if e.condition is not None
-    ]
+    conditional = [e.train_op.name for e in steps if e.condition is not None]
     if conditional:
       # After a step whose loss is not finite, such a slot holds an older
       # step's parameters, not the block's start: a rollback would undo more.
@@ -303,28 +288,144 @@ class Guard(object):
         "or use SnapshotHook(store, loss=..., in_step=%r)."
         % (own, errors.names(conditional), own)
       )
-    # With a train op that snapshots under the tag in its run, the attempt's
-    # first run takes the snapshot (see _snapshot_for).
-    self._tag = _enter(
-      self._store, own, self._session, snapshot=not self._in_step
+    # With a train op that snapshots under the tag in its run, each attempt's
+    # first run takes the snapshot (see _Attempt.snapshot_for).
+    tag = _enter(self._store, own, self._session, snapshot=not steps)
+    self._use = _Use(
+      self._store,
+      self._session,
+      self._watch,
+      self._catch,
+      self._reraise,
+      self._retries,
+      tag,
+      steps,
     )
+
+
+class _Use(object):
+  """One use of a guard (a `with` block or a `for` loop): settings and record.
+
+  Attributes:
+    store, session, watch, catch, reraise, retries: The guard's.
+    tag: The tag the use snapshots under.
+    in_steps: The `in_step.InStep`s of train ops snapshotting under `tag`.
+    active: The attempt running now, or None.
+    failures: The exceptions of the failed attempts.
+    failed: Whether the last attempt failed too.
+  """
+
+  def __init__(
+    self, store, session, watch, catch, reraise, retries, tag, in_steps
+  ):
+    self.store = store
+    self.session = session
+    self.watch = watch
+    self.catch = catch
+    self.reraise = reraise
+    self.retries = retries
+    self.tag = tag
+    self.in_steps = in_steps
+    self.active = None
+    self.failures = []
+    self.failed = False
+
+
+class _Attempt(object):
+  """One run of a guarded block (see `Guard`); it owns the attempt's state.
+
+  A guard of an in-step tag (see `Guard`) owes its snapshot until the
+  attempt's first `run`; that run also fetches the count of in-step copies
+  into the slot, which a rollback compares.
+  """
+
+  def __init__(self, use, number, last):
+    self._use = use
+    self.number = number  # 0 for the first attempt
+    self.last = last
+    self.outcome = None  # "ok" or "failed" once the block has run
+    self._owed = bool(use.in_steps)  # the snapshot is still to be taken
+    self._counts = None  # the in-step copy counts at the attempt's snapshot
+    self._refused = None  # a call refused inside the block: no rollback
+
+  def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+    """Runs and checks a step; see `Guard.run`."""
+    use = self._use
+    if use.active is not self:
+      raise RuntimeError("attempt.run() runs inside `with attempt:`.")
+    sessions.resolve(use.session, use.store.graph, "guard.run")
+    session = (
+      use.session if use.session is not None else tf.get_default_session()
+    )
+    counts = self._snapshot_for(fetches)
+    result, watched, counted = session.run(
+      (fetches, use.watch, counts or []),
+      feed_dict=feed_dict,
+      options=options,
+      run_metadata=run_metadata,
+    )
+    if counts:
+      self._counts = counted
+    self._check([t.name for t in use.watch], watched)
+    return result
+
+  def check(self, *values):
+    """See `Guard.check`."""
+    if self._owed:
+      self._refused = ValueError(
+        "guard.check(): the guard of tag %r takes its snapshot in the "
+        "block's first guard.run (train op %s snapshots under that tag in "
+        "its run), and this block ran no step through guard.run, so the "
+        "guard cannot tell what the slot holds and cannot roll back. Run "
+        "the step as guard.run(train_op, feed_dict), then check; or give the "
+        "guard another tag, so that it snapshots on entry."
+        % (self._use.tag, self._train_ops())
+      )
+      raise self._refused
+    self._check(["value %d" % i for i in range(len(values))], values)
+
+  def __enter__(self):
+    self._use.active = self
+    return self
+
+  def __exit__(self, exc_type, exc, tb):
+    use = self._use
+    use.active = None
+    if exc is None:
+      self.outcome = "ok"
+      return False
+    self.outcome = "failed"
+    if not isinstance(exc, use.catch) or exc is self._refused:
+      return False
+    use.failures.append(exc)
+    self._rollback(exc)
+    if not self.last:
+      return True
+    use.failed = True
+    return not use.reraise
+
+  # -- internals ----------------------------------------------------------------------
+
+  def _train_ops(self):
+    return errors.names([e.train_op.name for e in self._use.in_steps])
 
   def _snapshot_for(self, fetches):
     """Takes the attempt's snapshot before its first run, unless the run does.
 
-    With a train op from `store.slots.snapshot_before(..., tag=<the guard's tag>)`,
-    the attempt's first `run` takes the snapshot: in that train op's run if
-    it fetches it, else with `store.snapshot()` first.
+    With a train op from `store.slots.snapshot_before(..., tag=<the guard's
+    tag>)`, the attempt's first `run` takes the snapshot: in that train op's
+    run if it fetches it, else with `store.snapshot()` first.
 
     Returns:
       For the attempt's first run: the tensors to fetch with it that count
       the in-step copies into the slot as of the guard's snapshot (see
       `_check_counts`). Otherwise None.
     """
-    if not self._in_step:
+    use = self._use
+    if not use.in_steps:
       return None
     fetched = in_step.fetched(
-      fetches, self._store.graph, [e.train_op for e in self._in_step]
+      fetches, use.store.graph, [e.train_op for e in use.in_steps]
     )
     if fetched and not self._owed:
       self._refused = ValueError(
@@ -332,30 +433,17 @@ class Guard(object):
         "snapshots under the guard's tag %r in its run, which would replace "
         "the snapshot the guard rolls back to. Run it once per guarded block "
         "(one step per block), or run a train op built without "
-        "snapshot_before() for the other steps." % (fetched[0].name, self._tag)
+        "snapshot_before() for the other steps." % (fetched[0].name, use.tag)
       )
       raise self._refused
     if not self._owed:
       return None
     if not fetched:
-      self._store.snapshot(self._tag, session=self._session)
+      use.store.snapshot(use.tag, session=use.session)
     self._owed = False
     return [
-      e.counted if e.train_op in fetched else e.count for e in self._in_step
+      e.counted if e.train_op in fetched else e.count for e in use.in_steps
     ]
-
-  def _check_active(self, what):
-    if self._active is None:
-      raise RuntimeError(
-        "guard.%s() runs inside the guarded block (`with guard:` "
-        "or `with attempt:`), where a failure can be rolled back." % what
-      )
-
-  def _user_session(self):
-    sessions.resolve(self._session, self._store.graph, "guard.run")
-    return (
-      self._session if self._session is not None else tf.get_default_session()
-    )
 
   def _check(self, names, values):
     bad = []
@@ -374,13 +462,14 @@ class Guard(object):
         "to snapshot %r."
         % (
           "; ".join(bad),
-          self._active.number + 1,
-          self._retries + 1,
-          self._tag,
+          self.number + 1,
+          self._use.retries + 1,
+          self._use.tag,
         )
       )
 
   def _rollback(self, exc):
+    use = self._use
     if self._owed:
       # Only a guard of an in-step tag owes its snapshot: it had none to
       # take, and the block may have run the train op in a session.run of
@@ -391,22 +480,22 @@ class Guard(object):
         "its run), and the block failed but ran no step through guard.run, "
         "so the guard does not know what the slot holds. Run the "
         "block's steps with guard.run, or give the guard another tag, so "
-        "that it snapshots on entry."
-        % (self._tag, errors.names([e.train_op.name for e in self._in_step]))
+        "that it snapshots on entry." % (use.tag, self._train_ops())
       ) from exc
     self._check_counts(exc)
-    _roll_back(self._store, self._tag, self._session, exc)
+    _roll_back(use.store, use.tag, use.session, exc)
 
   def _check_counts(self, exc):
     """Raises if an in-step train op wrote the slot since the guard's snapshot."""
-    if not self._in_step or self._counts is None:
+    use = self._use
+    if not use.in_steps or self._counts is None:
       return  # no in-step tag, or the first run failed: nothing ran after it
-    now = sessions.resolve(self._session, self._store.graph, "guard").run(
-      [e.count for e in self._in_step]
+    now = sessions.resolve(use.session, use.store.graph, "guard").run(
+      [e.count for e in use.in_steps]
     )
     moved = [
       "%s ran %d time%s" % (e.train_op.name, n - c, "" if n - c == 1 else "s")
-      for e, c, n in zip(self._in_step, self._counts, now)
+      for e, c, n in zip(use.in_steps, self._counts, now)
       if n != c
     ]
     if moved:
@@ -416,52 +505,8 @@ class Guard(object):
         "so the slot holds the start of the last of them, not the block's. "
         "Run every step of the block through guard.run (one run of the train "
         "op per block), or give the guard another tag, so that its snapshot "
-        "is its own." % (self._tag, errors.names(moved))
+        "is its own." % (use.tag, errors.names(moved))
       ) from exc
-
-
-class _Attempt(object):
-  """One run of a guarded block (see `Guard`)."""
-
-  def __init__(self, guard, number, last):
-    self._guard = guard
-    self.number = number  # 0 for the first attempt
-    self.last = last
-    self.outcome = None  # "ok" or "failed" once the block has run
-
-  def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
-    """Runs and checks a step; see `Guard.run`."""
-    return self._guard.run(fetches, feed_dict, options, run_metadata)
-
-  def check(self, *values):
-    """See `Guard.check`."""
-    self._guard.check(*values)
-
-  def __enter__(self):
-    guard = self._guard
-    guard._active = self  # pylint: disable=protected-access
-    guard._owed = bool(guard._in_step)  # pylint: disable=protected-access
-    guard._refused = None  # pylint: disable=protected-access
-    return self
-
-  def __exit__(self, exc_type, exc, tb):
-    guard = self._guard
-    guard._active = None  # pylint: disable=protected-access
-    if exc is None:
-      self.outcome = "ok"
-      return False
-    self.outcome = "failed"
-    if (
-      not isinstance(exc, guard._catch)  # pylint: disable=protected-access
-      or exc is guard._refused
-    ):  # pylint: disable=protected-access
-      return False
-    guard.failures.append(exc)
-    guard._rollback(exc)  # pylint: disable=protected-access
-    if not self.last:
-      return True
-    guard.failed = True
-    return not guard._reraise  # pylint: disable=protected-access
 
 
 class Trial(object):
