@@ -627,6 +627,39 @@ class RefusedTest(tf.test.TestCase, parameterized.TestCase):
       ):
         store.slots.past(outputs)
 
+  def test_a_stateless_function_op_whose_body_writes_a_variable(self):
+    # tf.function and tf.cond build a stateful op around a body that writes
+    # (refused as stateful); a PartitionedCall built by hand is stateless, so
+    # only its body tells. Its copy would write the slot it reads.
+    graph = tf.Graph()
+    with graph.as_default():
+      with tf.variable_scope("net", use_resource=True):
+        v = tf.get_variable("v", initializer=np.zeros(4, np.float32))
+
+      @tf.function
+      def bump(h):
+        tf.raw_ops.AssignAddVariableOp(
+          resource=h, value=tf.constant(np.ones(4, np.float32))
+        )
+        return tf.reduce_sum(
+          tf.raw_ops.ReadVariableOp(resource=h, dtype=tf.float32)
+        )
+
+      out = tf.raw_ops.PartitionedCall(
+        args=[v.handle],
+        Tout=[tf.float32],
+        f=bump.get_concrete_function(tf.TensorSpec([], tf.resource)),
+      )[0]
+      store = snapstore.SnapshotStore(var_list=[v], scope="net")
+    self.assertRefused(
+      graph,
+      store,
+      out,
+      "PartitionedCall",
+      "writes net/v",
+      "AssignAddVariableOp",
+    )
+
   @parameterized.named_parameters(*KINDS)
   def test_batch_norm_updates_as_control_dependency(self, use_resource):
     graph = self._graph(use_resource)

@@ -57,6 +57,7 @@ from snapstore.core import checks
 from snapstore.core import variables
 from snapstore import errors
 from snapstore.graph import subgraph
+from snapstore.graph import writers
 
 _GRADIENT_OVERRIDE = "SnapstoreShadowInput"
 _ORIGINAL_GRADIENT = "_snapstore_gradient_op_type"
@@ -240,6 +241,10 @@ class Rewirer(object):
 
   def _refuse(self, within, to_copy, outputs):
     """Raises RewireError for the first op that cannot be rewired faithfully."""
+    # What may write a covered variable, function bodies included: its copy
+    # would write the slot it reads (writers.py; a stateless function op built
+    # by hand is known to write only by its body).
+    finder = writers.WriteFinder(list(self._primary_keys.values()))
     # In creation order, so the op named is the first one the model built.
     for op in sorted(within, key=creation_order):
       alias = subgraph.aliased(op, self._primary_keys)
@@ -260,6 +265,19 @@ class Rewirer(object):
           "write neither the snapshot nor the current parameters. If it "
           "runs as a control dependency of the outputs (batch-norm "
           "updates, tf.assign), fetch it separately from the outputs",
+        )
+      for variable, write in finder.writes(op):
+        self._fail(
+          op,
+          outputs,
+          "%s, and a past evaluation must write neither the snapshot nor "
+          "the current parameters"
+          % write.describe(
+            op,
+            variable.op.name
+            if variable is not None
+            else "a variable snapstore cannot trace",
+          ),
         )
       if subgraph.unsafe_stateful(op):
         self._fail(
