@@ -165,7 +165,7 @@ class TrialError(Error):
 class PinnedTagError(Error):
   """Raised when a call would delete or evict a pinned snapshot.
 
-  A pinned tag names a device slot that in-graph ops write (`pin_slot`):
+  A pinned tag names a device slot that in-graph ops write (`store.slots.pin`):
   Lookahead's slow weights, a moving average, a target network. Deleting or
   evicting it would hand that slot to another snapshot while the ops still
   write it.

@@ -225,7 +225,7 @@ class Files(object):
       ModeError: The store has no spill file (give it `spill_path=`, or use
         mode="disk").
       UnknownTagError: The store holds no snapshot `tag`.
-      PinnedTagError: The snapshot is pinned to a device slot (`pin_slot`).
+      PinnedTagError: The snapshot is pinned to a device slot (`store.slots.pin`).
       SnapshotError: Reading a device snapshot failed; it stays in its slot.
       SpillError: An earlier background write failed (see `flush`).
     """

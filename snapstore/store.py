@@ -74,11 +74,12 @@ class SnapshotStore(object):
       shadows in GLOBAL_VARIABLES, so a default Saver saves them) and
       `pack=False` (True packs variables of up to 1 MiB into one buffer per
       device and dtype: for thousands of variables, far fewer ops and a
-      faster build and first run, but no `shadows()` or `past()`). Disk:
+      faster build and first run, but no `slots.shadows()` or
+      `slots.past()`). Disk:
       `spill_path` and `memory_budget` (bytes), required. Every mode:
-      `spill_path=` adds an HDF5 spill file for `spill(tag)`, with
+      `spill_path=` adds an HDF5 spill file for `files.spill(tag)`, with
       `compression=None` ("lzf", "gzip"), `compression_opts`, `max_pending=2`
-      (writes queued before `spill`/`snapshot` block) and `durable=False`
+      (writes queued before `files.spill`/`snapshot` block) and `durable=False`
       (fsync each commit). See `modes/tiers.py`.
 
   Raises:

@@ -191,7 +191,7 @@ def refusal(what, op, outputs, why):
   """The message refusing to copy `outputs` because of `op`, and why.
 
   Args:
-    what: What could not be done, e.g. "store.past() cannot rewire".
+    what: What could not be done, e.g. "store.slots.past() cannot rewire".
     op: The op met on the way.
     outputs: The tensors or ops asked for; the message names those that need
       `op` (all of them if none does).

@@ -2,7 +2,7 @@
 
 Two kinds, each one grouped op built once, that writes one device slot of a
 `SnapshotStore(mode="device")` and pins it under a tag (see
-`SnapshotStore.pin_slot`), so that `store.evaluate_with(..., tag=...)`,
+`store.slots.pin`), so that `store.evaluate_with(..., tag=...)`,
 `store.restore(tag)` and `store.files.save_npz(path, tag)` use the average:
 
 - `MovingAverage`: the exponential (Polyak) moving average with rate tau,
@@ -156,7 +156,7 @@ class MovingAverage(_SlotAverage):
     ModeError: The store is not in device mode.
     ValueError: Both or neither of `tau` and `decay`; a rate out of range;
       a `form` other than "ema" and "lerp"; `decay` with `form="lerp"`;
-      the slot holds another snapshot (see `pin_slot`).
+      the slot holds another snapshot (see `store.slots.pin`).
     TypeError: A `num_updates` that is not a numeric scalar tensor.
     GraphMismatchError: `num_updates` of another graph.
   """
@@ -283,7 +283,7 @@ class RunningMean(_SlotAverage):
 
   Raises:
     ModeError: The store is not in device mode.
-    ValueError: The slot holds another snapshot (see `pin_slot`).
+    ValueError: The slot holds another snapshot (see `store.slots.pin`).
   """
 
   def __init__(self, store, slot=0, tag="swa", name="running_mean"):

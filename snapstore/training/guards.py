@@ -706,7 +706,7 @@ def _roll_back(store, tag, session, exc):
 def _check_unpinned(store, tag, what):
   """Refuses a guard's or trial's tag that is pinned to a slot ops write.
 
-  A pinned tag names a device slot that in-graph ops write (`pin_slot`): an
+  A pinned tag names a device slot that in-graph ops write (`store.slots.pin`): an
   average, Lookahead's slow weights, a target network, or a train op's
   in-step copy. A snapshot there would replace what they keep, and they
   would overwrite it during the block. (A guard may take an in-step tag:
@@ -727,7 +727,7 @@ def _check_unpinned(store, tag, what):
     )
   else:
     by = (
-      "in-graph ops write (pin_slot: an average, Lookahead's slow weights, "
+      "in-graph ops write (store.slots.pin: an average, Lookahead's slow weights, "
       "a target network): a snapshot there would replace what they keep, "
       "and they could overwrite it"
     )
