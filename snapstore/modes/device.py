@@ -277,13 +277,15 @@ class DeviceMode(base.CopyMode):
       checks = []
       for shadow in first.values():
         with ops.colocate_with(shadow):
-          check = tf.Assert(
-            tf.is_variable_initialized(shadow),
-            [UNINITIALIZED % slot],
-            name="check",
+          checks.append(
+            tf.Assert(
+              tf.is_variable_initialized(shadow),
+              [UNINITIALIZED % slot],
+              name="check",
+            )
           )
-          with tf.control_dependencies([check]):  # what crosses: a NoOp's edge
-            checks.append(tf.no_op(name="checked_here"))
+      if len(checks) == 1:  # one device: the restore waits for its check
+        return dict.fromkeys(first, checks[0])
       gates = {}
       for device, shadow in first.items():
         with ops.colocate_with(shadow), tf.control_dependencies(checks):
