@@ -89,10 +89,12 @@ class Files(object):
     return self._load(
       "load_npz",
       lambda: npz.Archive(path),
-      sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping),
-      allow_extra,
       tag,
       session,
+      strip_prefix,
+      add_prefix,
+      mapping,
+      allow_extra,
     )
 
   def load_checkpoint(
@@ -155,10 +157,12 @@ class Files(object):
     return self._load(
       "load_checkpoint",
       lambda: checkpoints.Checkpoint(path),
-      sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping),
-      allow_extra,
       tag,
       session,
+      strip_prefix,
+      add_prefix,
+      mapping,
+      allow_extra,
     )
 
   def load_spill(
@@ -203,10 +207,12 @@ class Files(object):
     return self._load(
       "load_spill",
       lambda: spill_file.open_snapshot(path, snapshot),
-      sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping),
-      allow_extra,
       tag,
       session,
+      strip_prefix,
+      add_prefix,
+      mapping,
+      allow_extra,
     )
 
   def spill(self, tag=None, session=None):
@@ -268,14 +274,26 @@ class Files(object):
 
   # -- internals ---------------------------------------------------------------
 
-  def _load(self, what, open_source, names, allow_extra, tag, session):
+  def _load(
+    self,
+    what,
+    open_source,
+    tag,
+    session,
+    strip_prefix,
+    add_prefix,
+    mapping,
+    allow_extra,
+  ):
     """Stores the snapshot a file holds: `load_npz`, `load_checkpoint`, `load_spill`.
 
-    The session is resolved first, so that a missing one is reported before
-    any file is read; `open_source()` gives a source (see `snapstore.files.sources`)
-    usable as a context manager, read in full and closed before storing.
+    The session is resolved and the names' mapping checked first, so that
+    either is reported before any file is read; `open_source()` gives a
+    source (see `snapstore.files.sources`) usable as a context manager, read
+    in full and closed before storing.
     """
     self._h.data_session(session, what)
+    names = sources.NameMap(self._h.varset, strip_prefix, add_prefix, mapping)
     with open_source() as source:
       arrays = sources.read(
         source, self._h.varset, names, allow_extra=allow_extra
