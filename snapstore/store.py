@@ -333,9 +333,10 @@ class SnapshotStore(object):
       RestoreError: Writing the current values back failed; the store keeps
         them and writes them back at the start of its next call (or
         `recover()`).
-      SnapshotError: The snapshot's device slot is not initialized in this
-        session (the message names the initializer to run); the current
-        values are back in place.
+      SnapshotError: Setting the current values aside, or loading the
+        snapshot, failed in TensorFlow (e.g. its device slot is not
+        initialized in this session: the message names the initializer to
+        run); the current values are back in place.
       Whatever `Session.run` raises for `fetches`, after the current values are
         back in place.
     """
