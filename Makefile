@@ -1,7 +1,7 @@
 # Two commands a new user needs (see README):
 #   make demo   create .venv/ (Python 3.7, TensorFlow 1.15.5) and run the demo
 #   make test   the same environment, then the test suite
-# The same on TensorFlow 2.x in compat.v1 graph mode (Python 3.11):
+# The same on TensorFlow 2.x (Python 3.11), graph mode and the eager engine:
 #   make demo-tf2 / make test-tf2       .venv-tf2/   (TensorFlow 2.21 with tf-keras)
 #   make test-tf215                     .venv-tf215/ (TensorFlow 2.15)
 #   make lint / make format             ruff (ruff.toml), from .venv-tf2/
@@ -32,8 +32,14 @@ venv:
 demo-tf2: venv-tf2
 	$(PY_TF2) -m snapstore.demo
 
+# The graph-mode suite, then the eager engine's (tests/eager) with each Keras:
+# tf-keras, and Keras 3 (TF_USE_LEGACY_KERAS=0).
+EAGER := SNAPSTORE_TEST_ENGINE=eager
+
 test-tf2: venv-tf2 venv
 	$(PY_TF2) -m pytest tests -q
+	$(EAGER) $(PY_TF2) -m pytest tests/eager -q
+	$(EAGER) TF_USE_LEGACY_KERAS=0 .venv-tf2/bin/python -m pytest tests/eager -q
 
 bench-tf2: venv-tf2
 	$(PY_TF2) bench/run_all.py
@@ -43,6 +49,7 @@ venv-tf2:
 
 test-tf215: venv-tf215 venv
 	$(PY_TF215) -m pytest tests -q
+	$(EAGER) $(PY_TF215) -m pytest tests/eager -q
 
 venv-tf215:
 	./scripts/bootstrap tf215

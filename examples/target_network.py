@@ -36,7 +36,9 @@ if importlib.util.find_spec("tf_keras") is not None:
   os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import snapstore  # pylint: disable=g-import-not-at-top
-from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+
+tf.disable_v2_behavior()  # graph mode on TensorFlow 2.x (1.15's default)
 
 GAMMA = 0.9
 LEFT, RIGHT = 0, 1

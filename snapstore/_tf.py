@@ -23,15 +23,12 @@ Where versions differ, a shim gives the package one name and says which
 version needs it; shims detect the feature (an attribute, a module), not the
 version number. Nothing outside this module looks at TensorFlow's version.
 
-Graph mode. Importing snapstore on TensorFlow 2.x disables v2 behaviour
-(`tf.compat.v1.disable_v2_behavior()`: eager execution, v2 control flow,
-resource variables by default, ...) unless the program has chosen already:
-when eager execution is already off, nothing is changed; when TensorFlow ops
-have already run eagerly, the program is an eager one and the import fails
-with an ImportError saying what snapstore needs. On TensorFlow 1.15 eager
-execution is off unless `tf.enable_eager_execution()` was called or
-TF2_BEHAVIOR=1 is set (importing TF 2.x sets it, for its child processes too),
-which gets the same ImportError.
+Engines. Importing snapstore changes nothing in TensorFlow. A store is built
+for the engine in effect where TensorFlow would create its state
+(`builds_eagerly`): graph mode (TF 1.15's default; TF 2.x programs choose it
+with `tf.compat.v1.disable_v2_behavior()`, or build inside
+`tf.Graph().as_default()`) or eager execution (TF 2.x's default). The eager
+engine needs TensorFlow 2.15 or newer.
 
 Keras. From TensorFlow 2.16 on, `tf.keras` is Keras 3 unless tf-keras is
 installed and TF_USE_LEGACY_KERAS=1 is set (before TensorFlow is imported).
@@ -98,42 +95,43 @@ def check_version(text):
 
 _tensorflow, VERSION = _import()
 tf = _tensorflow.compat.v1
+# The TF 2.x API (tf.function, tf.Module, tf.TensorSpec), for the eager engine.
+tf2 = _tensorflow
 
 # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top,wrong-import-position,unused-import
 # Eager context state, to tell a program that already ran eager ops (same path
 # on every version).
 from tensorflow.python.eager import context as _context
-from tensorflow.python.util import deprecation as _deprecation
 
 
-def _ensure_graph_mode():
-  """Turns off eager execution unless the program chose otherwise (module doc)."""
-  if not tf.executing_eagerly():
-    return  # graph mode already: TF 1.15's default, or the program's choice
-  # TF 2.x starts with eager on. Switching is safe as long as nothing ran
-  # eagerly yet (TF's own advice: before Tensors, Graphs or devices exist).
-  # pylint: disable=protected-access
-  if VERSION[0] >= 2 and not _context.context()._initialized:
-    # Its deprecation warning (about ref variables) is TF's advice to TF's
-    # users, not something the program did.
-    with _deprecation.silence():
-      tf.disable_v2_behavior()
-    return
-  raise ImportError(
-    "snapstore needs graph mode (TF1-style graphs and tf.Session), but eager "
-    "execution is on and %s. Fix: call "
-    "tf.compat.v1.disable_v2_behavior() at the start of the program, before "
-    "any TensorFlow op runs, or import snapstore before running any."
-    % (
-      "TensorFlow ops already ran eagerly"
-      if VERSION[0] >= 2
-      else "tf.enable_eager_execution() was called (or TF2_BEHAVIOR=1 is "
-      "set in the environment, as importing TF 2.x sets it)"
+def builds_eagerly():
+  """True if state made now would be eager (the eager engine), else graph.
+
+  Decided where TensorFlow would create a variable: under `init_scope`, which
+  leaves a `tf.function` being traced for the eager context (or for the TF1
+  graph it is traced in). `tf.inside_function()` alone would not tell: it stays
+  True inside `init_scope`.
+
+  Raises:
+    RuntimeError: Eager execution on TensorFlow 1.15, which the eager engine
+      does not support.
+  """
+  with ops.init_scope():
+    eager = _context.executing_eagerly()
+  if eager and VERSION[0] < 2:
+    raise RuntimeError(
+      "snapstore's eager engine needs TensorFlow 2.15 or newer; on "
+      "TensorFlow 1.15 it works in graph mode. Fix: do not call "
+      "tf.enable_eager_execution() (or set TF2_BEHAVIOR=1), or move to "
+      "TensorFlow 2.15+."
     )
-  )
+  return eager
 
 
-_ensure_graph_mode()
+def inside_function():
+  """True while a `tf.function` (or other FuncGraph) is being traced."""
+  return ops.get_default_graph().building_function
+
 
 # -- private modules, at the same path on TF 1.15 and 2.x ---------------------
 # Graph internals with no public v1 name: colocate_with (the public one is
@@ -335,6 +333,47 @@ def create_slots(optimizer, variables):
   """Makes a tf.train.Optimizer's slots for `variables` now (`_create_slots`,
   which apply_gradients calls)."""
   optimizer._create_slots(variables)
+
+
+def in_graph_mode(variable):
+  """True for a variable of a TF1 graph, False for an eager one
+  (`_in_graph_mode`; eager variables have no `graph`)."""
+  return bool(getattr(variable, "_in_graph_mode", False))
+
+
+def module_variable_paths(module):
+  """[(attribute path, variable)] of a `tf.Module`, each variable once.
+
+  `tf.Module._flatten(with_path=True)` gives every path `Module.variables`
+  walks (`layers/0/w`). A variable reachable by several paths is keyed by the
+  shortest (then the first in sorted order), as a TF2 checkpoint names it.
+  """
+  best = {}
+  found = module._flatten(
+    predicate=lambda v: isinstance(v, tf_variables.Variable), with_path=True
+  )
+  for path, variable in found:
+    key = "/".join(str(p) for p in path)
+    rank = (len(path), key)
+    if id(variable) not in best or rank < best[id(variable)][0]:
+      best[id(variable)] = (rank, key, variable)
+  return [
+    (key, var) for _, key, var in sorted(best.values(), key=lambda b: b[0])
+  ]
+
+
+def keras_variable_value(variable):
+  """The `tf.Variable` a Keras 3 `keras.Variable` holds, or None if unbuilt.
+
+  `kv.value` is it outside an autocast scope; inside one (a mixed-precision
+  layer's `call`) it is a cast tensor, while `kv._value` is always the
+  variable (None for a deferred variable not built yet).
+  """
+  value = getattr(variable, "_value", None)
+  if isinstance(value, tf_variables.Variable):
+    return value
+  value = getattr(variable, "value", None)
+  return value if isinstance(value, tf_variables.Variable) else None
 
 
 # pylint: enable=protected-access

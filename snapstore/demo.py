@@ -238,6 +238,8 @@ def main(argv=None):
     choices=sorted(snapstore.MODES),
   )
   args = parser.parse_args(argv)
+  # The demo is a TF1-style program: graph mode on TF 2.x (1.15's default).
+  tf.disable_v2_behavior()
   tf.logging.set_verbosity(tf.logging.ERROR)
   data = make_data()
   spikes = {int(args.steps * 0.4) + 7, int(args.steps * 0.7) + 3}

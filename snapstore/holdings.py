@@ -35,12 +35,15 @@ class Holdings(object):
     varset: The store's `VariableSet`.
     mode: The store's `CopyMode`.
     name: The store's name scope.
+    eager: Whether the store runs on the eager engine: no sessions, and
+      `evaluate_with` calls a Python function instead of `Session.run`.
   """
 
-  def __init__(self, varset, mode, name):
+  def __init__(self, varset, mode, name, eager=False):
     self.varset = varset
     self.mode = mode
     self.name = name
+    self.eager = eager
     self.lock = threading.RLock()
     self.catalog = catalog.Catalog(mode.capacity)
     for tag, when in mode.adopted():  # snapshots in an existing spill file
@@ -56,7 +59,18 @@ class Holdings(object):
   # -- sessions and the state of the store ------------------------------------
 
   def session(self, session, what, required=True):
-    """The raw session for call `what`; None if not `required` and none given."""
+    """The raw session for call `what`; None if not `required` and none given.
+
+    None on the eager engine, which refuses a session.
+    """
+    if self.eager:
+      if session is not None:
+        raise TypeError(
+          "%s() got session=%r, but this store runs eagerly (it was built "
+          "with eager execution on), without sessions. Call it without "
+          "session=." % (what, session)
+        )
+      return None
     if not required and session is None and tf.get_default_session() is None:
       return None
     return sessions.resolve(session, self.graph, what)
@@ -74,7 +88,7 @@ class Holdings(object):
   def prepare(self, sess):
     """Checks the store is open and writes back pending current values."""
     self.check_open()
-    if sess is None or self._pending is _NOTHING:
+    if self._pending is _NOTHING or (sess is None and not self.eager):
       return
     with failures.translated("pending"):
       self.mode.unstash(self._pending, sess)
@@ -89,6 +103,30 @@ class Holdings(object):
 
     with failures.translated("put_back", note=keep):
       self.mode.unstash(token, sess)
+
+  def run(self, fetches, feed_dict, sess, what):
+    """Runs what `evaluate_with` evaluates: `sess.run`, or eagerly a call."""
+    if not self.eager:
+      return sess.run(fetches, feed_dict=feed_dict)
+    self.check_run(fetches, feed_dict, what)
+    return fetches()
+
+  def check_run(self, fetches, feed_dict, what):
+    """Eagerly: refuses what `run` could not call, before anything moves."""
+    if not self.eager:
+      return
+    if not callable(fetches):
+      raise TypeError(
+        "%s() on an eager store takes a Python callable (e.g. lambda: "
+        "model(x), or a tf.function) and calls it with the snapshot's values "
+        "in place; got %r. Graph tensors and feed dicts are for graph mode."
+        % (what, fetches)
+      )
+    if feed_dict is not None:
+      raise TypeError(
+        "%s() on an eager store takes no feed_dict: pass the inputs in the "
+        "callable (lambda: model(x))." % what
+      )
 
   # -- tags ----------------------------------------------------------------------
 

@@ -11,6 +11,13 @@ store has, its slots offer ops and variables to build into a graph:
     slots.pin(1, "target")                    # "target" names what slot 1 holds
     train_op = slots.snapshot_before(update)  # a snapshot in the step's run
 
+On the eager engine a device store's slots are eager shadow variables:
+`shadows`, `pin`, `pinned`, `slot_of` work as in graph mode, and
+`snapshot_in_step()` is the in-step snapshot for the user's `tf.function`
+(`snapstore/eager/in_step.py`); the graph-only calls (`initializer`,
+`snapshot_op`, `restore_op`, `past`, `snapshot_before`) raise `ModeError`
+naming the eager way, and `snapshot_in_step` does in graph mode.
+
 Host and disk stores have no slots: `store.slots` raises `ModeError` once,
 naming the mode that has them. A store with `pack=True` has slots but no
 shadow per variable: `shadows()` and `past()` raise `ModeError`
@@ -20,9 +27,23 @@ shadow per variable: `shadows()` and `past()` raise `ModeError`
 import collections
 
 from snapstore.core import checks
-from snapstore.graph import rewire
+from snapstore.eager import in_step as eager_in_step
 from snapstore import errors
 from snapstore.graph import in_step
+from snapstore.graph import rewire
+
+# What an eager store offers instead of each graph-only call.
+_EAGER_WAY = {
+  "initializer": "eager shadows are initialized when the store makes them",
+  "snapshot_op": "call store.snapshot() (one traced function), or "
+  "store.slots.snapshot_in_step() inside your tf.function",
+  "restore_op": "call store.restore() (one traced function)",
+  "past": "use store.evaluate_with(fn, tag=...), which calls fn with the "
+  "snapshot's values in place, or build a second model (e.g. "
+  "keras.models.clone_model) and load store.arrays(tag) into it",
+  "snapshot_before": "use store.slots.snapshot_in_step() inside your "
+  "tf.function",
+}
 
 
 class Slots(object):
@@ -54,6 +75,7 @@ class Slots(object):
     `tf.local_variables_initializer()` and `MonitoredSession` run it too. It
     initializes each shadow once; run again, it leaves the shadows as they are.
     """
+    self._graph_only("initializer")
     return self._set.initializer
 
   def snapshot_op(self, slot=0):
@@ -63,10 +85,12 @@ class Slots(object):
     a target network after each train step. Running it does not change the
     store's tags: `restore(tag)` restores whatever the tag's slot holds.
     """
+    self._graph_only("snapshot_op")
     return self._set.snapshot_op(self._check_slot(slot))
 
   def restore_op(self, slot=0):
     """The grouped op copying slot `slot` into the variables."""
+    self._graph_only("restore_op")
     return self._set.restore_op(self._check_slot(slot))
 
   def shadows(self, slot=0):
@@ -104,6 +128,7 @@ class Slots(object):
       RewireError: An op on the way cannot be rewired faithfully (the message
         names it); nothing is built.
     """
+    self._graph_only("past")
     slot = self._check_slot(slot)
     with self._h.lock:
       if self._rewirer is None:
@@ -232,6 +257,7 @@ class Slots(object):
         tag, or an `if_finite` that is not a float tensor.
       GraphMismatchError: `if_finite` is of another graph.
     """
+    self._graph_only("snapshot_before")
     with self._h.lock:
       pin = self._check_pin("snapshot_before", slot, tag)
       entry = in_step.build(
@@ -240,6 +266,36 @@ class Slots(object):
       self._in_step[entry.train_op] = entry
       self._pin(*pin)
       return entry.train_op
+
+  def snapshot_in_step(self, slot=0, tag="before_step"):
+    """Eager engine: the in-step snapshot for your own `tf.function`.
+
+    Returns an `InStepSnapshot` writing slot `slot`, pinned under `tag` (see
+    `pin`). In the step, call `start = snap.begin()` first, before anything
+    writes the variables, and `start.commit(if_finite=loss)` anywhere after;
+    or `snap()` for an unconditional copy at that point. After a step,
+    `store.restore(tag)` goes back to the values it started from (with
+    `if_finite`, of the newest step whose loss was finite). See
+    `snapstore/eager/in_step.py` for why the order is exact. Before the first
+    step the slot holds the values the variables had when the store was
+    built.
+
+    Raises:
+      ModeError: A graph-mode store (use `snapshot_before`).
+      ValueError, TypeError: As for `pin`.
+    """
+    if not self._h.eager:
+      raise errors.ModeError(
+        "snapshot_in_step() is the eager engine's in-step snapshot; in graph "
+        "mode use store.slots.snapshot_before(update, slot, tag)."
+      )
+    with self._h.lock:
+      pin = self._check_pin("snapshot_in_step", slot, tag)
+      snap = eager_in_step.InStepSnapshot(
+        self._h.varset.variables, self._set.shadows(pin[0]), pin[1]
+      )
+      self._pin(*pin)
+      return snap
 
   def in_steps(self, tag):
     """The `in_step.InStep` of each train op snapshotting under `tag` in its run.
@@ -279,6 +335,13 @@ class Slots(object):
       return entry.condition
 
   # -- internals ---------------------------------------------------------------
+
+  def _graph_only(self, what):
+    if self._h.eager:
+      raise errors.ModeError(
+        "store.slots.%s is for graph mode; this store runs eagerly. Instead, "
+        "%s." % (what, _EAGER_WAY[what])
+      )
 
   def _check_slot(self, slot):
     n = self._set.num_slots

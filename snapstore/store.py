@@ -37,12 +37,16 @@ import collections.abc
 
 import numpy as np
 
+from snapstore._tf import builds_eagerly
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
+from snapstore.core import checks
 from snapstore.core import failures
 from snapstore.core.variables import VariableSet
+from snapstore.eager import variables as eager_variables
 from snapstore import file_io
 from snapstore import holdings
+from snapstore.modes import eager_device
 from snapstore.modes import table as mode_table
 from snapstore import slots as slots_part
 
@@ -106,10 +110,14 @@ class SnapshotStore(object):
     name="snapstore",
     **mode_options,
   ):
-    mode_cls = mode_table.get(mode)
+    eager = builds_eagerly()
+    if eager:
+      eager_device.check_not_traced("A SnapshotStore")
+    mode_cls = mode_table.get(mode, eager)
     mode_table.check_options(mode_cls, mode_options)
     max_to_keep = mode_table.check_max_to_keep(max_to_keep, mode_cls)
-    varset = VariableSet(
+    make_set = eager_variables.variable_set if eager else VariableSet
+    varset = make_set(
       var_list=var_list,
       scope=scope,
       collection=collection,
@@ -117,16 +125,22 @@ class SnapshotStore(object):
       include_global_step=include_global_step,
     )
     mode_table.check_fits(mode_cls, max_to_keep, varset)
-    # The store's ops run on their own: they must not inherit the control
-    # dependencies (a train op) of the block the store is built in.
-    with varset.graph.as_default(), tf.control_dependencies(
-      None
-    ), tf.name_scope(name) as scope_name:
-      scope_name = scope_name.rstrip("/")
+    if eager:
+      scope_name = checks.name(name)
       built = mode_table.build(
         mode_cls, varset, max_to_keep, scope_name, mode_options
       )
-    self._h = holdings.Holdings(varset, built, scope_name)
+    else:
+      # The store's ops run on their own: they must not inherit the control
+      # dependencies (a train op) of the block the store is built in.
+      with varset.graph.as_default(), tf.control_dependencies(
+        None
+      ), tf.name_scope(name) as scope_name:
+        scope_name = scope_name.rstrip("/")
+        built = mode_table.build(
+          mode_cls, varset, max_to_keep, scope_name, mode_options
+        )
+    self._h = holdings.Holdings(varset, built, scope_name, eager)
     self._files = file_io.Files(self._h)
     self._slots = (
       slots_part.Slots(self._h) if built.slot_set is not None else None
@@ -341,10 +355,11 @@ class SnapshotStore(object):
         back in place.
     """
     sess = self._h.session(session, "evaluate_with")
+    self._h.check_run(fetches, feed_dict, "evaluate_with")
     with self._h.lock:
       self._h.prepare(sess)
       if not past:
-        return sess.run(fetches, feed_dict=feed_dict)
+        return self._h.run(fetches, feed_dict, sess, "evaluate_with")
       tag = self._h.existing(tag, sess, "evaluate_with")
       rewired = self._rewired(fetches, feed_dict, tag)
       if rewired is not None:
@@ -354,7 +369,7 @@ class SnapshotStore(object):
       try:
         with failures.translated("load", tag, self._h.mode.uninitialized):
           self._h.mode.restore(tag, sess)
-        return sess.run(fetches, feed_dict=feed_dict)
+        return self._h.run(fetches, feed_dict, sess, "evaluate_with")
       finally:
         self._h.put_back(token, sess)
 
@@ -388,6 +403,7 @@ class SnapshotStore(object):
       As `evaluate_with` otherwise.
     """
     sess = self._h.session(session, "evaluate_each")
+    self._h.check_run(fetches, feed_dict, "evaluate_each")
     with self._h.lock:
       self._h.prepare(sess)
       if tags is None:

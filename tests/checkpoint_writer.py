@@ -21,8 +21,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
 from snapstore.demo import make_data  # pylint: disable=g-import-not-at-top
 from tests import helpers  # pylint: disable=g-import-not-at-top
+
+tf.disable_v2_behavior()  # graph mode on TensorFlow 2.x
 
 FEATURES = 20
 CLASSES = 4

@@ -172,6 +172,7 @@ def _free_ports(n):
 def _serve(spec, job, task):
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 
+  tf.disable_v2_behavior()  # graph mode on TensorFlow 2.x
   server = tf.train.Server(
     tf.train.ClusterSpec(spec),
     job_name=job,

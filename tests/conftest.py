@@ -1,4 +1,12 @@
-"""pytest configuration: quiet TensorFlow logs and pick TF1-style Keras before TF is imported."""
+"""pytest configuration: the engine a run tests, TF logs, and which Keras.
+
+`import snapstore` leaves TensorFlow's mode alone, so a run tests one engine:
+  python -m pytest tests                                  # graph mode (default)
+  SNAPSTORE_TEST_ENGINE=eager python -m pytest tests/eager   # the eager engine
+A graph run calls `tf.compat.v1.disable_v2_behavior()` first, as a TF1-style
+program does, and leaves out tests/eager; an eager run collects only
+tests/eager (TensorFlow 2.x). The Makefile's test targets run both.
+"""
 
 import importlib.util
 import os
@@ -10,6 +18,32 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Keras 3 tests run in a child process without it.
 if importlib.util.find_spec("tf_keras") is not None:
   os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+ENGINE = os.environ.get("SNAPSTORE_TEST_ENGINE", "graph")
+if ENGINE not in ("graph", "eager"):
+  raise ValueError(
+    "SNAPSTORE_TEST_ENGINE must be 'graph' or 'eager', got %r." % ENGINE
+  )
+_EAGER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eager")
+
+if ENGINE == "graph":
+  import tensorflow.compat.v1 as _tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.util import deprecation as _deprecation  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+
+  with _deprecation.silence():  # TF's advice about ref variables, not ours
+    _tf.disable_v2_behavior()
+
+
+def pytest_ignore_collect(collection_path, config):
+  """Graph runs leave out tests/eager; eager runs collect only it."""
+  del config
+  path = os.path.abspath(str(collection_path))
+  inside = path == _EAGER_DIR or path.startswith(_EAGER_DIR + os.sep)
+  if ENGINE == "graph":
+    return True if inside else None
+  if inside or _EAGER_DIR.startswith(path + os.sep):
+    return None  # tests/eager, or a folder above it
+  return True
 
 
 def pytest_collection_modifyitems(items):

@@ -31,7 +31,10 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import snapstore  # pylint: disable=g-import-not-at-top
 from snapstore import _tf  # pylint: disable=g-import-not-at-top
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
 from tests import helpers  # pylint: disable=g-import-not-at-top
+
+tf.disable_v2_behavior()  # graph mode on TensorFlow 2.x
 
 SEEDS = {"a": 1, "b": 2}
 

@@ -17,8 +17,11 @@ import numpy as np
 
 import snapstore
 from snapstore._tf import tf
+
 from snapstore import cli
 from tests import helpers
+
+tf.disable_v2_behavior()  # graph mode on TensorFlow 2.x
 
 SHAPES = {"a": ((4, 3), np.float32), "b/c": ((5,), np.int32)}
 MODES = ("device", "host", "disk")

@@ -46,6 +46,7 @@ _CHILD = textwrap.dedent("""
     import snapstore
     from snapstore.spill import file as spill_file
     from snapstore._tf import tf
+    tf.disable_v2_behavior()
     from tests import test_exit
 
     variant, directory = sys.argv[1], sys.argv[2]

@@ -16,7 +16,7 @@ LAYERS = [
   ("core",),
   ("spill",),
   ("files",),
-  ("graph",),
+  ("graph", "eager"),
   ("modes",),
   ("holdings", "slots", "file_io"),
   ("store",),

@@ -28,6 +28,7 @@ _EXITING = textwrap.dedent("""
     import snapstore
     from snapstore.spill import file as spill_file
     from snapstore._tf import tf
+    tf.disable_v2_behavior()
 
     write = spill_file.SpillFile.write
     def slow_write(*args, **kwargs):  # exit comes with writes queued

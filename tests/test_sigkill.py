@@ -34,6 +34,7 @@ _CHILD = textwrap.dedent("""
     import numpy as np
     import snapstore
     from snapstore._tf import tf
+    tf.disable_v2_behavior()
     from tests import helpers
     from tests import test_sigkill
 
@@ -61,6 +62,7 @@ _EXITING_CHILD = textwrap.dedent("""
     import snapstore
     from snapstore.spill import file as spill_file
     from snapstore._tf import tf
+    tf.disable_v2_behavior()
     from tests import test_sigkill
 
     write = spill_file.SpillFile.write

@@ -106,13 +106,16 @@ class CompatModuleTest(unittest.TestCase):
     )
 
 
-class GraphModeTest(unittest.TestCase):
-  def test_import_disables_v2_behaviour_when_the_program_chose_nothing(self):
+class EngineChoiceTest(unittest.TestCase):
+  """`import snapstore` changes nothing in TF; each store picks its engine."""
+
+  def test_import_leaves_tensorflow_s_mode_alone(self):
     code, out = _python("import tensorflow as tf\nimport snapstore\n" + _MODES)
     self.assertEqual(code, 0, out)
-    # Graph mode, ref variables and v1 control flow: TF 1.15's defaults, and
-    # what disable_v2_behavior() sets on TF 2.x.
-    self.assertIn("modes False False False", out)
+    if _tf.VERSION[0] >= 2:
+      self.assertIn("modes True True True", out)  # TF 2.x's defaults
+    else:
+      self.assertIn("modes False False False", out)  # TF 1.15's
 
   def test_a_program_that_chose_graph_mode_keeps_its_settings(self):
     code, out = _python(
@@ -125,16 +128,31 @@ class GraphModeTest(unittest.TestCase):
     self.assertEqual(code, 0, out)
     self.assertIn("modes False True True", out)
 
-  def test_an_eager_program_is_told_snapstore_needs_graph_mode(self):
+  @unittest.skipIf(_tf.VERSION[0] < 2, "the eager engine needs TF 2.15+")
+  def test_a_store_built_eagerly_is_an_eager_store_graph_ones_stay_graph(self):
     code, out = _python(
       "import tensorflow as tf\n"
-      "tf.compat.v1.enable_eager_execution()\n"
-      "tf.constant(1.0) + 1.0\n"
       "import snapstore\n"
+      "v = tf.Variable(1.0)\n"
+      "print('eager', snapstore.SnapshotStore(var_list=[v]).graph)\n"
+      "with tf.Graph().as_default() as g:\n"
+      "  w = tf.compat.v1.Variable(1.0, use_resource=True)\n"
+      "  print('graph', snapstore.SnapshotStore(var_list=[w]).graph is g)\n"
+    )
+    self.assertEqual(code, 0, out)
+    self.assertIn("eager None", out)
+    self.assertIn("graph True", out)
+
+  @unittest.skipIf(_tf.VERSION[0] >= 2, "TF 1.15 only")
+  def test_eager_execution_on_tf_1_15_is_refused_with_the_fix(self):
+    code, out = _python(
+      "import tensorflow as tf\n"
+      "tf.enable_eager_execution()\n"
+      "import snapstore\n"
+      "snapstore.SnapshotStore(var_list=[tf.Variable(1.0)])\n"
     )
     self.assertNotEqual(code, 0, out)
-    self.assertIn("ImportError: snapstore needs graph mode", out)
-    self.assertIn("tf.compat.v1.disable_v2_behavior()", out)
+    self.assertIn("eager engine needs TensorFlow 2.15 or newer", out)
 
 
 _KERAS_3_PROBE = """

@@ -212,3 +212,21 @@ def same_graph(obj, graph, what, than="the store's variables", fix=None):
       "%s belongs to another graph than %s.%s"
       % (what, than, " " + fix if fix else "")
     )
+
+
+def name(value):
+  """A store's name on the eager engine (graph mode's name scope checks its own).
+
+  Raises:
+    ValueError: Not a non-empty string of letters, digits and `_.-/`.
+  """
+  if (
+    not isinstance(value, str)
+    or not value.strip("/")
+    or not all(c.isalnum() or c in "_.-/" for c in value)
+  ):
+    raise ValueError(
+      "name must be a non-empty string of letters, digits and '_.-/', got "
+      "%r." % (value,)
+    )
+  return value.strip("/")

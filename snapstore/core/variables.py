@@ -111,9 +111,26 @@ class VariableSet(object):
           "it with tf.train.get_or_create_global_step() before the store."
         )
       pairs.append((None, step))
-    self._specs = self._make_specs(pairs, source)
-    self._graph = self._specs[0].variable.graph
-    self._by_key = {spec.key: spec for spec in self._specs}
+    self._set_specs(self._make_specs(pairs, source))
+
+  @classmethod
+  def of(cls, pairs, source):
+    """A set of `(key, variable)` pairs keyed as given: the eager engine's
+    (`snapstore/eager/variables.py` resolves them; eager variables have no
+    graph, and `graph` is None).
+
+    Raises:
+      ValueError: As for the constructor.
+    """
+    varset = cls.__new__(cls)
+    varset._prefix = None  # pylint: disable=protected-access
+    varset._set_specs(varset._make_specs(pairs, source))  # pylint: disable=protected-access
+    return varset
+
+  def _set_specs(self, specs):
+    self._specs = specs
+    self._graph = _graph_of(specs[0].variable)
+    self._by_key = {spec.key: spec for spec in specs}
 
   # -- public accessors ---------------------------------------------------------
 
@@ -335,7 +352,7 @@ class VariableSet(object):
       raise ValueError(
         "No variables to snapshot: %s is empty. %s." % (source, hint)
       )
-    graphs = set(id(s.variable.graph) for s in specs)
+    graphs = set(id(_graph_of(s.variable)) for s in specs)
     if len(graphs) > 1:
       raise ValueError(
         "The variables belong to %d different graphs; a store "
@@ -351,6 +368,14 @@ class VariableSet(object):
     if self._prefix is not None and name.startswith(self._prefix + "/"):
       return name[len(self._prefix) + 1 :]
     return name
+
+
+def _graph_of(variable):
+  """The graph of a graph-mode variable; None for an eager one."""
+  try:
+    return variable.graph
+  except AttributeError:  # "Tensor.graph is undefined when eager execution..."
+    return None
 
 
 def same_dtype(a, b):

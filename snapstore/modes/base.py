@@ -12,6 +12,7 @@ Graph ops are built in `__init__` only; methods run them.
 
 import abc
 
+from snapstore.core import copies
 from snapstore.core import sessions
 
 
@@ -143,6 +144,16 @@ class CopyMode(abc.ABC):
 
   def flush(self):
     """Waits for background work; raises as `check`."""
+
+  def array_writer(self, name):
+    """A function `(arrays, session)` writing arrays into the variables.
+
+    For snapshots held outside the mode (a spill file's). Its ops are built
+    now: call it when the store is built.
+    """
+    feeder = copies.Feeder(self._varset.specs, name + "_feed")
+    op = feeder.assign_to(self._varset.variables, name)
+    return lambda arrays, session: self._feed(session, op, feeder, arrays)
 
   def _run(self, session, fetches):
     return sessions.run_cached(session, fetches)

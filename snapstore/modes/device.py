@@ -39,13 +39,13 @@ from snapstore.core import packing
 from snapstore.core import shadows
 from snapstore.core import variables
 from snapstore import errors
-from snapstore.modes import base
+from snapstore.modes import slot_book
 
 # The message of the check that a slot is initialized before a restore.
 UNINITIALIZED = "snapstore: device slot %d is not initialized"
 
 
-class DeviceMode(base.CopyMode):
+class DeviceMode(slot_book.SlotBook):
   """Snapshots held in device-resident shadow variables (see module doc).
 
   Args:
@@ -113,9 +113,7 @@ class DeviceMode(base.CopyMode):
     self._initializer = tf.group(
       *[s.initializer for slot in self._slots for s in slot], name="initializer"
     )
-    self._slot_of = {}
-    self._free = list(range(max_to_keep))
-    self._pinned_slots = set()
+    self._start_book(max_to_keep)
     self._scratch_used = False
 
   # -- ops and variables for the user's own graph ------------------------------
@@ -173,29 +171,7 @@ class DeviceMode(base.CopyMode):
       )
     return list(self._slots[slot])
 
-  def slot_of(self, tag):
-    return self._slot_of[tag]
-
-  def tag_in(self, slot):
-    """The tag held in `slot`, or None."""
-    for tag, s in self._slot_of.items():
-      if s == slot:
-        return tag
-    return None
-
-  def pin(self, tag, slot):
-    """Binds `tag` to `slot` without copying; in-graph ops own the slot.
-
-    A pinned slot keeps its tag when writing it fails part-way: its ops write
-    it again anyway, and the slot must never go to another snapshot.
-    """
-    self._bind(tag, slot, None)
-    self._pinned_slots.add(slot)
-
   # -- CopyMode ------------------------------------------------------------------
-
-  def tags(self):
-    return list(self._slot_of)
 
   @property
   def nbytes(self):
@@ -222,9 +198,6 @@ class DeviceMode(base.CopyMode):
 
   def arrays(self, tag, session):
     return list(self._run(session, self._slot_reads[self._slot_of[tag]]))
-
-  def delete(self, tag):
-    self._free.append(self._slot_of.pop(tag))
 
   def stash(self, session):
     self._scratch_used = True
@@ -305,29 +278,3 @@ class DeviceMode(base.CopyMode):
       ):
         return slot
     return None
-
-  # -- slot bookkeeping ----------------------------------------------------------
-
-  def _slot_for(self, tag, victim):
-    if tag in self._slot_of:
-      return self._slot_of[tag]
-    if self._free:
-      return min(self._free)
-    return self._slot_of[victim]
-
-  def _write_slot(self, slot, write):
-    try:
-      write()
-    except tf.errors.OpError:
-      # A partly written slot holds no snapshot any more.
-      if slot not in self._pinned_slots:
-        for tag in [t for t, s in self._slot_of.items() if s == slot]:
-          self.delete(tag)
-      raise
-
-  def _bind(self, tag, slot, victim):
-    if victim is not None and victim != tag and victim in self._slot_of:
-      self.delete(victim)
-    if slot in self._free:
-      self._free.remove(slot)
-    self._slot_of[tag] = slot

@@ -53,6 +53,8 @@ class DiskMode(tiers.TieredMode):
   """
 
   name = "disk"
+  # The host tier's mode: the graph engine's; `EagerDiskMode` the eager one's.
+  fast_tier = host.HostMode
   default_max_to_keep = None
   allows_unbounded = True
   data_needs_session = False
@@ -86,7 +88,7 @@ class DiskMode(tiers.TieredMode):
       % varset.nbytes,
     )
     super(DiskMode, self).__init__(
-      host.HostMode(varset, None, name),
+      self.fast_tier(varset, None, name),
       varset,
       spill_path,
       compression=compression,

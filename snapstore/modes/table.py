@@ -1,6 +1,11 @@
-"""Copy modes, chosen by name: one table, and the checks of a mode's options.
+"""Copy modes, chosen by name and engine: the tables, and the checks of options.
+
+Each engine has its own implementation of every mode (`device.py`,
+`host.py`, `disk.py` for graph mode; `eager_device.py`, `eager_host.py` for
+the eager engine), under the same names and options.
 
 mode_cls = get("device")                       # the list of names if unknown
+mode_cls = get("device", eager=True)           # the eager engine's
 max_to_keep = check_max_to_keep(None, mode_cls)
 check_fits(mode_cls, max_to_keep, varset)      # device slots in memory
 check_options(mode_cls, {"saveable": True})
@@ -15,13 +20,22 @@ from snapstore._tf import tf
 from snapstore.core import checks
 from snapstore.modes.device import DeviceMode
 from snapstore.modes.disk import DiskMode
+from snapstore.modes.eager_device import EagerDeviceMode
+from snapstore.modes.eager_host import EagerDiskMode
+from snapstore.modes.eager_host import EagerHostMode
 from snapstore.modes.host import HostMode
+from snapstore.modes.slot_book import SlotBook
 from snapstore.modes.tiers import TieredMode
 
 MODES = {
   DeviceMode.name: DeviceMode,
   DiskMode.name: DiskMode,
   HostMode.name: HostMode,
+}
+EAGER_MODES = {
+  EagerDeviceMode.name: EagerDeviceMode,
+  EagerDiskMode.name: EagerDiskMode,
+  EagerHostMode.name: EagerHostMode,
 }
 
 # Options every mode takes for a spill file under it (see modes/tiers.py).
@@ -34,14 +48,14 @@ SPILL_OPTIONS = (
 )
 
 
-def get(name):
-  """The copy mode class registered under `name`.
+def get(name, eager=False):
+  """The copy mode class registered under `name`, for the eager engine or not.
 
   Raises:
     ValueError: No mode has that name; the message lists the valid ones.
   """
   try:
-    return MODES[name]
+    return (EAGER_MODES if eager else MODES)[name]
   except (KeyError, TypeError):
     raise ValueError(
       "Invalid mode %r; must be one of %s." % (name, ", ".join(sorted(MODES)))
@@ -114,7 +128,7 @@ def check_fits(mode_cls, max_to_keep, varset):
   Raises:
     ValueError: The slots cannot fit; the message gives the bytes they need.
   """
-  if not issubclass(mode_cls, DeviceMode):
+  if not issubclass(mode_cls, SlotBook):
     return
   ram = _physical_memory()
   if ram is None:

@@ -44,7 +44,6 @@ import numpy as np
 
 from snapstore._tf import tf
 from snapstore.core import checks
-from snapstore.core import copies
 from snapstore import errors
 from snapstore.modes import base
 from snapstore.spill import file as spill_file
@@ -110,8 +109,7 @@ class TieredMode(base.CopyMode):
     self._inner = inner
     self._compression = compression
     self._compression_opts = compression_opts
-    self._feeder = copies.Feeder(varset.specs, "spill_feed")
-    self._load_op = self._feeder.assign_to(varset.variables, "restore_spilled")
+    self._write_arrays = inner.array_writer("restore_spilled")
     self._step_index = _global_step_index(varset)
     self._held = {}  # tag -> _Held
     self._in_file = {}  # tag -> SpillEntry
@@ -263,7 +261,7 @@ class TieredMode(base.CopyMode):
       self._inner.restore(tag, session)
     else:
       arrays = self.arrays(tag, session)  # read and checked in full first
-      self._feed(session, self._load_op, self._feeder, arrays)
+      self._write_arrays(arrays, session)
 
   def arrays(self, tag, session):
     if tag in self._held:
@@ -598,6 +596,8 @@ def _check_compression(compression, opts):
 
 
 def _global_step_index(varset):
+  if varset.graph is None:  # eager: no global step
+    return None
   step = tf.train.get_global_step(varset.graph)
   for i, spec in enumerate(varset.specs):
     if step is not None and spec.variable is step:

@@ -1,0 +1,82 @@
+"""Copies between eager variables, as traced functions built once.
+
+Every copy the eager engine runs is one `tf.function` traced when the store
+is built (`get_concrete_function`), never per call: a snapshot or restore is
+one dispatch that never retraces, with no Python loop over the variables.
+Tracing at build also keeps TensorFlow's retracing detector quiet (it counts
+traced calls per Python function) and moves the trace's cost out of the
+training loop.
+
+Each assign is placed on its target's device and reads its source there or
+on the source's device; shadows live next to their variables, so nothing
+crosses devices. A resource assign shares the source's buffer until either
+is written next (copy on write): the memory copy of a snapshot is paid by
+the next update of the variable, not by the snapshot call.
+"""
+
+from snapstore._tf import tf
+from snapstore._tf import tf2
+
+
+def traced(body, name, signature=None):
+  """`body` as a concrete function, traced now (autograph off)."""
+  fn = tf2.function(body, autograph=False, input_signature=signature)
+  fn.__name__ = name  # shown in traces and profiles
+  return fn.get_concrete_function()
+
+
+def copier(sources, targets, name):
+  """A function copying each of `sources` into the variable in `targets`."""
+  pairs = list(zip(sources, targets))
+
+  def copy():
+    for source, target in pairs:
+      with tf.device(target.device):
+        target.assign(source.value(), read_value=False)
+
+  return traced(copy, name)
+
+
+def reader(variables, name):
+  """A function returning the values of `variables` (tensors on their devices)."""
+  variables = list(variables)
+
+  def read():
+    return [v.value() for v in variables]
+
+  return traced(read, name)
+
+
+def assigner(variables, specs, name):
+  """A function assigning one value per variable, `fn(*values)`.
+
+  The input signature is each variable's shape and dtype, so the function
+  never retraces. It casts values of another dtype silently, so callers pass
+  arrays checked against `specs` (`VariableSet.check_declared`).
+  """
+  variables = list(variables)
+  signature = [tf2.TensorSpec(s.shape, s.dtype) for s in specs]
+
+  def assign(*values):
+    for var, value in zip(variables, values):
+      with tf.device(var.device):
+        var.assign(value, read_value=False)
+
+  return traced(assign, name, signature)
+
+
+class Lazy(object):
+  """A traced function built on first use (for calls most stores never make).
+
+  Args:
+    build: Makes the concrete function.
+  """
+
+  def __init__(self, build):
+    self._build = build
+    self._fn = None
+
+  def __call__(self, *args):
+    if self._fn is None:
+      self._fn = self._build()
+    return self._fn(*args)

@@ -1,0 +1,99 @@
+"""The eager in-step snapshot: a copy into a slot inside the user's tf.function.
+
+The eager counterpart of `graph/in_step.py` (`snapshot_before`). Made by
+`store.slots.snapshot_in_step()`:
+
+    snap = store.slots.snapshot_in_step()      # pins "before_step" to slot 0
+
+    @tf.function
+    def train_step(x, y):
+      start = snap.begin()                     # first: the values the step starts from
+      with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+      grads = tape.gradient(loss, model.trainable_variables)
+      opt.apply_gradients(zip(grads, model.trainable_variables))
+      start.commit(if_finite=loss)             # into the slot, if the loss is finite
+      return loss
+
+`begin()` reads every covered variable; `commit()` writes those reads into
+the slot's shadows. Why this is exact: TensorFlow's automatic control
+dependencies make every later write of a variable in the function (a
+batch-norm statistic in the forward pass, the optimizer's update) wait for
+the reads made before it in program order, and a read tensor keeps the value
+it read (an update of a variable whose buffer a read still holds writes a
+copy). So `begin()` must come before anything writes the variables: the top
+of the step. `commit()` may come anywhere after it; with `if_finite` it
+writes only when every element of that tensor is finite, so the slot keeps
+the start of the newest step whose loss was finite. `snap()` is
+`snap.begin().commit()`: an unconditional copy at that point.
+
+Called eagerly (outside a `tf.function`), the same calls run at once. A step
+costs no extra dispatch: the copy runs inside the step's own function.
+"""
+
+from snapstore._tf import tf
+
+
+class InStepSnapshot(object):
+  """Copies into one slot from inside a traced step (see module doc).
+
+  Args:
+    variables: The covered variables, in the store's key order.
+    shadows: The slot's shadow of each.
+    tag: The tag pinned to the slot.
+  """
+
+  def __init__(self, variables, shadows, tag):
+    self._variables = list(variables)
+    self._shadows = list(shadows)
+    self.tag = tag
+
+  def begin(self):
+    """Reads the variables now; returns the `Start` to `commit` later."""
+    values = []
+    for var in self._variables:
+      with tf.device(var.device):
+        values.append(var.value())
+    return Start(self._shadows, values)
+
+  def __call__(self, if_finite=None):
+    """Copies the variables into the slot now (`begin().commit(if_finite)`)."""
+    return self.begin().commit(if_finite)
+
+
+class Start(object):
+  """The values a step started from, read by `InStepSnapshot.begin`."""
+
+  def __init__(self, shadows, values):
+    self._shadows = shadows
+    self._values = values
+
+  def commit(self, if_finite=None):
+    """Writes the values into the slot; with `if_finite`, only if it is finite.
+
+    Args:
+      if_finite: None, or a float tensor (typically the step's loss).
+
+    Returns:
+      A bool tensor: whether the slot was written.
+
+    Raises:
+      TypeError: `if_finite` is not a float tensor.
+    """
+
+    def write():
+      for shadow, value in zip(self._shadows, self._values):
+        with tf.device(shadow.device):
+          shadow.assign(value, read_value=False)
+      return tf.constant(True)
+
+    if if_finite is None:
+      return write()
+    condition = tf.convert_to_tensor(if_finite)
+    if not condition.dtype.is_floating:
+      raise TypeError(
+        "if_finite must be a float tensor (the step's loss), got dtype %s."
+        % condition.dtype.name
+      )
+    finite = tf.reduce_all(tf.math.is_finite(condition))
+    return tf.cond(finite, write, lambda: tf.constant(False))

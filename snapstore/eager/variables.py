@@ -1,0 +1,317 @@
+"""Which eager variables a store covers, and the key each one is stored under.
+
+The eager engine's counterpart of `core/variables.py`'s resolution (TF 2.x
+eager execution has no collections or variable scopes). A store covers:
+
+- a list of `tf.Variable`s (Keras 3 `keras.Variable`s are unwrapped to the
+  `tf.Variable` they hold): keys are the variables' names without `:0`
+  (`path` for Keras 3);
+- a dict `{key: variable}`, keys as given;
+- a Keras model (tf-keras, or Keras 3 with the TensorFlow backend): every
+  variable of `model.variables`: the weights, non-trainable ones such as
+  batch-norm statistics included, and for Keras 3 the seed generators' states
+  (so that a rollback replays the same dropout masks; pass
+  `var_list=model.weights` to leave them out). Keys are the variables' paths
+  without the model's own name (`d1/kernel`, not `sequential/d1/kernel`);
+- a `tf.Module`: its variables, keyed by attribute path (`layers/0/w`).
+
+`optimizer=` adds a Keras optimizer's state: its iteration counter and its
+slots (moments, EMA averages), under `optimizer/...`. The learning rate is
+left out (Keras 3 keeps it in a variable), so that a rollback never undoes a
+learning-rate change. An optimizer that has not built its slots yet is built
+for the model's trainable variables when `var_list` is a model
+(`optimizer.build`, what Keras does on the first step); otherwise it is
+refused, with that fix.
+
+Keys must be unique; two variables under one key are refused with both named,
+and the fix (a dict). Keys made from automatic names (`dense_1`,
+`sequential_2`) depend on the order a process built its models in; a file
+written by one process loads into another with the same keys.
+"""
+
+from snapstore._tf import in_graph_mode
+from snapstore._tf import is_keras_3_object
+from snapstore._tf import keras_variable_value
+from snapstore._tf import module_variable_paths
+from snapstore._tf import tf2
+from snapstore._tf import tf_variables
+from snapstore.core.variables import VariableSet
+
+_GRAPH_ONLY = (
+  "%s= is for graph mode (collections and variable scopes), which TF 2.x "
+  "eager execution does not have. Pass the variables instead: "
+  "var_list=<a Keras model, a tf.Module, or a list or dict of variables>."
+)
+
+
+def variable_set(
+  var_list=None,
+  scope=None,
+  collection=None,
+  optimizer=None,
+  include_global_step=False,
+):
+  """The `VariableSet` an eager store covers (see module doc).
+
+  Raises:
+    ValueError: No var_list; graph-only arguments; duplicate keys; a variable
+      listed twice; a deferred (unbuilt) Keras variable; an unbuilt
+      optimizer that cannot be built here; a variable of a TF1 graph.
+    TypeError: Objects that are not variables, a single variable as var_list.
+  """
+  for arg, value in (("scope", scope), ("collection", collection)):
+    if value is not None:
+      raise ValueError(_GRAPH_ONLY % arg)
+  if include_global_step:
+    raise ValueError(
+      "include_global_step=True is for graph mode's global step; eagerly, "
+      "put the step variable in var_list (an optimizer's `iterations` is "
+      "covered with optimizer=)."
+    )
+  if var_list is None:
+    raise ValueError(
+      "An eager store needs var_list=: a Keras model, a tf.Module, or a list "
+      "or dict of variables (there are no collections to default to)."
+    )
+  pairs, source, model = _resolve(var_list)
+  if optimizer is not None:
+    pairs += _optimizer_pairs(optimizer, model)
+  _check_unique(pairs)
+  for key, var in pairs:
+    _check_eager(key, var)
+  return VariableSet.of(pairs, source)
+
+
+def _resolve(var_list):
+  """([(key, tf.Variable)], description, Keras model or None)."""
+  if _is_keras_model(var_list):
+    prefix = getattr(var_list, "name", "") or ""
+    pairs = [
+      (_strip(_name_of(v), prefix), _unwrap(v, "the model's"))
+      for v in _dedupe(var_list.variables)
+    ]
+    if not pairs:
+      raise ValueError(
+        "Keras model %r has no variables yet; build it first (call it on a "
+        "batch, or model.build(input_shape))." % prefix
+      )
+    return pairs, "Keras model %r" % prefix, var_list
+  if isinstance(var_list, tf2.Module):
+    pairs = [(k, v) for k, v in module_variable_paths(var_list)]
+    if not pairs:
+      raise ValueError("tf.Module %r has no variables." % var_list.name)
+    return pairs, "tf.Module %r" % var_list.name, None
+  if isinstance(var_list, dict):
+    pairs = []
+    for key, var in sorted(var_list.items(), key=lambda kv: str(kv[0])):
+      if not isinstance(key, str) or not key:
+        raise TypeError(
+          "var_list keys must be non-empty strings, got %r." % (key,)
+        )
+      pairs.append((key, _unwrap(var, "var_list[%r]" % key)))
+    _check_listed_once(pairs, ["key %r" % k for k, _ in pairs])
+    return pairs, "var_list", None
+  if _is_variable(var_list):
+    raise TypeError(
+      "var_list must be a list or dict of variables, a Keras model or a "
+      "tf.Module, got the single variable %s. Pass a list: var_list=[v]."
+      % _name_of(var_list)
+    )
+  if isinstance(var_list, (str, bytes)) or not hasattr(var_list, "__iter__"):
+    raise TypeError(
+      "var_list must be a list or dict of variables, a Keras model or a "
+      "tf.Module, got %r." % (var_list,)
+    )
+  pairs = []
+  for i, var in enumerate(var_list):
+    inner = _unwrap(var, "var_list position %d" % i)
+    pairs.append((_name_of(var), inner))
+  _check_listed_once(pairs, ["position %d" % i for i in range(len(pairs))])
+  return pairs, "var_list", None
+
+
+def _optimizer_pairs(optimizer, model):
+  """(key, variable) of a Keras optimizer's state, learning rate left out."""
+  if isinstance(optimizer, (list, tuple)):
+    return [p for opt in optimizer for p in _optimizer_pairs(opt, model)]
+  if not hasattr(optimizer, "variables") or not hasattr(
+    optimizer, "iterations"
+  ):
+    raise TypeError(
+      "optimizer= takes a Keras optimizer (Keras 3 or tf-keras) in eager "
+      "mode, got %r. (tf.compat.v1.train optimizers are for graph mode.)"
+      % (optimizer,)
+    )
+  variables = _optimizer_variables(optimizer)
+  if not _has_slots(optimizer, variables):
+    if not hasattr(optimizer, "build"):
+      raise ValueError(
+        "Optimizer %s (a legacy Keras optimizer) has no slots yet: it makes "
+        "them on its first step. Apply gradients once before building the "
+        "store, or use a current optimizer (keras.optimizers.%s)."
+        % (_opt_name(optimizer), type(optimizer).__name__)
+      )
+    if model is None:
+      raise ValueError(
+        "Optimizer %s has not built its state yet (no slots). Build it "
+        "first: optimizer.build(model.trainable_variables), or pass "
+        "var_list=model so that the store builds it." % _opt_name(optimizer)
+      )
+    optimizer.build(model.trainable_variables)
+    variables = _optimizer_variables(optimizer)
+  rates = set(id(r) for r in _learning_rates(optimizer))
+  prefix = _opt_name(optimizer)
+  model_prefix = (getattr(model, "name", "") or "") if model else ""
+  pairs = []
+  for var in _dedupe(variables):
+    inner = _unwrap(var, "optimizer %s's" % prefix)
+    if id(inner) in rates or id(var) in rates:
+      continue
+    name = _strip(_name_of(var), prefix)
+    if model_prefix and name.startswith(model_prefix + "_"):
+      name = name[len(model_prefix) + 1 :]  # Keras 3 slots: model_layer_w_m
+    pairs.append(("optimizer/" + _strip(name, model_prefix), inner))
+  return pairs
+
+
+def _optimizer_variables(optimizer):
+  variables = optimizer.variables
+  return list(variables() if callable(variables) else variables)
+
+
+def _has_slots(optimizer, variables):
+  built = getattr(optimizer, "built", None)
+  if built is not None:
+    return bool(built)
+  # Legacy optimizers: slots exist once a step ran (`iterations` alone before).
+  return len(variables) > 1
+
+
+def _learning_rates(optimizer):
+  """The learning-rate variables of `optimizer` and of any it wraps."""
+  found = []
+  while optimizer is not None:
+    rate = getattr(optimizer, "_learning_rate", None)
+    if _is_variable(rate):  # not a schedule
+      found.append(rate)
+      inner = keras_variable_value(rate)
+      if inner is not None:
+        found.append(inner)
+    optimizer = getattr(optimizer, "inner_optimizer", None)
+  return found
+
+
+def _opt_name(optimizer):
+  return getattr(optimizer, "name", None) or type(optimizer).__name__
+
+
+def _is_keras_model(obj):
+  """A Keras model or layer (either Keras): it has `variables` and `weights`."""
+  return (
+    hasattr(obj, "weights")
+    and hasattr(obj, "variables")
+    and hasattr(obj, "trainable_variables")
+    and not isinstance(obj, (list, tuple, dict))
+    and (
+      is_keras_3_object(obj)
+      or type(obj).__module__.split(".")[0] in ("keras", "tf_keras")
+    )
+  )
+
+
+def _is_variable(obj):
+  return isinstance(obj, tf_variables.Variable) or (
+    is_keras_3_object(obj) and hasattr(obj, "path") and hasattr(obj, "value")
+  )
+
+
+def _name_of(var):
+  """The name a variable is known by: Keras 3's path, else its name sans :0."""
+  if is_keras_3_object(var) and hasattr(var, "path"):
+    return var.path
+  name = getattr(var, "name", None)
+  if not isinstance(name, str):
+    raise TypeError("%r is not a tf.Variable." % (var,))
+  return name[:-2] if name.endswith(":0") else name
+
+
+def _strip(name, prefix):
+  if prefix and name.startswith(prefix + "/"):
+    return name[len(prefix) + 1 :]
+  return name
+
+
+def _unwrap(var, where):
+  """The `tf.Variable` behind `var` (a Keras 3 variable is unwrapped)."""
+  if isinstance(var, tf_variables.PartitionedVariable):
+    raise TypeError(
+      "%s holds a PartitionedVariable, which is graph mode's; eager "
+      "variables are not partitioned." % where
+    )
+  if is_keras_3_object(var):
+    inner = keras_variable_value(var)
+    if inner is None:
+      raise ValueError(
+        "%s variable %s is not built yet (a deferred Keras variable); build "
+        "the model first (call it on a batch, or model.build())."
+        % (where, getattr(var, "path", var))
+      )
+    var = inner
+  if not isinstance(var, tf_variables.Variable):
+    raise TypeError("%s holds %r, which is not a tf.Variable." % (where, var))
+  if isinstance(var, tf2.distribute.DistributedValues):
+    raise ValueError(
+      "%s holds %s, a tf.distribute variable; snapstore does not cover "
+      "distributed variables yet. Build the store over variables made "
+      "outside strategy.scope()." % (where, var.name)
+    )
+  return var
+
+
+def _dedupe(variables):
+  seen, out = set(), []
+  for v in variables:
+    inner = keras_variable_value(v) if is_keras_3_object(v) else v
+    if id(inner) not in seen:
+      seen.add(id(inner))
+      out.append(v)
+  return out
+
+
+def _check_listed_once(pairs, where):
+  first = {}
+  for (_, var), place in zip(pairs, where):
+    if id(var) in first:
+      raise ValueError(
+        "var_list names variable %s twice: at %s and at %s. List each "
+        "variable once." % (var.name, first[id(var)], place)
+      )
+    first[id(var)] = place
+
+
+def _check_unique(pairs):
+  by_key, seen = {}, {}
+  for key, var in pairs:
+    if id(var) in seen:
+      raise ValueError(
+        "Variable %s is covered twice (as %r and %r): the optimizer's state "
+        "and var_list overlap. List each variable once."
+        % (var.name, seen[id(var)], key)
+      )
+    seen[id(var)] = key
+    if key in by_key:
+      raise ValueError(
+        "Variables %s and %s both have the key %r (Keras and tf.Module names "
+        "are not unique). Pass var_list as a dict {key: variable} to name "
+        "them." % (by_key[key].name, var.name, key)
+      )
+    by_key[key] = var
+
+
+def _check_eager(key, var):
+  if in_graph_mode(var):
+    raise ValueError(
+      "Variable %s (%r) belongs to a TF1 graph, but the store is built "
+      "eagerly. Build the store where the variables were made (inside "
+      "`with graph.as_default():`)." % (var.name, key)
+    )

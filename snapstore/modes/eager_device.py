@@ -1,0 +1,187 @@
+"""Device mode on the eager engine: shadow `tf.Variable`s next to the originals.
+
+The eager counterpart of `device.py`. Each slot is a full set of shadow
+variables, made when the store is built under `init_scope` (never inside a
+traced function) on each variable's device, not trainable, and held only by
+the store: Keras, `tf.Module.variables` and checkpoints do not see them. A
+shadow starts as a copy of its variable (sharing its buffer until either is
+written), so a slot is always initialized.
+
+Per slot, a snapshot and a restore are one traced function each, traced when
+the store is built (`snapstore/eager/copies.py`); `evaluate_with` sets the
+current values aside in a scratch set with two more. Reading a slot into numpy
+(`arrays`) and writing arrays into it (`load_arrays`, `load_npz`) trace their
+function on first use.
+
+`store.slots.snapshot_in_step()` writes a slot from inside the caller's own
+`tf.function` (`snapstore/eager/in_step.py`).
+"""
+
+from snapstore._tf import tf
+from snapstore._tf import tf2
+from snapstore.eager import copies
+from snapstore import errors
+from snapstore.modes import slot_book
+
+
+class EagerDeviceMode(slot_book.SlotBook):
+  """Snapshots held in eager shadow variables (see module doc).
+
+  Args:
+    varset: The store's `VariableSet` (eager variables).
+    max_to_keep: Number of slots (>= 1).
+    name: The store's name; shadows are named `<key>/<name>/slot_<k>`.
+    saveable: Refused when True: eager shadows are not tracked; hand
+      `store.slots.shadows(k)` to a `tf.train.Checkpoint` to save a slot.
+    pack: Refused when True (see `_check_options`).
+  """
+
+  name = "device"
+  default_max_to_keep = 1
+
+  def __init__(self, varset, max_to_keep, name, saveable=False, pack=False):
+    super(EagerDeviceMode, self).__init__(varset, max_to_keep, name)
+    _check_options(saveable, pack)
+    self._primaries = list(varset.variables)
+    self._slots = [
+      _shadows(varset, "%s/slot_%d" % (name, k)) for k in range(max_to_keep)
+    ]
+    self._scratch = _shadows(varset, name + "/scratch")
+    p = self._primaries
+    self._takes = [
+      copies.copier(p, s, "snapshot_%d" % k) for k, s in enumerate(self._slots)
+    ]
+    self._restores = [
+      copies.copier(s, p, "restore_%d" % k) for k, s in enumerate(self._slots)
+    ]
+    self._stash = copies.copier(p, self._scratch, "stash")
+    self._unstash = copies.copier(self._scratch, p, "unstash")
+    self._reads = [
+      copies.Lazy(lambda s=s, k=k: copies.reader(s, "read_%d" % k))
+      for k, s in enumerate(self._slots)
+    ]
+    self._puts = [
+      copies.Lazy(
+        lambda s=s, k=k: copies.assigner(s, varset.specs, "put_%d" % k)
+      )
+      for k, s in enumerate(self._slots)
+    ]
+    self._initializer = None
+    self._start_book(max_to_keep)
+    self._scratch_used = False
+
+  # -- slots (store.slots) -------------------------------------------------------
+
+  @property
+  def slot_set(self):
+    return self
+
+  @property
+  def per_variable(self):
+    return True
+
+  @property
+  def num_slots(self):
+    return len(self._slots)
+
+  def shadows(self, slot, what="shadows"):
+    del what
+    return list(self._slots[slot])
+
+  # -- CopyMode ------------------------------------------------------------------
+
+  @property
+  def nbytes(self):
+    held = len(self._slots) + (1 if self._scratch_used else 0)
+    return held * self._varset.nbytes
+
+  def take(self, tag, session, victim=None):
+    del session
+    slot = self._slot_for(tag, victim)
+    self._write_slot(slot, self._takes[slot])
+    self._bind(tag, slot, victim)
+
+  def put(self, tag, arrays, session, victim=None):
+    del session
+    slot = self._slot_for(tag, victim)
+    self._write_slot(slot, lambda: self._puts[slot](*arrays))
+    self._bind(tag, slot, victim)
+
+  def restore(self, tag, session):
+    del session
+    self._restores[self._slot_of[tag]]()
+
+  def arrays(self, tag, session):
+    del session
+    return [t.numpy() for t in self._reads[self._slot_of[tag]]()]
+
+  def stash(self, session):
+    del session
+    self._scratch_used = True
+    self._stash()
+    return None
+
+  def unstash(self, token, session):
+    del token, session  # the values are in the scratch shadows
+    self._unstash()
+
+  def array_writer(self, name):
+    return _writer(self._primaries, self._varset.specs, name)
+
+
+def _writer(variables, specs, name):
+  write = copies.assigner(variables, specs, name)
+
+  def run(arrays, session):
+    del session
+    write(*arrays)
+
+  return run
+
+
+def _check_options(saveable, pack):
+  if not isinstance(pack, bool):
+    raise TypeError("pack must be True or False, got %r." % (pack,))
+  if pack:
+    raise ValueError(
+      "pack=True is for graph mode, where it saves ops per variable; an "
+      "eager store copies every variable in one traced function already, "
+      "and packing would give up the copy-on-write sharing that makes an "
+      "eager snapshot cost no memory copy until the next update. Leave "
+      "pack=False."
+    )
+  if saveable:
+    raise ValueError(
+      "saveable=True puts graph-mode shadows into GLOBAL_VARIABLES; eager "
+      "execution has no collections. To save a slot, hand its shadows to "
+      "your checkpoint: tf.train.Checkpoint(target=store.slots.shadows(0))."
+    )
+
+
+def _shadows(varset, suffix):
+  """One shadow per variable, made eagerly on its device (see module doc)."""
+  out = []
+  with tf2.init_scope():
+    for spec in varset:
+      var = spec.variable
+      with tf.device(var.device):
+        out.append(
+          tf2.Variable(
+            var.value(),
+            trainable=False,
+            name="%s/%s" % (spec.key, suffix),
+            dtype=var.dtype,
+            shape=var.shape,
+          )
+        )
+  return out
+
+
+def check_not_traced(what):
+  """Refuses building eager state while a `tf.function` is traced."""
+  if tf2.inside_function():
+    raise errors.ModeError(
+      "%s cannot be built inside a tf.function: its shadow variables and "
+      "traced copies are made once, eagerly. Build the store before the "
+      "function (e.g. next to the model and optimizer)." % what
+    )

@@ -1,0 +1,111 @@
+"""Host and disk mode on the eager engine: snapshots as numpy arrays.
+
+The eager counterpart of `host.py`. A snapshot is one traced read of every
+variable (traced when the store is built), then a copy of each value into a
+new 64-byte aligned, read-only array the store owns: the arrays never share
+memory with TensorFlow, so training cannot change them and they stay valid on
+any device. A restore is one traced assign of every variable, fed the arrays
+(its input signature is the variables' shapes and dtypes, so it never
+retraces; the arrays are checked before they reach it, because it would cast
+another dtype silently). Disk mode is this mode under a spill file's budget
+(`EagerDiskMode`).
+"""
+
+import numpy as np
+
+from snapstore.core import buffers
+from snapstore.eager import copies
+from snapstore.modes import base
+from snapstore.modes import disk
+
+
+class EagerHostMode(base.CopyMode):
+  """Snapshots held as read-only numpy arrays (see module doc).
+
+  Args:
+    varset: The store's `VariableSet` (eager variables).
+    max_to_keep: The most snapshots kept, or None for no bound.
+    name: The store's name.
+  """
+
+  name = "host"
+  default_max_to_keep = 5
+  allows_unbounded = True
+  data_needs_session = False
+
+  def __init__(self, varset, max_to_keep, name):
+    super(EagerHostMode, self).__init__(varset, max_to_keep, name)
+    self._read = copies.reader(varset.variables, "read")
+    self._write = copies.assigner(varset.variables, varset.specs, "restore")
+    self._initializer = None
+    self._snapshots = {}
+
+  def tags(self):
+    return list(self._snapshots)
+
+  @property
+  def nbytes(self):
+    return sum(a.nbytes for arrays in self._snapshots.values() for a in arrays)
+
+  def take(self, tag, session, victim=None):
+    del session
+    self._keep(tag, self._fetch(), victim)
+
+  def put(self, tag, arrays, session, victim=None):
+    del session
+    copied = [
+      buffers.aligned_copy(a, spec.dtype)
+      for a, spec in zip(arrays, self._varset.specs)
+    ]
+    self._keep(tag, copied, victim)
+
+  def restore(self, tag, session):
+    del session
+    self._write(*self._snapshots[tag])
+
+  def arrays(self, tag, session):
+    del session
+    return list(self._snapshots[tag])
+
+  def delete(self, tag):
+    del self._snapshots[tag]
+
+  def stash(self, session):
+    del session
+    return self._fetch()
+
+  def unstash(self, token, session):
+    del session
+    self._write(*token)
+
+  def array_writer(self, name):
+    del name
+
+    def run(arrays, session):
+      del session
+      self._write(*arrays)
+
+    return run
+
+  def _fetch(self):
+    """Copies of the variables' values, in store-owned aligned arrays."""
+    out = []
+    for value, spec in zip(self._read(), self._varset.specs):
+      array = buffers.aligned_empty(spec.shape, spec.dtype)
+      # A zero-copy view of TF's buffer, copied once into the store's array.
+      np.copyto(array, np.asarray(memoryview(value)))
+      out.append(array)
+    return out
+
+  def _keep(self, tag, arrays, victim):
+    for a in arrays:
+      a.setflags(write=False)
+    if victim is not None and victim != tag:
+      self._snapshots.pop(victim, None)
+    self._snapshots[tag] = tuple(arrays)
+
+
+class EagerDiskMode(disk.DiskMode):
+  """Disk mode over eager host snapshots (see `disk.DiskMode`)."""
+
+  fast_tier = EagerHostMode

@@ -1,0 +1,258 @@
+"""The eager engine's store: snapshot, restore, evaluate, arrays and files.
+
+Every restore is checked bit for bit against values copied before (numpy),
+in the three modes, on tf.Variables, a tf.Module and a Keras model with its
+optimizer.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import snapstore
+from snapstore.eager import copies
+from tests.eager import common
+from tests.eager.common import assert_bits_equal
+from tests.eager.common import keras
+from tests.eager.common import MODES
+from tests.eager.common import mode_options
+from tests.eager.common import values
+
+
+def _variables():
+  return [
+    tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3), name="w"),
+    tf.Variable(np.float64(2.5), name="b"),
+    tf.Variable(np.array([1, -2, 3], np.int64), name="n"),
+    tf.Variable(np.array([True, False]), name="flag"),
+  ]
+
+
+def _update(variables):
+  variables[0].assign_add(tf.ones([2, 3]))
+  variables[1].assign(variables[1] * 3.0)
+  variables[2].assign_add(tf.constant([5, 5, 5], tf.int64))
+  variables[3].assign(tf.logical_not(variables[3]))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_restore_is_bit_exact_and_the_snapshot_survives(mode, tmp_path):
+  vs = _variables()
+  store = snapstore.SnapshotStore(
+    var_list=vs, mode=mode, **mode_options(mode, tmp_path)
+  )
+  assert store.keys == ("b", "flag", "n", "w")
+  assert store.graph is None
+  before = values(vs)
+  tag = store.snapshot()
+  _update(vs)
+  assert not np.array_equal(before[0], vs[0].numpy())
+  assert store.restore() == tag
+  assert_bits_equal(before, values(vs))
+  _update(vs)
+  store.restore(tag)  # restoring twice: the snapshot is intact
+  assert_bits_equal(before, values(vs))
+  store.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_nan_payloads_negative_zero_and_denormals_survive(mode, tmp_path):
+  bits = np.array(
+    [0x7FC00001, 0xFFC12345, 0x7F800001, 0x80000000, 0x00000001, 0x7F800000],
+    np.uint32,
+  )
+  v = tf.Variable(bits.view(np.float32), name="odd")
+  store = snapstore.SnapshotStore(
+    var_list={"odd": v}, mode=mode, **mode_options(mode, tmp_path)
+  )
+  store.snapshot("t")
+  v.assign(tf.zeros([6]))
+  store.restore("t")
+  assert v.numpy().view(np.uint32).tolist() == bits.tolist()
+  assert store.arrays("t")["odd"].view(np.uint32).tolist() == bits.tolist()
+  store.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_evaluate_with_calls_fn_on_the_snapshot_and_puts_current_back(
+  mode, tmp_path
+):
+  vs = _variables()
+  store = snapstore.SnapshotStore(
+    var_list=vs, mode=mode, max_to_keep=2, **mode_options(mode, tmp_path)
+  )
+  past = values(vs)
+  store.snapshot("past")
+  _update(vs)
+  current = values(vs)
+  seen = store.evaluate_with(lambda: values(vs), tag="past")
+  assert_bits_equal(past, seen)
+  assert_bits_equal(current, values(vs))
+  assert store.evaluate_with(lambda: 7, past=False) == 7
+
+  def fails():
+    vs[0].assign(tf.fill([2, 3], 99.0))  # a write inside fn is undone too
+    raise KeyError("inside fn")
+
+  with pytest.raises(KeyError, match="inside fn"):
+    store.evaluate_with(fails, tag="past")
+  assert_bits_equal(current, values(vs))
+  held = store.arrays("past")
+  assert_bits_equal(past, [held[k] for k in ("w", "b", "n", "flag")])
+  store.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_evaluate_each_visits_every_snapshot(mode, tmp_path):
+  v = tf.Variable(0.0, name="v")
+  store = snapstore.SnapshotStore(
+    var_list=[v], mode=mode, max_to_keep=3, **mode_options(mode, tmp_path)
+  )
+  for i in range(3):
+    v.assign(float(i))
+    store.snapshot(i)
+  v.assign(42.0)
+  got = store.evaluate_each(lambda: float(v.numpy()))
+  assert list(got.items()) == [(0, 0.0), (1, 1.0), (2, 2.0)]
+  assert v.numpy() == 42.0
+  store.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_arrays_load_arrays_and_npz_round_trip(mode, tmp_path):
+  vs = _variables()
+  store = snapstore.SnapshotStore(
+    var_list=vs, mode=mode, max_to_keep=3, **mode_options(mode, tmp_path)
+  )
+  before = values(vs)
+  store.snapshot("a")
+  arrays = store.arrays("a")
+  assert list(arrays) == list(store.keys)
+  assert not arrays["w"].flags.writeable
+  _update(vs)
+  assert_bits_equal(before, [arrays[k] for k in ("w", "b", "n", "flag")])
+  path = str(tmp_path / "a.npz")
+  store.files.save_npz(path, "a")
+  store.load_arrays({k: np.array(a) for k, a in arrays.items()}, tag="b")
+  store.files.load_npz(path, tag="c")
+  for tag in ("b", "c"):
+    _update(vs)
+    store.restore(tag)
+    assert_bits_equal(before, values(vs))
+  store.close()
+
+
+def test_load_arrays_refuses_another_dtype_before_anything_changes():
+  v = tf.Variable(np.zeros(3, np.float32), name="v")
+  store = snapstore.SnapshotStore(var_list=[v], mode="device")
+  with pytest.raises(
+    snapstore.IncompatibleSnapshotError, match="v has dtype float64"
+  ):
+    store.load_arrays({"v": np.ones(3, np.float64)})
+  assert store.tags() == []
+  big_endian = np.arange(3, dtype=">f4")
+  store.load_arrays({"v": big_endian}, tag="be")
+  store.restore("be")
+  assert v.numpy().tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("mode", ["device", "host"])
+def test_a_spill_file_under_an_eager_store(mode, tmp_path):
+  v = tf.Variable(np.arange(4, dtype=np.float32), name="v")
+  path = str(tmp_path / "s.h5")
+  store = snapstore.SnapshotStore(var_list=[v], mode=mode, spill_path=path)
+  store.snapshot("x")
+  store.files.spill("x")
+  store.files.flush()
+  assert store.files.tier("x") == "file"
+  v.assign(tf.zeros([4]))
+  store.restore("x")
+  assert v.numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
+  store.close()
+  again = snapstore.SnapshotStore(var_list=[v], mode="host", spill_path=path)
+  assert again.tags() == ["x"]
+  again.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_copies_are_traced_once_never_per_call(mode, tmp_path, monkeypatch):
+  v = tf.Variable(np.ones(5, np.float32), name="v")
+  store = snapstore.SnapshotStore(
+    var_list=[v], mode=mode, max_to_keep=2, **mode_options(mode, tmp_path)
+  )
+  store.snapshot(0)
+  store.evaluate_with(lambda: None, tag=0)  # first use of lazy functions
+  store.arrays(0)
+  store.load_arrays({"v": np.zeros(5, np.float32)}, tag=1)
+  traced = []
+  real = copies.traced
+
+  def counting(body, name, signature=None):
+    traced.append(name)
+    return real(body, name, signature)
+
+  monkeypatch.setattr(copies, "traced", counting)
+  for i in range(5):
+    v.assign_add(tf.ones([5]))
+    store.snapshot(i % 2)
+    store.restore(i % 2)
+    store.evaluate_with(lambda: None, tag=0)
+    store.arrays(0)
+    store.load_arrays({"v": np.zeros(5, np.float32)}, tag=1)
+  assert traced == []
+  store.close()
+
+
+def test_a_tf_module_is_keyed_by_attribute_path():
+  class Net(tf.Module):
+    def __init__(self):
+      super().__init__()
+      self.layers = [tf.Module(), tf.Module()]
+      for i, layer in enumerate(self.layers):
+        layer.w = tf.Variable(float(i), name="w")
+      self.alias = self.layers[0].w
+
+  net = Net()
+  store = snapstore.SnapshotStore(var_list=net)
+  # layers[0].w is reachable twice: keyed by its shortest path, as a TF2
+  # checkpoint names it.
+  assert store.keys == ("alias", "layers/1/w")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_gradient_tape_loop_rolls_back_weights_and_optimizer(mode, tmp_path):
+  model = common.small_model()
+  opt = keras.optimizers.Adam(0.01)
+  store = snapstore.SnapshotStore(
+    var_list=model, optimizer=opt, mode=mode, **mode_options(mode, tmp_path)
+  )
+  state = common.state_variables(model, opt)
+  loss_fn = keras.losses.MeanSquaredError()
+
+  @tf.function
+  def step(x, y):
+    with tf.GradientTape() as tape:
+      loss = loss_fn(y, model(x, training=True))
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+  data = common.batches(4)
+  step(*data[0])
+  store.snapshot("good")
+  saved = values(state)
+  for x, y in data[1:]:
+    step(x, y)
+  changed = [
+    i
+    for i, (a, b) in enumerate(zip(saved, values(state)))
+    if a.tobytes() != b.tobytes()
+  ]
+  assert len(changed) >= len(model.trainable_variables)
+  store.restore("good")
+  assert_bits_equal(saved, values(state))
+  # The steps after the rollback are those of an uninterrupted run.
+  after = [float(step(x, y)) for x, y in data[1:]]
+  store.restore("good")
+  assert [float(step(x, y)) for x, y in data[1:]] == after
+  store.close()
