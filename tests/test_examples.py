@@ -1,4 +1,4 @@
-"""Every script in examples/ (and the README's training-loop code) runs and checks itself."""
+"""Every script in examples/ runs and checks itself (README.md's code: test_readme.py)."""
 
 import os
 import subprocess
@@ -55,27 +55,6 @@ class ExamplesTest(unittest.TestCase):
 
   def test_checkpoint_ensemble(self):
     self._run("checkpoint_ensemble.py")
-
-  def test_readme_training_loop_section_runs(self):
-    with open(os.path.join(ROOT, "README.md")) as f:
-      section = f.read().split("## Training-loop integration", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    code += (
-      "\nassert np.isfinite(slow_loss) and np.isfinite(ema_loss)\n"
-      # The guard's device snapshot went with the closed session.
-      "assert store.tags() == []\n"
-    )
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run(
-      [sys.executable, "-c", code],
-      cwd=ROOT,
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      universal_newlines=True,
-      timeout=120,
-    )
-    self.assertEqual(result.returncode, 0, result.stdout)
 
 
 if __name__ == "__main__":
