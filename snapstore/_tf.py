@@ -33,7 +33,8 @@ engine needs TensorFlow 2.15 or newer.
 Keras. From TensorFlow 2.16 on, `tf.keras` is Keras 3 unless tf-keras is
 installed and TF_USE_LEGACY_KERAS=1 is set (before TensorFlow is imported).
 Keras 3 has no graph mode, no `tf.compat.v1.layers` and no `get_session`;
-snapstore refuses its models and variables with `KERAS_3_FIX` in the message.
+in graph mode snapstore refuses its models and variables with `KERAS_3_FIX`
+in the message; the eager engine takes them (`keras_variable_value`).
 """
 
 import os
@@ -376,15 +377,33 @@ def keras_variable_value(variable):
   return value if isinstance(value, tf_variables.Variable) else None
 
 
+def parse_object_graph(serialized):
+  """The `TrackableObjectGraph` proto a TF2 checkpoint keeps (its object graph
+  entry, `OBJECT_GRAPH_PROTO_KEY`)."""
+  from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
+
+  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph.ParseFromString(serialized)
+  return graph
+
+
+def trackable_children(obj):
+  """`{local name: child}` of a trackable object, as a checkpoint names them
+  (`tf.train.TrackableView.children`, public from TF 2.x)."""
+  return _tensorflow.train.TrackableView.children(obj)
+
+
 # pylint: enable=protected-access
 
 # -- Keras --------------------------------------------------------------------
 
 KERAS_3_FIX = (
-  "snapstore works with TF1-style Keras in graph mode, which Keras "
-  "3 does not have: install tf-keras (`pip install tf-keras`, the "
-  "version matching TensorFlow) and set TF_USE_LEGACY_KERAS=1 "
-  "before TensorFlow is imported."
+  "Keras 3 has no graph mode: build the store eagerly (without "
+  "tf.compat.v1.disable_v2_behavior() and outside tf.Graph().as_default()), "
+  "where snapstore's eager engine takes Keras 3 models, variables and "
+  "optimizers. For graph mode, use TF1-style Keras: install tf-keras "
+  "(`pip install tf-keras`, the version matching TensorFlow) and set "
+  "TF_USE_LEGACY_KERAS=1 before TensorFlow is imported."
 )
 
 

@@ -157,6 +157,13 @@ class Ensemble(object):
   """
 
   def __init__(self, store, outputs, tags=None, combine="mean", rewire=None):
+    if store.graph is None:
+      raise errors.ModeError(
+        "snapstore.Ensemble runs graph tensors in one session.run; this store "
+        "is eager. Evaluate the members with store.evaluate_each(lambda: "
+        "model(x).numpy(), tags=tags) and combine the results (e.g. "
+        "np.mean(list(results.values()), axis=0))."
+      )
     leaves = _check_outputs(outputs, store.graph)
     self._store = store
     self._outputs = outputs

@@ -21,6 +21,7 @@ dtypes, checksums) before anything is stored; see `snapstore.files.sources`.
 
 from snapstore.files import checkpoints
 from snapstore.files import npz
+from snapstore.files import object_graph
 from snapstore.files import sources
 from snapstore.core import failures
 from snapstore import errors
@@ -106,8 +107,9 @@ class Files(object):
     mapping=None,
     allow_extra=False,
     session=None,
+    root=None,
   ):
-    """Reads a `tf.train.Saver` checkpoint into the store as a snapshot.
+    """Reads a TensorFlow checkpoint into the store as a snapshot.
 
     The checkpoint (V1 or V2, written by any process) is read with TF's
     checkpoint reader; its graph is not built and no op is added. Names,
@@ -122,6 +124,16 @@ class Files(object):
     keys as they are.
 
         store.load_checkpoint(path, tag="b", strip_prefix="model_2")  # model_2/w -> w
+
+    A TF2 object-based checkpoint (`tf.train.Checkpoint.write`,
+    `model.save_weights` in the TF format) is matched to the store's variables
+    through its object graph when `root` is given: the object it was written
+    from, or a dict of its children (`root={"model": model, "optimizer":
+    opt}` for `tf.train.Checkpoint(model=model, optimizer=opt)`); see
+    `snapstore.files.object_graph`. Names holding variables the store does not
+    cover (a learning rate, another model) are skipped.
+
+        store.files.load_checkpoint(path, root={"model": model, "optimizer": opt})
 
     Args:
       path: What `Saver.save` returned (a V2 prefix or V1 file), or a
@@ -138,13 +150,16 @@ class Files(object):
         slots, a global step, other models) instead of reporting them.
       session: The session to run in (device mode); default: the default
         session.
+      root: For a TF2 object-based checkpoint: what it was written from (see
+        above). Not with `mapping` or the prefixes.
 
     Returns:
       The tag the snapshot is stored under.
 
     Raises:
       CheckpointError: No checkpoint at `path`, not a checkpoint, or the reader
-        failed (the message says how to fix it).
+        failed (the message says how to fix it); `root` with a checkpoint that
+        has no object graph.
       IncompatibleSnapshotError: Variables the checkpoint lacks, names that map
         to no variable (unless `allow_extra`), other shapes or dtypes: all
         named in one message.
@@ -152,6 +167,14 @@ class Files(object):
         mapped to one variable.
       TypeError: A bad `path`, prefix or mapping type.
     """
+    if root is not None:
+      if mapping is not None or strip_prefix or add_prefix:
+        raise TypeError(
+          "load_checkpoint(root=...) maps names through the checkpoint's "
+          "object graph; pass no mapping, strip_prefix or add_prefix with it."
+        )
+      mapping = self._by_object_graph(path, root)
+      strip_prefix = ""
     if strip_prefix is None and not callable(mapping):
       strip_prefix = self._h.varset.scope
     return self._load(
@@ -299,6 +322,15 @@ class Files(object):
         source, self._h.varset, names, allow_extra=allow_extra
       )
     return self._h.put(arrays, tag, session, what)
+
+  def _by_object_graph(self, path, root):
+    """`{checkpoint name: key or None}` of an object-based checkpoint."""
+    root = object_graph.root_object(root)
+    with checkpoints.Checkpoint(path) as source:
+      found = object_graph.live_variables(source.object_graph(), root)
+      names = source.declared()
+    keys = dict((id(s.variable), s.key) for s in self._h.varset)
+    return dict((name, keys.get(id(found.get(name)))) for name in names)
 
   def _tiers(self, what):
     tiers = self._h.mode.tiers

@@ -5,6 +5,9 @@ with it (the marker is an HTML comment, so the rendered README does not show
 it):
 
   <!-- test: run -->              a complete program: run in a child process
+  <!-- test: run eager -->        a complete eager program (TensorFlow 2.x):
+                                  run with each Keras the stack has (tf-keras
+                                  or Keras 2, and Keras 3); skipped on 1.15
   <!-- test: continues -->        appended to the program of the nearest run
                                   block above it in the same section
   <!-- test: skip (reason) -->    not run, for the reason given (a fragment
@@ -22,6 +25,7 @@ but the checks in `CHECKS` below, after their last line.
 
 import ast
 import collections
+import importlib.util
 import inspect
 import os
 import re
@@ -33,12 +37,21 @@ import unittest
 
 from absl.testing import parameterized
 
+from snapstore import _tf
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 
 # Run after a program's last block, in its namespace: what its result must be.
 # Keyed by the program's id (that of its `run` block).
 CHECKS = {
+  "eager_execution_tensorflow_2_x_1": (
+    "assert np.isfinite(past_loss), past_loss\n"
+    # The bad step was rolled back: every weight is finite.
+    "assert all(np.isfinite(v.numpy()).all() for v in model.weights)\n"
+    "with np.load('model.npz') as f:\n"
+    "  assert sorted(f.files) == sorted(store.keys), f.files\n"
+  ),
   "quick_start_1": (
     "assert np.isfinite(past_loss), past_loss\n"
     # Its device snapshots went with the closed session; the file stays.
@@ -138,6 +151,8 @@ def _read_marker(pending, start, problems):
   text = pending[1]
   if text in ("run", "continues"):
     return text, None
+  if text == "run eager":
+    return "run", "eager"
   skip = _SKIP.match(text)
   if skip and skip.group(1).strip():
     return "skip", skip.group(1).strip()
@@ -155,7 +170,7 @@ def programs(blocks):
   for block in blocks:
     if current is not None and current[0].section != block.section:
       current = None
-    if block.marker == "run":
+    if block.marker == "run":  # with reason "eager" for an eager program
       current = [block]
       result[block.id] = current
     elif block.marker == "continues":
@@ -299,26 +314,44 @@ class ReadmeTest(parameterized.TestCase):
       )
       first += count
     code += CHECKS.get(blocks[0].id, "")
-    tmp = tempfile.mkdtemp(prefix="readme_")
-    try:
-      path = os.path.join(tmp, blocks[0].id + ".py")
-      with open(path, "w") as f:
-        f.write(code)
+    kerases = [None]  # the suite's own TF_USE_LEGACY_KERAS
+    if blocks[0].reason == "eager":
+      if _tf.VERSION[0] < 2:
+        self.skipTest("an eager program: TensorFlow 2.x only")
+      if _tf.VERSION >= (2, 16) and importlib.util.find_spec("keras"):
+        kerases = ["1", "0"]  # tf-keras, then Keras 3
+    for legacy in kerases:
       env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-      result = subprocess.run(
-        [sys.executable, path],
-        cwd=tmp,  # files the program writes land here
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        universal_newlines=True,
-        timeout=120,
+      if legacy is not None:
+        env["TF_USE_LEGACY_KERAS"] = legacy
+      result = _run_program(blocks[0].id, code, env)
+      self.assertEqual(
+        result.returncode,
+        0,
+        "TF_USE_LEGACY_KERAS=%s\n" % legacy
+        + "\n".join(where)
+        + "\n"
+        + result.stdout,
       )
-    finally:
-      shutil.rmtree(tmp, ignore_errors=True)
-    self.assertEqual(
-      result.returncode, 0, "\n".join(where) + "\n" + result.stdout
+
+
+def _run_program(name, code, env):
+  tmp = tempfile.mkdtemp(prefix="readme_")
+  try:
+    path = os.path.join(tmp, name + ".py")
+    with open(path, "w") as f:
+      f.write(code)
+    return subprocess.run(
+      [sys.executable, path],
+      cwd=tmp,  # files the program writes land here
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      universal_newlines=True,
+      timeout=120,
     )
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 class ParseTest(unittest.TestCase):

@@ -86,9 +86,13 @@ def _resolve(var_list):
   """([(key, tf.Variable)], description, Keras model or None)."""
   if _is_keras_model(var_list):
     prefix = getattr(var_list, "name", "") or ""
+    try:
+      found = list(var_list.variables)
+    except ValueError:  # tf-keras: "Weights for model ... not yet created"
+      found = []
     pairs = [
       (_strip(_name_of(v), prefix), _unwrap(v, "the model's"))
-      for v in _dedupe(var_list.variables)
+      for v in _dedupe(found)
     ]
     if not pairs:
       raise ValueError(
@@ -207,10 +211,11 @@ def _opt_name(optimizer):
 
 def _is_keras_model(obj):
   """A Keras model or layer (either Keras): it has `variables` and `weights`."""
+  cls = type(obj)  # the class: tf-keras' properties raise on unbuilt models
   return (
-    hasattr(obj, "weights")
-    and hasattr(obj, "variables")
-    and hasattr(obj, "trainable_variables")
+    hasattr(cls, "weights")
+    and hasattr(cls, "variables")
+    and hasattr(cls, "trainable_variables")
     and not isinstance(obj, (list, tuple, dict))
     and (
       is_keras_3_object(obj)

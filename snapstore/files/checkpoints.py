@@ -117,6 +117,22 @@ class Checkpoint(object):
         % (name, self._path, errors.first_line(e), fix)
       ) from e
 
+  def object_graph(self):
+    """The serialized object graph of a TF2 object-based checkpoint.
+
+    Raises:
+      CheckpointError: A name-based checkpoint (`tf.train.Saver`), which has
+        none.
+    """
+    self._check_open()
+    if not self._reader.has_tensor(OBJECT_GRAPH_PROTO_KEY):
+      raise errors.CheckpointError(
+        "%s is a name-based checkpoint (tf.train.Saver): it has no object "
+        "graph for root= to match. Load it without root=, with strip_prefix= "
+        "or mapping= if its names need it." % self._path
+      )
+    return self._reader.get_tensor(OBJECT_GRAPH_PROTO_KEY)
+
   def close(self):
     """Drops the reader. Safe to call twice."""
     self._reader = None

@@ -141,6 +141,13 @@ def clone(
       `tf.while_loop`, a variable op with no `tf.Variable`, ...), named in the
       message; or a finalized graph. Nothing is built.
   """
+  if tf.executing_eagerly():
+    raise errors.CloneError(
+      "snapstore.clone copies a graph; eager execution has none. Copy the "
+      "model instead: keras.models.clone_model(model) (or build a second "
+      "tf.Module), then load a snapshot into it with a store over the copy "
+      "(copy_store.load_arrays(store.arrays(tag)); copy_store.restore())."
+    )
   leaves = tf.nest.flatten(outputs)
   graph = _check_outputs(leaves)
   if not isinstance(scope, str) or not scope.strip("/"):

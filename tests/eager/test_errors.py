@@ -156,3 +156,14 @@ def test_an_unbuilt_model_is_refused():
   model = keras.Sequential([keras.layers.Dense(2)])
   with pytest.raises(ValueError, match="no variables yet; build it first"):
     snapstore.SnapshotStore(var_list=model)
+
+
+def test_clone_names_the_eager_way():
+  with pytest.raises(snapstore.CloneError, match="clone_model"):
+    snapstore.clone([tf.constant(1.0)])
+
+
+def test_ensemble_names_the_eager_way():
+  store = snapstore.SnapshotStore(var_list=[_v()])
+  with pytest.raises(snapstore.ModeError, match="store.evaluate_each"):
+    snapstore.Ensemble(store, tf.constant(1.0))
