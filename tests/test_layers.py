@@ -21,7 +21,7 @@ LAYERS = [
   ("holdings", "slots", "file_io"),
   ("store",),
   ("training",),
-  ("ensemble", "cli", "__main__", "demo", "__init__"),
+  ("ensemble", "cli", "__main__", "demo", "demo_eager", "__init__"),
 ]
 
 _ROOT = os.path.dirname(snapstore.__file__)

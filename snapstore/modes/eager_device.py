@@ -8,7 +8,8 @@ shadow starts as a copy of its variable (sharing its buffer until either is
 written), so a slot is always initialized.
 
 Per slot, a snapshot and a restore are one traced function each, traced when
-the store is built (`snapstore/eager/copies.py`); `evaluate_with` sets the
+the store is built (`snapstore/eager/copies.py`; the copies into shadows are
+also run once then, see `__init__`); `evaluate_with` sets the
 current values aside in a scratch set with two more. Reading a slot into numpy
 (`arrays`) and writing arrays into it (`load_arrays`, `load_npz`) trace their
 function on first use.
@@ -69,6 +70,14 @@ class EagerDeviceMode(slot_book.SlotBook):
     self._initializer = None
     self._start_book(max_to_keep)
     self._scratch_used = False
+    # TensorFlow optimizes a function at its first run (tens of ms for a
+    # small model), not when it is traced. Run the copies into the store's
+    # own shadows now, while no slot holds a snapshot, so that the first
+    # snapshot() in a training loop costs what the others do. (Restores
+    # write the variables: they pay it at their first call.)
+    for take in self._takes:
+      take()
+    self._stash()
 
   # -- slots (store.slots) -------------------------------------------------------
 

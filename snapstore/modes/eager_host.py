@@ -36,6 +36,7 @@ class EagerHostMode(base.CopyMode):
   def __init__(self, varset, max_to_keep, name):
     super(EagerHostMode, self).__init__(varset, max_to_keep, name)
     self._read = copies.reader(varset.variables, "read")
+    self._read()  # its first run optimizes it: at build, not in the loop
     self._write = copies.assigner(varset.variables, varset.specs, "restore")
     self._initializer = None
     self._snapshots = {}
