@@ -52,6 +52,8 @@ from snapstore._tf import tf  # pylint: disable=g-import-not-at-top,wrong-import
 from snapstore.core.variables import VariableSet  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore.spill import file as spill_file  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+tf.disable_v2_behavior()  # graph mode on TF 2.x (1.15's default)
+
 
 def _model(total_bytes, num_vars=16):
   """Float32 variables under scope "net", `total_bytes` in all, plus a train op."""

@@ -61,6 +61,8 @@ from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 # Interleaved rounds, median and minimum: the same timing as the rewiring bench.
 from bench_rewire import _seconds  # pylint: disable=g-import-not-at-top
 
+tf.disable_v2_behavior()  # graph mode on TF 2.x (1.15's default)
+
 tf.logging.set_verbosity(tf.logging.ERROR)
 
 TARGET = 1.5

@@ -49,6 +49,8 @@ import snapstore  # pylint: disable=g-import-not-at-top
 from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 
+tf.disable_v2_behavior()  # graph mode on TF 2.x (1.15's default)
+
 tf.logging.set_verbosity(tf.logging.ERROR)
 
 TARGET = 1.2

@@ -74,6 +74,8 @@ def measure(kind, n, use_resource, grappler=True):
   import snapstore  # pylint: disable=g-import-not-at-top
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 
+  tf.disable_v2_behavior()  # graph mode on TF 2.x (1.15's default)
+
   tf.logging.set_verbosity(tf.logging.ERROR)
   graph = tf.Graph()
   spill = None

@@ -83,6 +83,8 @@ from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 from snapstore.demo import Classifier  # pylint: disable=g-import-not-at-top
 from snapstore.demo import make_data  # pylint: disable=g-import-not-at-top
 
+tf.disable_v2_behavior()  # graph mode on TF 2.x (1.15's default)
+
 # (model, variant, bound on the overhead)
 TARGETS = (
   ("demo", "device, every step", 0.05),

@@ -46,6 +46,8 @@ from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
 from tensorflow.python.ops import array_ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
 
+tf.disable_v2_behavior()  # graph mode on TF 2.x (1.15's default)
+
 tf.logging.set_verbosity(tf.logging.ERROR)
 ALIGN = 64  # TF 1.15 (CPU) feeds a numpy array without copying it only at this alignment (measured)
 

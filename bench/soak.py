@@ -50,6 +50,8 @@ import snapstore  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore._tf import stack  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+tf.disable_v2_behavior()  # graph mode on TF 2.x (1.15's default)
+
 MODES = ("device", "host", "disk")
 _MIB = float(1 << 20)
 

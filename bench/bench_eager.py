@@ -1,0 +1,281 @@
+#!/usr/bin/env python
+"""Benchmark: the eager engine (TensorFlow 2.x) against what eager users write.
+
+On a Keras model of `--layers` Dense(`--width`) layers (default 32 x
+1024x1024 float32: 64 variables, 128 MiB), in one process, every method
+interleaved round by round after warm-up; medians (and min) over rounds:
+
+  device snapshot / restore     SnapshotStore(var_list=model, mode="device")
+  hand snapshot / restore       a hand-written tf.function assigning each
+                                variable into its own shadow (and back),
+                                traced and run once before timing
+  snapshot + update             the snapshot, then one in-place update of
+                                every variable (assign_add of zeros, as a
+                                step writes them): with copy on write the
+                                memory copy is paid by that update, so this
+                                is the pair to compare (hand-written the same)
+  host snapshot / restore       SnapshotStore(mode="host")
+  memcpy (warm)                 np.copyto of every value into preallocated
+                                arrays: the floor for a host snapshot
+  get_weights / set_weights     model.get_weights() / model.set_weights()
+  round trip                    device snapshot + restore
+  Checkpoint write + read       tf.train.Checkpoint(model=...).write/read on
+                                tmpfs (/dev/shm) when it exists
+
+and, on a training step (`--step-width`, default a 1024-1024-1 MLP with Adam,
+batch 256), the in-step snapshot (`store.slots.snapshot_in_step()`, begin at
+the top and commit after the update) against the bare compiled step.
+
+    .venv-tf2/bin/python bench/bench_eager.py
+    .venv-tf2/bin/python bench/bench_eager.py --layers 8 --width 512 --repeats 5
+    .venv-tf2/bin/python bench/bench_eager.py --json bench/results/eager.json
+
+On TensorFlow 1.15 (no eager engine) it prints that and exits 0.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import snapstore  # noqa: E402
+from snapstore import _tf  # noqa: E402
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  p.add_argument("--layers", type=int, default=32)
+  p.add_argument("--width", type=int, default=1024)
+  p.add_argument("--step-width", type=int, default=1024)
+  p.add_argument("--repeats", type=int, default=15)
+  p.add_argument("--warmup", type=int, default=3)
+  p.add_argument("--json", default=None, help="write the figures here")
+  return p.parse_args(argv)
+
+
+def timed(fn):
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
+def rounds(methods, repeats, warmup):
+  """{name: [seconds]}: every method once per round, rotating the start."""
+  names = list(methods)
+  out = dict((n, []) for n in names)
+  for r in range(warmup + repeats):
+    order = names[r % len(names) :] + names[: r % len(names)]
+    for name in order:
+      t = timed(methods[name])
+      if r >= warmup:
+        out[name].append(t)
+  return out
+
+
+def copies_bench(args, tf, keras):
+  keras.utils.set_random_seed(0)
+  layers = [keras.Input((args.width,))]
+  layers += [keras.layers.Dense(args.width) for _ in range(args.layers)]
+  model = keras.Sequential(layers)
+  variables = [
+    _tf.keras_variable_value(v) if _tf.is_keras_3_object(v) else v
+    for v in model.weights
+  ]
+  nbytes = sum(v.numpy().nbytes for v in variables)
+  device = snapstore.SnapshotStore(var_list=model, mode="device")
+  host = snapstore.SnapshotStore(var_list=model, mode="host", name="host")
+  with tf.init_scope():
+    shadows = [
+      tf.Variable(v.value(), trainable=False, name="hand") for v in variables
+    ]
+
+  @tf.function(autograph=False)
+  def hand_snapshot():
+    for s, v in zip(shadows, variables):
+      s.assign(v, read_value=False)
+
+  @tf.function(autograph=False)
+  def hand_restore():
+    for s, v in zip(shadows, variables):
+      v.assign(s, read_value=False)
+
+  zeros = [tf.zeros_like(v) for v in variables]
+
+  @tf.function(autograph=False)
+  def update():
+    for v, z in zip(variables, zeros):
+      v.assign_add(z, read_value=False)
+
+  buffers = [np.empty(v.shape, v.dtype.as_numpy_dtype) for v in variables]
+  values = [v.numpy() for v in variables]
+
+  def memcpy():
+    for b, a in zip(buffers, values):
+      np.copyto(b, a)
+
+  weights = model.get_weights()
+  tmp = "/dev/shm" if os.path.isdir("/dev/shm") else None
+  ckpt_dir = tempfile.mkdtemp(prefix="snapstore-bench-", dir=tmp)
+  checkpoint = tf.train.Checkpoint(model=model)
+  prefix = os.path.join(ckpt_dir, "ckpt")
+
+  def ckpt_round_trip():
+    path = checkpoint.write(prefix)
+    checkpoint.read(path).assert_consumed()
+
+  for fn in (hand_snapshot, hand_restore, update):
+    fn()
+  device.snapshot(0)
+  host.snapshot(0)
+  methods = {
+    "device snapshot": lambda: device.snapshot(0),
+    "hand snapshot": hand_snapshot,
+    "device restore": lambda: device.restore(0),
+    "hand restore": hand_restore,
+    "device snapshot + update": lambda: (device.snapshot(0), update()),
+    "hand snapshot + update": lambda: (hand_snapshot(), update()),
+    "update": update,
+    "host snapshot": lambda: host.snapshot(0),
+    "memcpy (warm)": memcpy,
+    "get_weights": model.get_weights,
+    "host restore": lambda: host.restore(0),
+    "set_weights": lambda: model.set_weights(weights),
+    "round trip": lambda: (device.snapshot(0), device.restore(0)),
+    "Checkpoint write + read": ckpt_round_trip,
+  }
+  results = rounds(methods, args.repeats, args.warmup)
+  device.close()
+  host.close()
+  return results, nbytes, len(variables), tmp
+
+
+def step_bench(args, tf, keras):
+  keras.utils.set_random_seed(0)
+  w = args.step_width
+  model = keras.Sequential(
+    [
+      keras.Input((w,)),
+      keras.layers.Dense(w, activation="relu"),
+      keras.layers.Dense(w, activation="relu"),
+      keras.layers.Dense(1),
+    ]
+  )
+  opt = keras.optimizers.Adam(1e-4)
+  opt.build(model.trainable_variables)
+  store = snapstore.SnapshotStore(var_list=model, optimizer=opt, max_to_keep=2)
+  snap = store.slots.snapshot_in_step()
+  rng = np.random.RandomState(0)
+  x = tf.constant(rng.rand(256, w).astype(np.float32))
+  y = tf.constant(rng.rand(256, 1).astype(np.float32))
+
+  def make(in_step):
+    @tf.function
+    def step():
+      start = snap.begin() if in_step else None
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+      grads = tape.gradient(loss, model.trainable_variables)
+      opt.apply_gradients(zip(grads, model.trainable_variables))
+      if in_step:
+        start.commit(if_finite=loss)
+      return loss
+
+    return step
+
+  bare, with_snap = make(False), make(True)
+  bare()
+  with_snap()
+  methods = {
+    "bare step": lambda: bare().numpy(),
+    "step + in-step snapshot": lambda: with_snap().numpy(),
+    "step, then store.snapshot()": lambda: (
+      bare().numpy(),
+      store.snapshot("s"),
+    ),
+  }
+  return rounds(methods, args.repeats, args.warmup)
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  if _tf.VERSION[0] < 2:
+    print(
+      "bench_eager: the eager engine needs TensorFlow 2.x; on %s, skipped."
+      % _tf.stack()
+    )
+    return 0
+  tf = _tf.tf2
+  keras = tf.keras
+  print(
+    "on %s, Keras %s"
+    % (
+      _tf.stack().replace(" (compat.v1 graph mode)", ""),
+      "3" if _tf.uses_keras_3() else "2 (tf-keras)",
+    )
+  )
+  print("load average: %.2f %.2f %.2f" % os.getloadavg())
+  results, nbytes, count, tmp = copies_bench(args, tf, keras)
+  steps = step_bench(args, tf, keras)
+  results.update(steps)
+  med = dict((k, float(np.median(v)) * 1e3) for k, v in results.items())
+  low = dict((k, float(np.min(v)) * 1e3) for k, v in results.items())
+  print(
+    "\n%d variables, %.0f MiB; %d rounds after %d warm-up"
+    % (count, nbytes / 2**20, args.repeats, args.warmup)
+  )
+  print("%-30s %10s %10s" % ("method", "median ms", "min ms"))
+  for k in results:
+    print("%-30s %10.3f %10.3f" % (k, med[k], low[k]))
+  ratios = [
+    ("device snapshot / hand", "device snapshot", "hand snapshot", 1.05),
+    ("device restore / hand", "device restore", "hand restore", 1.05),
+    (
+      "snapshot + update / hand",
+      "device snapshot + update",
+      "hand snapshot + update",
+      1.05,
+    ),
+    ("host snapshot / memcpy", "host snapshot", "memcpy (warm)", 1.3),
+    ("host snapshot / get_weights", "host snapshot", "get_weights", None),
+    ("host restore / set_weights", "host restore", "set_weights", None),
+    (
+      "round trip / Checkpoint (%s)" % (tmp or "tmp dir"),
+      "round trip",
+      "Checkpoint write + read",
+      None,
+    ),
+    ("in-step step / bare step", "step + in-step snapshot", "bare step", None),
+    (
+      "step + snapshot() / bare",
+      "step, then store.snapshot()",
+      "bare step",
+      None,
+    ),
+  ]
+  print("\n%-34s %8s %8s %8s" % ("ratio", "median", "min", "target"))
+  out = {"stack": _tf.stack(), "median_ms": med, "min_ms": low, "ratios": {}}
+  for label, a, b, target in ratios:
+    r, m = med[a] / med[b], low[a] / low[b]
+    out["ratios"][label] = {"median": r, "min": m, "target": target}
+    print(
+      "%-34s %8.3f %8.3f %8s"
+      % (label, r, m, "<= %.2f" % target if target else "-")
+    )
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(out, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
