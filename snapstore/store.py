@@ -1,17 +1,22 @@
-"""`SnapshotStore`: snapshot, roll back and evaluate past parameters (graph mode).
+"""`SnapshotStore`: snapshot, roll back and evaluate past parameters.
 
-Build the store with the model, before the graph is finalized; afterwards no call
-adds ops to the graph.
+One store class for two engines, picked where the store is built: graph mode
+(a TF1-style graph; calls run in a `tf.Session`) or eager execution (TF 2.x;
+calls take no session, `evaluate_with` calls a Python function). Eagerly:
 
-    loss, train_op = build_model()                       # variables under "net"
+    store = snapstore.SnapshotStore(var_list=model, optimizer=opt)
+    good = store.snapshot()                              # ... then train
+    store.restore(good)                                  # bit for bit
+    past = store.evaluate_with(lambda: model(x), tag=good)
+
+In graph mode, build the store with the model, before the graph is finalized;
+afterwards no call adds ops to the graph.
+
     store = snapstore.SnapshotStore(scope="net", mode="device", max_to_keep=3)
-    with tf.Session() as sess:
-      sess.run([tf.global_variables_initializer(),
-                tf.local_variables_initializer()])
+    with tf.Session() as sess:                           # after initializers
       good = store.snapshot(session=sess)                # -> 0
-      _, value = sess.run([train_op, loss], feed)
-      if not np.isfinite(value):
-        store.restore(good, session=sess)                # bit-exact rollback
+      sess.run(train_op, feed)
+      store.restore(good, session=sess)                  # bit-exact rollback
       past_loss = store.evaluate_with(loss, feed, session=sess)
 
 Tags are integers counting up from 0 unless given (an int or a non-empty
@@ -71,8 +76,10 @@ class SnapshotStore(object):
       and host modes bound only snapshots not spilled.
     optimizer: A `tf.train.Optimizer` (or Keras optimizer, or list) whose state
       for the covered variables is covered too: slots and non-slot variables
-      such as Adam's `beta1_power`. Build its train op first.
-    include_global_step: Cover the graph's global step.
+      such as Adam's `beta1_power`. Build its train op first. Eagerly: a Keras
+      optimizer (Keras 3 or tf-keras): its iterations and slots, not its
+      learning rate; built for the model if `var_list` is one.
+    include_global_step: Graph mode: cover the graph's global step.
     name: Name scope of the store's ops; shadows are named after it.
     **mode_options: Options of the mode. Device: `saveable=False` (True puts
       shadows in GLOBAL_VARIABLES, so a default Saver saves them) and
@@ -91,6 +98,8 @@ class SnapshotStore(object):
       `max_to_keep` or device slots that cannot fit in memory (with the bytes
       they need), or a variable set `VariableSet` rejects (empty, unknown
       shapes, unsupported dtypes, duplicate keys, a variable listed twice).
+      Eagerly: graph-only arguments, or options (`pack`, `saveable`).
+    ModeError: An eager store built inside a `tf.function`.
     TypeError: An option the mode does not take, non-variables, or a single
       variable as `var_list`.
     SnapshotFileError: A spill file that cannot be created or written, is not
@@ -154,6 +163,7 @@ class SnapshotStore(object):
 
   @property
   def graph(self):
+    """The graph of a graph-mode store; None for an eager store."""
     return self._h.varset.graph
 
   @property
@@ -212,8 +222,8 @@ class SnapshotStore(object):
     """The held tag that `snapshot(tag)` would evict now, or None.
 
     None when the store has room, or when `tag` is held (a snapshot under it
-    replaces it). `store.guard` uses this to refuse a nested guard that would
-    evict an enclosing one's snapshot.
+    replaces it). `snapstore.Guard` uses this to refuse a nested guard that
+    would evict an enclosing one's snapshot.
 
     Raises:
       TypeError: A tag that is not an int or a non-empty string.
