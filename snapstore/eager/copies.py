@@ -16,6 +16,7 @@ the next update of the variable, not by the snapshot call.
 
 from snapstore._tf import tf
 from snapstore._tf import tf2
+from snapstore.eager import distributed
 
 
 def traced(body, name, signature=None):
@@ -26,8 +27,18 @@ def traced(body, name, signature=None):
 
 
 def copier(sources, targets, name):
-  """A function copying each of `sources` into the variable in `targets`."""
-  pairs = list(zip(sources, targets))
+  """A function copying each of `sources` into the variable in `targets`.
+
+  A distributed variable and its shadow are copied component by component,
+  each on its own device (see `distributed`).
+  """
+  pairs = [
+    pair
+    for source, target in zip(sources, targets)
+    for pair in zip(
+      distributed.components(source), distributed.components(target)
+    )
+  ]
 
   def copy():
     for source, target in pairs:
@@ -38,11 +49,12 @@ def copier(sources, targets, name):
 
 
 def reader(variables, name):
-  """A function returning the values of `variables` (tensors on their devices)."""
+  """A function returning the values of `variables` (tensors on their devices;
+  one value per distributed variable, see `distributed.read`)."""
   variables = list(variables)
 
   def read():
-    return [v.value() for v in variables]
+    return [distributed.read(v) for v in variables]
 
   return traced(read, name)
 
@@ -59,8 +71,7 @@ def assigner(variables, specs, name):
 
   def assign(*values):
     for var, value in zip(variables, values):
-      with tf.device(var.device):
-        var.assign(value, read_value=False)
+      distributed.write(var, value)
 
   return traced(assign, name, signature)
 

@@ -32,6 +32,7 @@ costs no extra dispatch: the copy runs inside the step's own function.
 """
 
 from snapstore._tf import tf
+from snapstore.eager import distributed
 
 
 class InStepSnapshot(object):
@@ -49,12 +50,24 @@ class InStepSnapshot(object):
     self.tag = tag
 
   def begin(self):
-    """Reads the variables now; returns the `Start` to `commit` later."""
-    values = []
-    for var in self._variables:
-      with tf.device(var.device):
-        values.append(var.value())
-    return Start(self._shadows, values)
+    """Reads the variables now; returns the `Start` to `commit` later.
+
+    Inside `strategy.run` (replica context) each replica reads its own
+    component and later writes its own shadow component; elsewhere every
+    component is read, on its own device.
+    """
+    if distributed.in_replica_context():
+      return Start(
+        list(zip(self._shadows, [v.value() for v in self._variables]))
+      )
+    pairs = []
+    for var, shadow in zip(self._variables, self._shadows):
+      for part, target in zip(
+        distributed.components(var), distributed.components(shadow)
+      ):
+        with tf.device(part.device):
+          pairs.append((target, part.value(), part.device))
+    return Start(pairs)
 
   def __call__(self, if_finite=None):
     """Copies the variables into the slot now (`begin().commit(if_finite)`)."""
@@ -62,11 +75,14 @@ class InStepSnapshot(object):
 
 
 class Start(object):
-  """The values a step started from, read by `InStepSnapshot.begin`."""
+  """The values a step started from, read by `InStepSnapshot.begin`.
 
-  def __init__(self, shadows, values):
-    self._shadows = shadows
-    self._values = values
+  Args:
+    pairs: (shadow, value) or (shadow component, value, device) to write.
+  """
+
+  def __init__(self, pairs):
+    self._pairs = pairs
 
   def commit(self, if_finite=None):
     """Writes the values into the slot; with `if_finite`, only if it is finite.
@@ -82,9 +98,12 @@ class Start(object):
     """
 
     def write():
-      for shadow, value in zip(self._shadows, self._values):
-        with tf.device(shadow.device):
-          shadow.assign(value, read_value=False)
+      for pair in self._pairs:
+        if len(pair) == 3:  # a component, on its device
+          with tf.device(pair[2]):
+            pair[0].assign(pair[1], read_value=False)
+        else:  # replica context: the local component
+          pair[0].assign(pair[1], read_value=False)
       return tf.constant(True)
 
     if if_finite is None:

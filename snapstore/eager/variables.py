@@ -264,12 +264,6 @@ def _unwrap(var, where):
     var = inner
   if not isinstance(var, tf_variables.Variable):
     raise TypeError("%s holds %r, which is not a tf.Variable." % (where, var))
-  if isinstance(var, tf2.distribute.DistributedValues):
-    raise ValueError(
-      "%s holds %s, a tf.distribute variable; snapstore does not cover "
-      "distributed variables yet. Build the store over variables made "
-      "outside strategy.scope()." % (where, var.name)
-    )
   return var
 
 

@@ -18,9 +18,9 @@ function on first use.
 `tf.function` (`snapstore/eager/in_step.py`).
 """
 
-from snapstore._tf import tf
 from snapstore._tf import tf2
 from snapstore.eager import copies
+from snapstore.eager import distributed
 from snapstore import errors
 from snapstore.modes import slot_book
 
@@ -168,22 +168,11 @@ def _check_options(saveable, pack):
 
 
 def _shadows(varset, suffix):
-  """One shadow per variable, made eagerly on its device (see module doc)."""
-  out = []
-  with tf2.init_scope():
-    for spec in varset:
-      var = spec.variable
-      with tf.device(var.device):
-        out.append(
-          tf2.Variable(
-            var.value(),
-            trainable=False,
-            name="%s/%s" % (spec.key, suffix),
-            dtype=var.dtype,
-            shape=var.shape,
-          )
-        )
-  return out
+  """One shadow per variable, made eagerly on its device(s) (see module doc)."""
+  return [
+    distributed.make_shadow(spec.variable, "%s/%s" % (spec.key, suffix))
+    for spec in varset
+  ]
 
 
 def check_not_traced(what):
