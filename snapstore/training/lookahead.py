@@ -383,7 +383,11 @@ class KerasLookahead(object):
     """Counts one inner step; every `k`, synchronizes slow and fast weights.
 
     One traced function, built once. Call it after the optimizer's
-    `apply_gradients`, eagerly or inside your `tf.function` step.
+    `apply_gradients`, eagerly or inside your `tf.function` step. Inside a
+    `jit_compile=True` function XLA fuses `phi + alpha * (theta - phi)` into
+    one fused multiply-add, so the slow weights then differ from the graph
+    version's in the last bit; call it after the compiled step to keep them
+    exact.
 
     Returns:
       A bool tensor: whether this step synchronized.

@@ -199,6 +199,34 @@ def test_inside_a_keras_train_step_after_the_update(form):
   assert step.experimental_get_tracing_count() == traces
 
 
+def test_exact_after_an_xla_compiled_step():
+  # XLA fuses the update's multiply-add inside a jit_compile=True function
+  # (documented); called after the compiled step, the update stays exact.
+  model = common.small_model()
+  opt = keras.optimizers.SGD(0.05)
+  store = snapstore.SnapshotStore(var_list=model.trainable_variables)
+  ema = snapstore.MovingAverage(store, tau=0.0476, form="lerp")
+  loss_fn = keras.losses.MeanSquaredError()
+
+  @tf.function(jit_compile=True)
+  def step(x, y):
+    with tf.GradientTape() as tape:
+      loss = loss_fn(y, model(x, training=True))
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+
+  expected = values(store.variables.values())
+  for x, y in common.batches(6, seed=8):
+    step(x, y)
+    ema.update()
+    now = values(store.variables.values())
+    expected = [
+      _expected("lerp", a, b, np.float32, ("tau", 0.0476), None)
+      for a, b in zip(expected, now)
+    ]
+    assert_bits_equal(expected, list(store.arrays("ema").values()))
+
+
 def test_evaluate_with_swaps_the_average_in_exactly_also_when_fn_raises():
   odd = np.array(
     [0x7FC00001, 0xFFC12345, 0x7F800001, 0x80000000, 0x00000001, 0x7F800000],
