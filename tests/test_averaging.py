@@ -484,6 +484,13 @@ class AveragingErrorsTest(tf.test.TestCase):
     ):
       snapstore.RunningMean(store)
 
+  def test_update_is_the_eager_engines(self):
+    ema = snapstore.MovingAverage(self._store(), tau=0.1)
+    with self.assertRaisesRegex(
+      snapstore.ModeError, "update\\(\\) is the eager engine's.*update_op"
+    ):
+      ema.update()
+
   def test_slot_taken(self):
     store = self._store(max_to_keep=2)
     snapstore.MovingAverage(store, tau=0.1)

@@ -22,16 +22,48 @@ parameters in device memory, next to each variable.
       for feed in batches:
         sess.run(train_op, feed)
       slow_loss = opt.evaluate_with(loss, held_out, session=sess)  # with phi
+
+On the eager engine, `Lookahead` takes a Keras optimizer (Keras 3 or
+tf-keras) and the variables it trains, and returns a `KerasLookahead`: not an
+optimizer but a helper next to yours. Its `update()` is one traced function,
+built once, that counts an inner step and synchronizes every k; call it after
+`apply_gradients`, eagerly or inside your `tf.function` step (no extra
+dispatch). With `fit`, its `callback()` calls it after every batch:
+
+    opt = keras.optimizers.Adam(1e-3)
+    lookahead = snapstore.Lookahead(opt, k=5, alpha=0.5, var_list=model)
+
+    @tf.function
+    def train_step(x, y):
+      ...
+      opt.apply_gradients(zip(grads, model.trainable_variables))
+      lookahead.update()
+
+    # or: model.compile(optimizer=opt, ...)
+    #     model.fit(x, y, callbacks=[lookahead.callback()])
+    slow_loss = lookahead.evaluate_with(lambda: loss_fn(y, model(x)))
+
+Why a helper and not a wrapped Keras optimizer: wrapping means subclassing
+two optimizer base classes (Keras 3's and tf-keras's, each with its own
+build, variable tracking, loss scaling, EMA and serialization) and keeping up
+with their private hooks; a helper that touches only `tf.Variable`s works
+with any optimizer as it is (a `LossScaleOptimizer`, `use_ema=True`) and
+leaves `model.optimizer`, its checkpoints and its config unchanged.
 """
 
 import collections
+import sys
 
 import numpy as np
 
+from snapstore._tf import builds_eagerly
 from snapstore._tf import ops
 from snapstore._tf import tf
+from snapstore._tf import tf2
 from snapstore.core import checks
 from snapstore.core import copies
+from snapstore.eager import copies as eager_copies
+from snapstore.modes import eager_device
 from snapstore.store import SnapshotStore
 from snapstore.training.wrapped_optimizer import WrapperOptimizer
 
@@ -80,11 +112,19 @@ class Lookahead(WrapperOptimizer):
     use_locking: Passed to `tf.train.Optimizer`.
     name: Name of the optimizer's ops and of the slow-weight shadows.
 
+  On the eager engine, a Keras optimizer (and `var_list=`) makes a
+  `KerasLookahead` instead (see the module docstring).
+
   Raises:
-    TypeError: `optimizer` is not a `tf.train.Optimizer` (Keras optimizers are
-      not), or `k`/`alpha` have the wrong type.
+    TypeError: `optimizer` is not a `tf.train.Optimizer` (in graph mode,
+      Keras optimizers are not), or `k`/`alpha` have the wrong type.
     ValueError: `k < 1`, or `alpha` outside (0, 1].
   """
+
+  def __new__(cls, optimizer=None, *args, **kwargs):
+    if cls is Lookahead and _is_keras_optimizer(optimizer) and builds_eagerly():
+      return KerasLookahead(optimizer, *args, **kwargs)
+    return super(Lookahead, cls).__new__(cls)
 
   def __init__(
     self, optimizer, k=5, alpha=0.5, use_locking=False, name="Lookahead"
@@ -216,3 +256,290 @@ class Lookahead(WrapperOptimizer):
 
   def _own_variables(self, state):
     return [state.counter] + list(state.store.slots.shadows(0).values())
+
+
+# -- the eager engine: Lookahead next to a Keras optimizer -----------------------
+
+
+class KerasLookahead(object):
+  """Lookahead next to a Keras 3 or tf-keras optimizer, on the eager engine.
+
+  Made by `snapstore.Lookahead(keras_optimizer, k, alpha, var_list=...)`
+  when eager execution is on (see the module docstring). The optimizer takes
+  every step on the fast weights (`var_list`); after each of its steps,
+  `update()` counts the step and, every `k` steps, moves the slow weights a
+  fraction `alpha` towards the fast weights and sets the fast weights to the
+  result, bit for bit (the same arithmetic as the graph version). The
+  optimizer's own state is left as it is, as in the paper's Algorithm 1.
+
+  The slow weights are the shadows of a device `SnapshotStore` over the fast
+  weights (`store`, one slot pinned under "slow"); they start at the values
+  the fast weights hold when the `KerasLookahead` is made, so make it after
+  loading the weights training starts from (or call `reset()`).
+
+  Args:
+    optimizer: The Keras optimizer (Keras 3 or tf-keras) that steps the fast
+      weights.
+    k: Synchronization period: inner steps between slow-weight updates (>= 1).
+    alpha: Slow-weights step size, 0 < alpha <= 1.
+    use_locking: Graph mode's option; refused when True.
+    name: Name of the store and of the traced functions.
+    var_list: The fast weights: a Keras model or layer, or a `tf.Module`
+      (their trainable variables), or a list or dict of float variables.
+
+  Raises:
+    TypeError: `k`/`alpha` of the wrong type; `optimizer` not a Keras
+      optimizer.
+    ValueError: No `var_list`; a variable that is not a float; `k < 1`;
+      `alpha` outside (0, 1]; `use_locking=True`.
+    ModeError: Made inside a `tf.function`.
+  """
+
+  def __init__(
+    self,
+    optimizer,
+    k=5,
+    alpha=0.5,
+    use_locking=False,
+    name="Lookahead",
+    var_list=None,
+  ):
+    k = checks.integer(k, "k", 1)
+    alpha = checks.number(alpha, "alpha")
+    if not 0 < alpha <= 1:
+      raise ValueError(
+        "alpha must be in (0, 1] (the slow weights' step size), "
+        "got %r." % (alpha,)
+      )
+    if not _is_keras_optimizer(optimizer):
+      raise TypeError(
+        "KerasLookahead takes a Keras optimizer (Keras 3 or tf-keras), got "
+        "%r." % (optimizer,)
+      )
+    if use_locking:
+      raise ValueError(
+        "use_locking=True is for graph mode's tf.train.Optimizer; eager "
+        "updates run in order in one traced function. Leave it False."
+      )
+    eager_device.check_not_traced("Lookahead")
+    if var_list is None:
+      raise ValueError(
+        "Lookahead with a Keras optimizer needs the variables it trains: "
+        "var_list=model (its trainable variables) or a list of variables. "
+        "(A Keras optimizer does not say which variables it steps.)"
+      )
+    fast = _fast_variables(var_list)
+    self._optimizer = optimizer
+    self._k = k
+    self._alpha = alpha
+    self._store = SnapshotStore(
+      var_list=fast, mode="device", max_to_keep=1, name=name
+    )
+    self._store.slots.pin(0, SLOW)
+    fast = list(self._store.variables.values())
+    slow = list(self._store.slots.shadows(0).values())
+    with tf2.init_scope(), tf.device(fast[0].device):
+      self._counter = tf2.Variable(
+        np.int64(0), trainable=False, name=name + "/counter"
+      )
+    self._update = eager_copies.traced(
+      _eager_update(fast, slow, self._counter, k, alpha), name
+    )
+    self._reset = eager_copies.Lazy(
+      lambda: eager_copies.traced(
+        _eager_reset(fast, slow, self._counter), name + "_reset"
+      )
+    )
+
+  @property
+  def optimizer(self):
+    """The Keras optimizer stepping the fast weights."""
+    return self._optimizer
+
+  @property
+  def k(self):
+    return self._k
+
+  @property
+  def alpha(self):
+    return self._alpha
+
+  @property
+  def counter(self):
+    """The int64 variable counting inner steps (`update()` calls)."""
+    return self._counter
+
+  def store(self):
+    """The device store holding the slow weights under tag "slow".
+
+    `store().arrays("slow")`, `store().restore("slow")`,
+    `store().files.save_npz(path, "slow")`; `store().slots.shadows(0)` are the
+    slow-weight variables (hand them and `counter` to a
+    `tf.train.Checkpoint` to save Lookahead's state).
+    """
+    return self._store
+
+  def update(self):
+    """Counts one inner step; every `k`, synchronizes slow and fast weights.
+
+    One traced function, built once. Call it after the optimizer's
+    `apply_gradients`, eagerly or inside your `tf.function` step. Inside a
+    `jit_compile=True` function XLA fuses `phi + alpha * (theta - phi)` into
+    one fused multiply-add, so the slow weights then differ from the graph
+    version's in the last bit; call it after the compiled step to keep them
+    exact.
+
+    Returns:
+      A bool tensor: whether this step synchronized.
+    """
+    return self._update()
+
+  def reset(self):
+    """Starts over from the current fast weights: slow = fast, counter = 0."""
+    self._reset()
+
+  def evaluate_with(self, fn):
+    """Calls `fn()` with the slow weights in place, then puts the fast back.
+
+    See `SnapshotStore.evaluate_with`: afterwards the variables hold bit for
+    bit what they held before, also when `fn` raises.
+    """
+    return self._store.evaluate_with(fn, tag=SLOW)
+
+  def callback(self):
+    """A Keras callback calling `update()` after every training batch of `fit`.
+
+    For `model.compile(optimizer=<this optimizer>)` and
+    `model.fit(..., callbacks=[lookahead.callback()])`. `fit` must run one
+    step per batch end (`steps_per_execution=1`, the default); the callback
+    checks this, and the optimizer, when training begins.
+    """
+    base = _callback_base(self._optimizer)
+    if base not in _CALLBACKS:
+      _CALLBACKS[base] = _callback_class(base)
+    return _CALLBACKS[base](self)
+
+  def check_fit(self, model):
+    """Refuses a `fit` the callback cannot follow step by step.
+
+    Raises:
+      ValueError: `model`'s optimizer is not this Lookahead's, or it runs
+        several steps between batch ends (`steps_per_execution` > 1).
+    """
+    opt = getattr(model, "optimizer", None)
+    if opt is not self._optimizer and (
+      getattr(opt, "inner_optimizer", None) is not self._optimizer
+    ):
+      raise ValueError(
+        "The model trains with optimizer %r, not the one this Lookahead "
+        "follows (%r). Compile the model with the optimizer given to "
+        "snapstore.Lookahead." % (opt, self._optimizer)
+      )
+    steps = getattr(model, "steps_per_execution", None)
+    if steps is None:  # tf-keras keeps it in a variable
+      steps = getattr(model, "_steps_per_execution", None)
+    steps = int(steps.numpy() if hasattr(steps, "numpy") else steps or 1)
+    if steps != 1:
+      raise ValueError(
+        "The model is compiled with steps_per_execution=%d: fit runs %d "
+        "steps between batch ends, and Lookahead's callback would count "
+        "them as one. Compile with steps_per_execution=1, or call "
+        "lookahead.update() in your own train step." % (steps, steps)
+      )
+
+
+_CALLBACKS = {}  # Keras Callback base class -> the Lookahead callback class
+
+
+def _callback_class(base):
+  class LookaheadCallback(base):
+    """Calls `KerasLookahead.update()` after every training batch."""
+
+    def __init__(self, lookahead):
+      super(LookaheadCallback, self).__init__()
+      self.lookahead = lookahead
+
+    def on_train_begin(self, logs=None):
+      del logs
+      self.lookahead.check_fit(self.model)
+
+    def on_train_batch_end(self, batch, logs=None):
+      del batch, logs
+      self.lookahead.update()
+
+  return LookaheadCallback
+
+
+def _callback_base(optimizer):
+  """The `Callback` class of the Keras the optimizer belongs to."""
+  package = sys.modules[type(optimizer).__module__.split(".")[0]]
+  return package.callbacks.Callback
+
+
+def _is_keras_optimizer(optimizer):
+  return (
+    not isinstance(optimizer, tf.train.Optimizer)
+    and hasattr(optimizer, "apply_gradients")
+    and hasattr(optimizer, "iterations")
+    and type(optimizer).__module__.split(".")[0] in ("keras", "tf_keras")
+  )
+
+
+def _fast_variables(var_list):
+  """The variables Lookahead trains: a model's or module's trainable ones."""
+  if hasattr(var_list, "trainable_variables") and not isinstance(
+    var_list, (list, tuple, dict)
+  ):
+    variables = list(var_list.trainable_variables)
+    if not variables:
+      raise ValueError(
+        "%r has no trainable variables (build the model first)." % (var_list,)
+      )
+    return variables
+  if isinstance(var_list, dict):
+    variables = list(var_list.values())
+  else:
+    variables = list(var_list)
+  for var in variables:
+    dtype = getattr(var, "dtype", None)
+    if not getattr(tf.as_dtype(dtype) if dtype else None, "is_floating", 0):
+      raise ValueError(
+        "Lookahead trains float variables; %r is not one. Leave it out of "
+        "var_list." % (var,)
+      )
+  return var_list
+
+
+def _eager_update(fast, slow, counter, k, alpha):
+  def update():
+    with tf.device(counter.device):
+      count = counter.assign_add(tf.constant(1, tf.int64))
+
+    def synchronize():
+      for theta, phi in zip(fast, slow):
+        with tf.device(theta.device):
+          phi_value = phi.value()
+          rate = tf.constant(alpha, dtype=phi_value.dtype)
+          new = phi_value + rate * (theta.value() - phi_value)
+          # Both from one tensor, so fast and slow are equal bit for bit.
+          phi.assign(new, read_value=False)
+          theta.assign(new, read_value=False)
+      return tf.constant(True)
+
+    return tf.cond(
+      tf.equal(tf.math.floormod(count, k), 0),
+      synchronize,
+      lambda: tf.constant(False),
+    )
+
+  return update
+
+
+def _eager_reset(fast, slow, counter):
+  def reset():
+    for theta, phi in zip(fast, slow):
+      with tf.device(phi.device):
+        phi.assign(theta.value(), read_value=False)
+    counter.assign(tf.constant(0, tf.int64), read_value=False)
+
+  return reset
