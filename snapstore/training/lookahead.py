@@ -107,8 +107,9 @@ class Lookahead(WrapperOptimizer):
   Args:
     optimizer: The inner `tf.train.Optimizer`.
     k: Synchronization period: inner steps between slow-weight updates (>= 1).
-    alpha: Slow-weights step size, 0 < alpha <= 1 (1 gives the inner
-      optimizer's trajectory).
+    alpha: Slow-weights step size, 0 < alpha <= 1 (1 follows the inner
+      optimizer's trajectory up to rounding: `slow + 1 * (fast - slow)` is
+      not always `fast` in floating point).
     use_locking: Passed to `tf.train.Optimizer`.
     name: Name of the optimizer's ops and of the slow-weight shadows.
 

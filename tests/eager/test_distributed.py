@@ -51,7 +51,7 @@ def test_every_component_is_restored_and_replicas_stay_identical(
   store = snapstore.SnapshotStore(
     var_list=[w, count], mode=mode, **common.mode_options(mode, tmp_path)
   )
-  before_w, before_count = _components(w), _components(count)
+  before_w = _components(w)
   tag = store.snapshot()
   with strategy.scope():
     w.assign(tf.fill([2, 3], 9.0))
@@ -99,9 +99,7 @@ def test_evaluate_with_sees_the_snapshot_then_puts_current_back(strategy):
   current = _components(w)
   seen = store.evaluate_with(lambda: _components(w), tag="past")
   assert [a.tobytes() for a in seen] == [a.tobytes() for a in past]
-  assert [a.tobytes() for a in _components(w)] == [
-    a.tobytes() for a in current
-  ]
+  assert [a.tobytes() for a in _components(w)] == [a.tobytes() for a in current]
 
 
 def test_a_keras_model_in_strategy_scope_rolls_back_exactly(strategy):
