@@ -11,6 +11,8 @@ another dtype silently). Disk mode is this mode under a spill file's budget
 (`EagerDiskMode`).
 """
 
+import sys
+
 import numpy as np
 
 from snapstore.core import buffers
@@ -50,7 +52,13 @@ class EagerHostMode(base.CopyMode):
 
   def take(self, tag, session, victim=None):
     del session
-    self._keep(tag, self._fetch(), victim)
+    # The arrays of the snapshot this one replaces (same tag, or the victim)
+    # are reused when nobody else holds them: a copy into warm memory costs
+    # about a memcpy, one into new arrays also pays their page faults.
+    old = self._snapshots.get(tag)
+    if old is None and victim is not None:
+      old = self._snapshots.get(victim)
+    self._keep(tag, self._fetch(_unshared(old)), victim)
 
   def put(self, tag, arrays, session, victim=None):
     del session
@@ -88,11 +96,17 @@ class EagerHostMode(base.CopyMode):
 
     return run
 
-  def _fetch(self):
-    """Copies of the variables' values, in store-owned aligned arrays."""
+  def _fetch(self, into=None):
+    """Copies of the variables' values, in store-owned aligned arrays (`into`,
+    arrays of a dropped snapshot, or new ones)."""
     out = []
-    for value, spec in zip(self._read(), self._varset.specs):
-      array = buffers.aligned_empty(spec.shape, spec.dtype)
+    values = self._read()  # first: a failed read leaves `into` as it was
+    for i, (value, spec) in enumerate(zip(values, self._varset.specs)):
+      if into is not None:
+        array = into[i]
+        array.setflags(write=True)
+      else:
+        array = buffers.aligned_empty(spec.shape, spec.dtype)
       # A zero-copy view of TF's buffer, copied once into the store's array.
       np.copyto(array, np.asarray(memoryview(value)))
       out.append(array)
@@ -104,6 +118,18 @@ class EagerHostMode(base.CopyMode):
     if victim is not None and victim != tag:
       self._snapshots.pop(victim, None)
     self._snapshots[tag] = tuple(arrays)
+
+
+def _unshared(arrays):
+  """`arrays` if only the store refers to them (and so they may be reused)."""
+  if arrays is None:
+    return None
+  for array in arrays:
+    # The tuple holding it, this loop's name and getrefcount's argument: 3.
+    # A caller's reference (store.arrays, a view of it) adds more.
+    if sys.getrefcount(array) > 3:
+      return None
+  return arrays
 
 
 class EagerDiskMode(disk.DiskMode):

@@ -256,3 +256,22 @@ def test_a_gradient_tape_loop_rolls_back_weights_and_optimizer(mode, tmp_path):
   store.restore("good")
   assert [float(step(x, y)) for x, y in data[1:]] == after
   store.close()
+
+
+def test_host_snapshot_reuses_only_arrays_nobody_else_holds():
+  v = tf.Variable(np.zeros(4, np.float32), name="v")
+  store = snapstore.SnapshotStore(var_list=[v], mode="host", max_to_keep=1)
+  store.snapshot(0)
+  held = store.arrays(0)["v"]  # the caller keeps the snapshot's array
+  v.assign(tf.ones([4]))
+  store.snapshot(0)  # replaces tag 0: its old array must not be overwritten
+  assert held.tolist() == [0.0, 0.0, 0.0, 0.0]
+  first = store.arrays(0)["v"]
+  address = first.ctypes.data
+  del first
+  v.assign(tf.fill([4], 2.0))
+  store.snapshot(1)  # evicts 0, whose array nobody holds: reused
+  again = store.arrays(1)["v"]
+  assert again.tolist() == [2.0, 2.0, 2.0, 2.0]
+  assert again.ctypes.data == address
+  assert not again.flags.writeable
