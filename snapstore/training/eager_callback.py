@@ -30,8 +30,8 @@ Metrics. Keras builds its compiled metrics in the first step of `fit`, after
 variables the store does not cover are copied to the host at each snapshot
 (a few scalars; Keras has just read the logs, so this waits for nothing) and
 written back at a rollback; at the end of the epoch in which they appeared,
-the default store is rebuilt to cover them (its snapshots are dropped and
-the next batch takes a new one). Metrics a snapshot holds no value of (made
+the default store is rebuilt to cover them (its snapshots are dropped, and
+it takes one at once, for the next batch). Metrics a snapshot holds no value of (made
 in the failing first step), and all metrics when the snapshot is from an
 earlier epoch (fit resets them at each epoch start), are reset instead
 (`reset_state()`): their state before the first batch counted in this epoch.
@@ -164,12 +164,16 @@ class EagerKeeper(object):
     self._set_store(_default_store(model), (model, model.optimizer))
     _warm_up(self.store, model)
     self._metric_vars = self._uncovered_metrics()
-    self._timer.reset()  # the next batch snapshots into the new store
+    # The state now is what the next batch starts from: its snapshot.
+    self._take()
 
   def before_batch(self):
     """`on_train_batch_begin`: a snapshot when the timer says so."""
-    if not self._timer.should_trigger_for_step(self.step):
-      return
+    if self._timer.should_trigger_for_step(self.step):
+      self._take()
+
+  def _take(self):
+    """A snapshot for the batch at `self.step`."""
     tag = self.store.snapshot()
     self._timer.update_last_triggered_step(self.step)
     self.snapshots += 1
@@ -363,7 +367,12 @@ def _learning_rate(model, backoff):
   if backoff is None:
     return None
   optimizer = model.optimizer
-  rate = getattr(optimizer, "learning_rate", None)
+  # What the optimizer was given (a variable, or a schedule): tf-keras's
+  # `learning_rate` with a schedule is a variable the schedule overwrites at
+  # every step. Legacy optimizers have no `_learning_rate`.
+  rate = getattr(optimizer, "_learning_rate", None)
+  if rate is None:
+    rate = getattr(optimizer, "learning_rate", None)
   inner = _inner(rate) if rate is not None else None
   if not isinstance(inner, tf2.Variable):
     raise ValueError(
