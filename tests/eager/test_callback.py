@@ -60,9 +60,7 @@ def _fit(model, x, y, callbacks=(), epochs=2):
 def _state(model):
   """Model variables (seed states too), optimizer variables, metrics."""
   metrics = [v for m in model.metrics for v in m.variables]
-  return common.values(
-    common.state_variables(model, model.optimizer) + metrics
-  )
+  return common.values(common.state_variables(model, model.optimizer) + metrics)
 
 
 def _differing(expected, actual):
@@ -125,13 +123,17 @@ def test_negative_control_without_iterations_the_result_differs():
   history = _fit(model, x, y, [callback])
   assert callback.rollbacks == 2
   weights = len(model.trainable_variables)
-  assert _differing(
-    common.values(clean.trainable_variables),
-    common.values(model.trainable_variables),
-  ) == weights
-  assert int(model.optimizer.iterations.numpy()) == int(
-    clean.optimizer.iterations.numpy()
-  ) + 2
+  assert (
+    _differing(
+      common.values(clean.trainable_variables),
+      common.values(model.trainable_variables),
+    )
+    == weights
+  )
+  assert (
+    int(model.optimizer.iterations.numpy())
+    == int(clean.optimizer.iterations.numpy()) + 2
+  )
   # The metrics are reset at each rollback with a store of your own: the
   # logs stay finite and no good batch is rolled back.
   assert np.all(np.isfinite(history.history["loss"]))
@@ -147,9 +149,7 @@ class _Recorder(keras.callbacks.Callback):
 
   def on_train_batch_begin(self, batch, logs=None):
     self.before.append(
-      common.values(
-        common.state_variables(self.model, self.model.optimizer)
-      )
+      common.values(common.state_variables(self.model, self.model.optimizer))
     )
 
   def on_train_batch_end(self, batch, logs=None):
