@@ -31,17 +31,20 @@ variables the store does not cover are copied to the host at each snapshot
 (a few scalars; Keras has just read the logs, so this waits for nothing) and
 written back at a rollback; at the end of the epoch in which they appeared,
 the default store is rebuilt to cover them (its snapshots are dropped, and
-it takes one at once, for the next batch). Metrics a snapshot holds no value of (made
-in the failing first step), and all metrics when the snapshot is from an
-earlier epoch (fit resets them at each epoch start), are reset instead
-(`reset_state()`): their state before the first batch counted in this epoch.
+it takes one at once, for the next batch). A store of your own never covers
+them: they are copied to the host at every snapshot. Metrics a snapshot
+holds no value of (made in the failing first step), and all metrics when the
+snapshot is from an earlier epoch (fit resets them at each epoch start), are
+reset instead (`reset_state()`): their state before the first batch counted
+in this epoch.
 
 Rollback protocol. A snapshot taken before a batch holds the state after
 batches whose own losses were all finite. When a batch's loss is not finite,
 the newest such snapshot is restored (the state before that batch when
 snapshotting every batch), unless its trainable weights are not finite (an
 update made them NaN while its loss was finite): that one is dropped and the
-one before it is restored. Then training goes on with the next batch.
+one before it is restored (a store of your own may keep 1 snapshot; it then
+has no older one to fall back to). Then training goes on with the next batch.
 
 With `steps_per_execution=N`, Keras calls the batch hooks once per N steps,
 so a rollback undoes the whole execution.
@@ -114,7 +117,7 @@ class EagerKeeper(object):
     held = self._held()
     return held[-1][0] if held else None
 
-  # -- fit ----------------------------------------------------------------------
+  # -- fit ---------------------------------------------------------------------
 
   def start(self, model):
     """`on_train_begin`: checks, then the store (built or reused), traced now.
@@ -227,7 +230,7 @@ class EagerKeeper(object):
         % (value, step, self._consecutive, self._max_consecutive, tag)
       )
 
-  # -- parts --------------------------------------------------------------------
+  # -- parts -------------------------------------------------------------------
 
   @property
   def _default(self):
