@@ -445,14 +445,22 @@ def _is_keras_3_class(cls):
 
 
 def keras_callback_base():
-  """The base class of `SnapshotCallback`: TF1-style Keras's `Callback`.
+  """The base class of `SnapshotCallback`: the `Callback` of `tf.keras`.
 
-  Where there is none (Keras 3, or TF1-style Keras fails to import), a
+  TF1-style Keras's (TF 1.15, TF 2.15's Keras 2, tf-keras), whose `fit` runs
+  in graph mode or eagerly; or Keras 3's (TF 2.16+ without
+  TF_USE_LEGACY_KERAS=1), whose `fit` runs only eagerly (TensorFlow imports
+  Keras 3 itself there, so this costs no import). Where neither imports, a
   stand-in whose constructor raises a RuntimeError saying why and how to fix
-  it, so that importing snapstore does not fail. Keras 3 is not imported.
+  it, so that importing snapstore does not fail.
   """
   if uses_keras_3():
-    return _no_graph_mode_keras("tf.keras is Keras 3 here")
+    try:
+      import keras  # pylint: disable=g-import-not-at-top
+
+      return keras.callbacks.Callback
+    except ImportError as e:
+      return _no_graph_mode_keras("Keras 3 cannot be imported (%s)" % e)
   try:
     base = tf.keras.callbacks.Callback
   except ImportError as e:  # e.g. TF_USE_LEGACY_KERAS=1 without tf-keras

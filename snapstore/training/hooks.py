@@ -25,6 +25,13 @@ infinite:
 
     model.fit(x, y, callbacks=[snapstore.SnapshotCallback(every_n_batches=50)])
 
+`SnapshotCallback` also works in eager `fit` (Keras 3 with the TensorFlow
+backend, tf-keras, TF 2.15's Keras 2): it takes the eager way when eager
+execution is on at `on_train_begin`, with its own protocol (the snapshot
+before a failing batch is restored, so that batch alone is undone); see
+`snapstore/training/eager_callback.py`. What follows is the graph-mode
+protocol.
+
 How a rollback works. A snapshot is taken before a step runs (the step's
 parameters), and trusted once that step's loss, which is computed at those
 parameters, is finite. When a loss is not finite, the variables are restored
@@ -73,13 +80,17 @@ goes on).
 
 import numpy as np
 
+from snapstore._tf import builds_eagerly
 from snapstore._tf import keras_callback_base
+from snapstore._tf import KERAS_3_FIX
 from snapstore._tf import tf
+from snapstore._tf import uses_keras_3
 from snapstore.core import attached
 from snapstore.core import checks
 from snapstore import errors
 from snapstore.store import SnapshotStore
 from snapstore.graph import in_step
+from snapstore.training import eager_callback
 
 
 class _Keeper(object):
@@ -398,32 +409,44 @@ class SnapshotHook(_Protocol, tf.train.SessionRunHook):
 
 
 class SnapshotCallback(_Protocol, keras_callback_base()):
-  """The `SnapshotHook` protocol for `model.fit` in TF1 Keras.
+  """The `SnapshotHook` protocol for `model.fit`, in graph mode or eagerly.
 
   Snapshots every N batches (or seconds) and rolls back when the batch loss
-  (`logs[monitor]`) is NaN or infinite. The session is
-  `tf.keras.backend.get_session()`. TF1 Keras is `tf.keras` on TF 1.15 and
-  2.15, and tf-keras on TF 2.16+ with TF_USE_LEGACY_KERAS=1; under Keras 3 the
-  constructor raises a RuntimeError saying so.
+  (`logs[monitor]`) is NaN or infinite. Which engine is decided at each
+  `on_train_begin`: graph mode (TF1-style Keras: `tf.keras` on TF 1.15 and
+  2.15, tf-keras on TF 2.16+ with TF_USE_LEGACY_KERAS=1, in a program that
+  chose graph mode; the session is `tf.keras.backend.get_session()`) or eager
+  `fit` (Keras 3 with the TensorFlow backend, tf-keras, TF 2.15's Keras 2; see
+  `snapstore/training/eager_callback.py`). Under Keras 3 the class is a Keras
+  3 callback, and making one in graph mode raises a RuntimeError.
 
   Args:
     store: A `SnapshotStore`, a function `model -> SnapshotStore`, or None for
       a device store of the model's weights (trainable and not: batch-norm
-      statistics too) and the optimizer's state (slots and `iterations`),
-      keeping 2 snapshots: an exact rollback. Built once per graph, at the
-      start of `fit`.
+      statistics too; eagerly also Keras 3 seed-generator states) and the
+      optimizer's state (slots and `iterations`, not the learning rate),
+      keeping 2 snapshots: an exact rollback. Eagerly, the callback also
+      copies the compiled metrics (the logs' running means) with each
+      snapshot. Built once per graph (eagerly: per model and optimizer), at
+      the start of `fit`.
     every_n_batches: Snapshot every this many batches.
     every_n_secs: Or: snapshot when this many seconds have passed.
     monitor: The key of the value to check in the batch logs; None: snapshots
       only, no rollback.
     max_consecutive_rollbacks: Raise `NonFiniteError` after this many
       rollbacks without a finite loss in between; None: never.
-    on_rollback: A function called with the session after each rollback.
+    on_rollback: A function called after each rollback: with the session in
+      graph mode, with no arguments eagerly.
+    backoff: Eager `fit` only: multiply the optimizer's learning rate (a
+      variable) by this factor, 0 < backoff, at each rollback. Checked at
+      `on_train_begin`.
 
   Raises:
-    ValueError: Both or neither of `every_n_batches` and `every_n_secs`.
-    TypeError: A bad `store` or `on_rollback`.
-    RuntimeError: `tf.keras` is Keras 3, which has no graph mode.
+    ValueError: Both or neither of `every_n_batches` and `every_n_secs`; a
+      `backoff` that is not > 0.
+    TypeError: A bad `store`, `on_rollback` or `backoff`.
+    RuntimeError: Made in graph mode where `tf.keras` is Keras 3, which has
+      no graph mode.
   """
 
   def __init__(
@@ -434,7 +457,15 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
     monitor="loss",
     max_consecutive_rollbacks=3,
     on_rollback=None,
+    backoff=None,
   ):
+    if uses_keras_3() and not builds_eagerly():
+      raise RuntimeError(
+        "SnapshotCallback needs TF1-style Keras, but tf.keras is Keras 3 "
+        "here, and the callback is being made in graph mode. Keras 3 trains "
+        "eagerly: make the callback (and call fit) with eager execution on, "
+        "TensorFlow 2's default. For graph mode, %s" % KERAS_3_FIX
+      )
     super(SnapshotCallback, self).__init__()
     self._configure(
       store,
@@ -445,19 +476,60 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
       max_consecutive_rollbacks,
       on_rollback,
     )
+    if backoff is not None and checks.number(backoff, "backoff") <= 0:
+      raise ValueError("backoff must be > 0, got %r." % (backoff,))
     self._store_arg = store
     self._monitor = monitor
+    self._backoff = backoff
+    self._eager = None  # the eager engine's keeper, kept across fits
 
   def on_train_begin(self, logs=None):
+    if builds_eagerly():
+      if self._eager is None:
+        self._eager = eager_callback.EagerKeeper(
+          self._store_arg,
+          self._timer_args,
+          self._monitor,
+          self._max_consecutive,
+          self._on_rollback,
+          self._backoff,
+        )
+      self._eager.start(self.model)
+      self._keeper = self._eager
+      return
+    if self._backoff is not None:
+      raise ValueError(
+        "backoff= is for eager fit; in graph mode, lower the learning rate "
+        "in on_rollback=, which is called with the session."
+      )
     graph = tf.keras.backend.get_session().graph
     factory = self._store_arg if self._store_arg is not None else _keras_store
     store = self._store_for(self._store_arg, graph, lambda: factory(self.model))
     self._start(store, watching=self._monitor is not None)
 
+  @property
+  def _eagerly(self):
+    """Whether this fit runs on the eager engine."""
+    return self._eager is not None and self._keeper is self._eager
+
+  def on_epoch_begin(self, epoch, logs=None):
+    if self._eagerly:
+      self._eager.epoch(epoch)
+
+  def on_epoch_end(self, epoch, logs=None):
+    if self._eagerly:
+      self._eager.end_epoch()
+
   def on_train_batch_begin(self, batch, logs=None):
+    if self._eagerly:
+      self._eager.before_batch()
+      return
     self._keeper.before_step(tf.keras.backend.get_session())
 
   def on_train_batch_end(self, batch, logs=None):
+    if self._eagerly:
+      self._eager.after_batch(logs)
+      return
     value = None
     if self._monitor is not None:
       if not logs or self._monitor not in logs:

@@ -1,0 +1,410 @@
+"""SnapshotCallback in eager `fit`: Keras 3, tf-keras and TF 2.15's Keras 2.
+
+The done-when test of issue 23: `fit` with a batch that makes the loss NaN,
+rolled back by the callback, ends bit for bit where `fit` on the same data
+without that batch ends (weights, batch-norm statistics, optimizer slots,
+iterations, seed states, metrics), with a negative control showing that the
+comparison can fail. `shuffle=False` so that both runs see the same batches
+in the same order; no XLA (jit_compile is "auto", False on a CPU).
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import snapstore
+from snapstore.eager import copies
+from tests.eager import common
+from tests.eager.common import keras
+
+B, NB = 16, 8  # batch size, batches per epoch
+
+
+def _data(bad=None, bad_value=np.nan):
+  """Inputs and targets for NB batches; batch `bad` has one bad input."""
+  rng = np.random.RandomState(0)
+  x = rng.randn(B * NB, 3).astype(np.float32)
+  y = np.tanh(x @ rng.randn(3, 1)).astype(np.float32)
+  if bad is not None:
+    x[bad * B, 0] = bad_value
+  return x, y
+
+
+def _without(x, y, batch):
+  keep = np.r_[0 : batch * B, (batch + 1) * B : B * NB]
+  return x[keep], y[keep]
+
+
+def _model(dropout=False, learning_rate=0.01):
+  model = common.small_model(seed=3, dropout=dropout)
+  model.compile(
+    optimizer=keras.optimizers.Adam(learning_rate),
+    loss="mse",
+    metrics=["mae"],
+  )
+  return model
+
+
+def _fit(model, x, y, callbacks=(), epochs=2):
+  return model.fit(
+    x,
+    y,
+    batch_size=B,
+    epochs=epochs,
+    shuffle=False,
+    verbose=0,
+    callbacks=list(callbacks),
+  )
+
+
+def _state(model):
+  """Model variables (seed states too), optimizer variables, metrics."""
+  metrics = [v for m in model.metrics for v in m.variables]
+  return common.values(common.state_variables(model, model.optimizer) + metrics)
+
+
+def _differing(expected, actual):
+  assert len(expected) == len(actual)
+  return sum(a.tobytes() != b.tobytes() for a, b in zip(expected, actual))
+
+
+@pytest.mark.parametrize("bad", [3, 0])
+def test_rolled_back_fit_ends_bit_identical_to_fit_without_the_batch(bad):
+  x, y = _data(bad)
+  clean = _model()
+  clean_history = _fit(clean, *_without(x, y, bad))
+  model = _model()
+  callback = snapstore.SnapshotCallback(every_n_batches=1)
+  history = _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2  # the bad batch, in each epoch
+  assert callback.snapshots == 2 * NB
+  expected = _state(clean)
+  assert len(expected) > 20  # weights, Adam's slots and iterations, metrics
+  common.assert_bits_equal(expected, _state(model))
+  assert history.history["loss"] == clean_history.history["loss"]
+  keys = callback.store.keys
+  assert "bn/moving_mean" in keys
+  assert any(k.startswith("metrics/") for k in keys)  # rebuilt after epoch 0
+  assert not any("learning_rate" in k for k in keys)
+
+
+@common.needs_keras_3
+def test_dropout_seed_state_is_rolled_back_with_the_model():
+  x, y = _data(3)
+  clean = _model(dropout=True)
+  _fit(clean, *_without(x, y, 3))
+  model = _model(dropout=True)
+  callback = snapstore.SnapshotCallback(every_n_batches=1)
+  _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2
+  assert any("seed_generator" in k for k in callback.store.keys)
+  common.assert_bits_equal(_state(clean), _state(model))
+
+
+def _store_without_iterations(model):
+  full = snapstore.SnapshotStore(var_list=model, optimizer=model.optimizer)
+  var_list = {k: v for k, v in full.variables.items() if "iteration" not in k}
+  assert len(var_list) == len(full.keys) - 1
+  full.close()
+  return snapstore.SnapshotStore(var_list=var_list, max_to_keep=2)
+
+
+def test_negative_control_without_iterations_the_result_differs():
+  # A store of our own that leaves out the optimizer's iteration counter:
+  # Adam's bias correction then counts the rolled-back steps, and the
+  # weights end elsewhere. The comparison of the test above can fail.
+  x, y = _data(3)
+  clean = _model()
+  _fit(clean, *_without(x, y, 3))
+  model = _model()
+  callback = snapstore.SnapshotCallback(
+    _store_without_iterations, every_n_batches=1
+  )
+  history = _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2
+  weights = len(model.trainable_variables)
+  assert (
+    _differing(
+      common.values(clean.trainable_variables),
+      common.values(model.trainable_variables),
+    )
+    == weights
+  )
+  assert (
+    int(model.optimizer.iterations.numpy())
+    == int(clean.optimizer.iterations.numpy()) + 2
+  )
+  # The metrics are reset at each rollback with a store of your own: the
+  # logs stay finite and no good batch is rolled back.
+  assert np.all(np.isfinite(history.history["loss"]))
+
+
+class _Recorder(keras.callbacks.Callback):
+  """The model's and optimizer's values at the start of every batch."""
+
+  def __init__(self):
+    super(_Recorder, self).__init__()
+    self.before = []
+    self.losses = []
+
+  def on_train_batch_begin(self, batch, logs=None):
+    self.before.append(
+      common.values(common.state_variables(self.model, self.model.optimizer))
+    )
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.losses.append(logs["loss"])
+
+
+def test_every_n_batches_rolls_back_to_the_newest_snapshot():
+  # Snapshots before batches 0, 3, 6; batch 4 is bad: back to the start of
+  # batch 3 (batches 3 and 4 undone), and batch 5 starts from there.
+  x, y = _data(4)
+  model = _model()
+  recorder = _Recorder()
+  callback = snapstore.SnapshotCallback(every_n_batches=3)
+  _fit(model, x, y, [callback, recorder], epochs=1)
+  # ... and one at the epoch's end, by the store rebuilt to cover the
+  # metrics Keras made in the first step.
+  assert callback.snapshots == 3 + 1
+  assert callback.rollbacks == 1
+  common.assert_bits_equal(recorder.before[3], recorder.before[5])
+  assert np.all(np.isfinite(recorder.losses[5:]))
+  assert not np.isfinite(recorder.losses[4])
+
+
+class _MetricsAtEnd(keras.callbacks.Callback):
+  """The metric variables' values at the end of every batch (after the
+  callbacks listed before this one)."""
+
+  def __init__(self):
+    super(_MetricsAtEnd, self).__init__()
+    self.values = []
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.values.append(
+      common.values([v for m in self.model.metrics for v in m.variables])
+    )
+
+
+def test_a_snapshot_from_an_earlier_epoch_resets_the_metrics():
+  # Snapshots every 5 batches: before steps 0 and 5 (epoch 0), 10 (epoch 1,
+  # batch 2). Batch 1 is bad in both epochs. In epoch 1 (step 9) the newest
+  # snapshot is from epoch 0's step 5, whose metrics hold epoch 0's batches:
+  # the weights go back there, and the metrics restart from zero (fit reset
+  # them at the epoch start and no batch of epoch 1 is in effect any more).
+  # A first fit on good data makes the metrics, and the store (rebuilt at
+  # its epoch's end) covers them: no rebuild drops snapshots in the second.
+  x, y = _data(1)
+  model = _model()
+  callback = snapstore.SnapshotCallback(every_n_batches=5)
+  _fit(model, *_data(), callbacks=[callback], epochs=1)
+  store = callback.store
+  recorder = _Recorder()
+  metrics = _MetricsAtEnd()
+  history = _fit(model, x, y, [recorder, callback, metrics])
+  assert callback.store is store  # the same model: the store is reused
+  assert callback.rollbacks == 2
+  assert not np.isfinite(recorder.losses[NB + 1])
+  common.assert_bits_equal(recorder.before[5], recorder.before[NB + 2])
+  after = metrics.values[NB + 1]
+  assert after and all(float(np.asarray(v)) == 0.0 for v in after)
+  # In epoch 0 (step 1) the snapshot before step 0 is of the same epoch:
+  # its metric values (zero, or none yet) are put back, and the running
+  # mean goes on finite.
+  assert all(np.isfinite(recorder.losses[2:NB]))
+  assert np.all(np.isfinite(history.history["loss"]))
+
+
+def test_backoff_multiplies_the_learning_rate_at_each_rollback():
+  x, y = _data(3)
+  model = _model(learning_rate=0.01)
+  calls = []
+  callback = snapstore.SnapshotCallback(
+    every_n_batches=1, backoff=0.5, on_rollback=lambda: calls.append(1)
+  )
+  _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2 and len(calls) == 2
+  want = np.float32(0.01) * np.float32(0.5) * np.float32(0.5)
+  rate = np.asarray(model.optimizer.learning_rate.numpy())
+  assert rate.dtype == np.float32
+  assert rate.tobytes() == np.float32(want).tobytes()
+
+
+def test_snapshots_only_without_a_monitor():
+  x, y = _data()
+  model = _model()
+  callback = snapstore.SnapshotCallback(every_n_batches=2, monitor=None)
+  _fit(model, x, y, [callback], epochs=1)
+  assert callback.snapshots == NB // 2 + 1  # + the rebuilt store's
+  assert callback.rollbacks == 0
+  assert callback.trusted in callback.store
+
+
+def test_weights_made_non_finite_by_an_update_roll_back_one_further():
+  # A snapshot whose weights are not finite is never restored: its own
+  # batch had a finite loss, but the update after it overflowed. Here the
+  # weights are poisoned by hand right after the snapshot before batch 3.
+  x, y = _data()
+  model = _model()
+  recorder = _Recorder()
+
+  class Poison(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+      if batch == 3:
+        kernel = common.state_variables(self.model, self.model.optimizer)[0]
+        kernel.assign(tf.fill(kernel.shape, np.float32(np.nan)))
+
+  callback = snapstore.SnapshotCallback(every_n_batches=1)
+  # Order: recorder, snapshot (before 3: finite), poison (batch 3 runs on
+  # NaN weights), so batch 3's loss is NaN and its snapshot is finite.
+  _fit(model, x, y, [recorder, callback, Poison()], epochs=1)
+  assert callback.rollbacks == 1
+  common.assert_bits_equal(recorder.before[3], recorder.before[4])
+
+  # Now poison before the snapshot: the snapshot before batch 3 holds NaN
+  # weights; the rollback drops it and restores the one before batch 2.
+  model = _model()
+  recorder = _Recorder()
+  callback = snapstore.SnapshotCallback(every_n_batches=1)
+  _fit(model, x, y, [recorder, Poison(), callback], epochs=1)
+  assert callback.rollbacks == 1
+  common.assert_bits_equal(recorder.before[2], recorder.before[4])
+
+
+def test_copies_are_traced_at_train_begin_not_in_batch_hooks(monkeypatch):
+  traced_in_hooks = []
+  in_hook = []
+  real = copies.traced
+
+  def traced(body, name, signature=None):
+    if in_hook:
+      traced_in_hooks.append(name)
+    return real(body, name, signature)
+
+  monkeypatch.setattr(copies, "traced", traced)
+
+  class Watched(snapstore.SnapshotCallback):
+    def on_train_batch_begin(self, batch, logs=None):
+      in_hook.append(1)
+      try:
+        super(Watched, self).on_train_batch_begin(batch, logs)
+      finally:
+        in_hook.pop()
+
+    def on_train_batch_end(self, batch, logs=None):
+      in_hook.append(1)
+      try:
+        super(Watched, self).on_train_batch_end(batch, logs)
+      finally:
+        in_hook.pop()
+
+  x, y = _data(2)
+  callback = Watched(every_n_batches=1)
+  _fit(_model(), x, y, [callback])
+  assert callback.rollbacks == 2
+  assert traced_in_hooks == []
+
+
+def test_the_callback_is_a_callback_of_the_keras_in_use():
+  assert isinstance(
+    snapstore.SnapshotCallback(every_n_batches=1), keras.callbacks.Callback
+  )
+
+
+# -- errors: one test per path, each matching its message --------------------
+
+
+def test_too_many_consecutive_rollbacks_raise_with_the_weights_restored():
+  x, y = _data()
+  x[3 * B :, 0] = np.nan  # batches 3.. are all bad
+  model = _model()
+  recorder = _Recorder()
+  callback = snapstore.SnapshotCallback(
+    every_n_batches=1, max_consecutive_rollbacks=1
+  )
+  with pytest.raises(
+    snapstore.NonFiniteError,
+    match=r"at batch 4: 2 rollbacks in a row, more than "
+    r"max_consecutive_rollbacks=1",
+  ):
+    _fit(model, x, y, [recorder, callback], epochs=1)
+  common.assert_bits_equal(
+    recorder.before[3],
+    common.values(common.state_variables(model, model.optimizer)),
+  )
+
+
+def test_no_snapshot_with_finite_weights_raises():
+  x, y = _data()
+  model = _model()
+  model.layers[0].kernel.assign(tf.fill([3, 8], np.float32(np.nan)))
+  callback = snapstore.SnapshotCallback(every_n_batches=1)
+  with pytest.raises(
+    snapstore.NonFiniteError,
+    match="no snapshot with finite weights to roll back to",
+  ):
+    _fit(model, x, y, [callback], epochs=1)
+
+
+def test_missing_monitor_key_is_refused():
+  x, y = _data()
+  callback = snapstore.SnapshotCallback(every_n_batches=1, monitor="acc")
+  with pytest.raises(ValueError, match="The batch logs have no 'acc'"):
+    _fit(_model(), x, y, [callback], epochs=1)
+
+
+def test_backoff_with_a_schedule_is_refused_before_anything_is_built():
+  x, y = _data()
+  model = common.small_model(seed=3)
+  schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.9)
+  model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse")
+  callback = snapstore.SnapshotCallback(every_n_batches=1, backoff=0.5)
+  with pytest.raises(
+    ValueError, match="backoff= multiplies the optimizer's learning rate"
+  ):
+    _fit(model, x, y, [callback], epochs=1)
+  assert callback.store is None
+
+
+@pytest.mark.parametrize(
+  "backoff, error, message",
+  [
+    (0.0, ValueError, "backoff must be > 0, got 0.0"),
+    (-1, ValueError, "backoff must be > 0, got -1"),
+    ("half", TypeError, "backoff must be a number"),
+  ],
+)
+def test_bad_backoff_is_refused(backoff, error, message):
+  with pytest.raises(error, match=message):
+    snapstore.SnapshotCallback(every_n_batches=1, backoff=backoff)
+
+
+def test_a_graph_mode_store_is_refused_in_eager_fit():
+  with tf.Graph().as_default():
+    v = tf.compat.v1.Variable(1.0, use_resource=True, name="v")
+    store = snapstore.SnapshotStore(var_list=[v], max_to_keep=2)
+  x, y = _data()
+  callback = snapstore.SnapshotCallback(store, every_n_batches=1)
+  with pytest.raises(ValueError, match="was built in graph mode, but fit"):
+    _fit(_model(), x, y, [callback], epochs=1)
+
+
+def test_a_store_function_must_return_a_store():
+  x, y = _data()
+  callback = snapstore.SnapshotCallback(lambda m: 3, every_n_batches=1)
+  with pytest.raises(
+    TypeError, match="The store function returned 3, not a SnapshotStore"
+  ):
+    _fit(_model(), x, y, [callback], epochs=1)
+
+
+@common.needs_keras_3
+def test_keras_3_callback_made_in_graph_mode_is_refused():
+  with tf.Graph().as_default():
+    with pytest.raises(
+      RuntimeError,
+      match="tf.keras is Keras 3 here, and the callback is being made in "
+      "graph mode",
+    ):
+      snapstore.SnapshotCallback(every_n_batches=1)
