@@ -1,4 +1,4 @@
-"""snapstore.Guard and snapstore.Trial on an eager store.
+"""snapstore.Guard and snapstore.Trial on an eager store, and RollbackOptimizer.
 
 Every rollback is checked bit for bit against numpy copies of the model's
 variables and the Keras optimizer's state (moments, iteration count) taken
@@ -553,3 +553,52 @@ def test_accept_needs_a_metric(tmp_path):
   s = _Setup("device", tmp_path)
   with pytest.raises(ValueError, match="pass metric= too"):
     snapstore.Trial(s.store, accept=lambda b, a: True)
+
+
+# -- RollbackOptimizer: refused eagerly, with the recipe that replaces it ---------------
+
+
+def test_rollback_optimizer_refuses_eager_execution():
+  inner = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+  with pytest.raises(
+    snapstore.ModeError, match=r"RollbackOptimizer is for graph mode.*Trial"
+  ):
+    snapstore.RollbackOptimizer(inner)
+
+
+def test_rollback_optimizer_refuses_a_keras_optimizer():
+  with pytest.raises(
+    TypeError, match=r"got the Keras optimizer .*snapstore\.Trial"
+  ):
+    snapstore.RollbackOptimizer(keras.optimizers.SGD(0.1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_eager_recipe_for_rollback_optimizer(mode, tmp_path):
+  # The recipe of rollback_optimizer.py's docstring and the README: a trial
+  # per step on the step's batch, the learning rate cut after a rollback.
+  s = _Setup(mode, tmp_path)
+  tolerance, rtol, backoff = 0.0, 0.0, 0.5
+  decisions = []
+  for rate, batch in ((None, GOOD), (5.0, GOOD), (None, NAN)):
+    if rate is not None:
+      s.opt.learning_rate.assign(rate)
+    x, y = batch
+    start = s.values()
+    loss_at_start = s.loss(x, y).numpy()
+    with snapstore.Trial(
+      s.store,
+      metric=lambda: s.loss(x, y),  # noqa: B023
+      accept=lambda b, a: bool(
+        np.isfinite(a) and a - b <= tolerance + rtol * abs(b)
+      ),
+    ) as trial:
+      s.step(x, y)
+    if not trial.kept:
+      s.opt.learning_rate.assign(s.opt.learning_rate * backoff)
+      assert_bits_equal(start, s.values())
+    assert trial.before.tobytes() == loss_at_start.tobytes()
+    decisions.append(bool(trial.kept))
+  # A blow-up (lr 5.0) and a NaN batch are rolled back, each halving the rate.
+  assert decisions[1:] == [False, False]
+  assert float(s.opt.learning_rate.numpy()) == 1.25
