@@ -45,6 +45,34 @@ parameters passes, and the next guard snapshots the ruined parameters.
         sess.run(train_op, feed)
       print(trial.kept, trial.before, trial.after)
 
+Eagerly (a store built with eager execution on, TF 2.x's default), the
+guard calls the step for you: `guard.run(fn, *args, **kwargs)` calls `fn` (a
+`tf.function` train step, or any Python callable), returns what it returned,
+and checks the part of it that `watch` picks: `True` for all of it, an index
+or key, or a function of the result (see `Guard`). A `tf.function` step
+returns the loss it computed from the parameters the step started from, so a
+NaN batch (whose NaN gradients ruin the parameters) fails its own step; to
+catch a step that ruins finite parameters with a finite loss, check the loss
+after it too (`guard.run(eval_loss, x, y)`, or `guard.check(value)`). A
+trial's `metric` is a function of no arguments. No call takes a session.
+
+    store = snapstore.SnapshotStore(var_list=model, optimizer=opt)
+
+    @tf.function
+    def train_step(x, y):
+      ...
+      return loss
+
+    guard = snapstore.Guard(store, watch=True, reraise=False)
+    for x, y in batches:
+      with guard:                     # snapshot "guard" (one traced copy)
+        guard.run(train_step, x, y)   # a NaN loss rolls the step back
+    # Or with retries: guard.call(train_step, x, y) checks what it returns.
+
+An eager guard takes its snapshot on entry, always: a tag pinned by
+`store.slots.snapshot_in_step()` is refused (see `_check_unpinned`), since
+the guard cannot see when the user's `tf.function` writes that slot.
+
 Guards and trials are plain Python objects: creating one per step adds no
 graph ops.
 
@@ -115,10 +143,30 @@ class Guard(object):
   (`reraise=False`; `failed` tells). Other exceptions (KeyboardInterrupt, or
   types outside `catch`) propagate at once, without a rollback.
 
+  On an eager store, `run(fn, *args, **kwargs)` calls `fn` and checks the
+  part of its result that `watch` picks (see the module doc); `call(fn, ...)`
+  does the same with the guard's retries. Every attempt starts from the
+  snapshot taken on entry: an eager guard never uses a slot that the user's
+  `tf.function` writes (`store.slots.snapshot_in_step()`), and refuses such
+  a tag on entry (ValueError naming the other ways), because it cannot see
+  those writes: the function may run its step inside `run` or outside, more
+  than once per call, or skip its copy (`commit(if_finite=...)`), and the
+  slot would then hold another state than the block's start.
+
+      guard = snapstore.Guard(store, watch="loss", retries=2)
+      for attempt in guard:
+        with attempt:
+          opt.learning_rate.assign(0.1 * 0.5 ** attempt.number)
+          attempt.run(train_step, x, y)   # returns {"loss": ..., ...}
+
   Args:
     store: The `SnapshotStore` whose variables are guarded.
-    watch: A float tensor or a list of them (a loss) that `run` fetches and
-      checks; any NaN or infinite element fails the attempt.
+    watch: Graph mode: a float tensor or a list of them (a loss) that `run`
+      fetches and checks; any NaN or infinite element fails the attempt.
+      Eager store: what `run` checks of its function's result: None or False
+      (nothing), True (every element of the result, a nest of float tensors
+      or numbers), an int or string (`result[watch]`: a tuple's element, a
+      dict's key), or a function `result -> value(s)`.
     retries: How many more attempts to make after a failed one (iteration
       only; a `with` block runs once).
     reraise: After the last failed attempt, re-raise the exception (default)
@@ -128,11 +176,13 @@ class Guard(object):
     tag: The store tag of the guard's snapshot.
     session: The session for snapshots, rollbacks and `run`; default: the
       default session. A `MonitoredSession` is used as is by `run` (its hooks
-      see the training step) and unwrapped for the store's copies.
+      see the training step) and unwrapped for the store's copies. Graph mode
+      only: an eager store takes none.
 
   Raises:
-    TypeError: A watched value that is not a float tensor; a bad `catch`,
-      `retries`, `reraise` or `tag`.
+    TypeError: A watched value that is not a float tensor (eager: a `watch`
+      that is not one of the forms above); a bad `catch`, `retries`,
+      `reraise` or `tag`; a `session` on an eager store.
     ValueError: Negative `retries`.
     GraphMismatchError: A watched tensor of another graph than the store's.
   """
@@ -148,7 +198,11 @@ class Guard(object):
     session=None,
   ):
     self._store = store
-    self._watch = _watched_tensors(watch, store.graph)
+    self._eager = _eager(store, session, "Guard")
+    if self._eager:
+      self._watch = _Picker(watch)
+    else:
+      self._watch = _watched_tensors(watch, store.graph)
     self._retries = checks.integer(retries, "retries", 0)
     if not isinstance(reraise, bool):
       raise TypeError("reraise must be a bool, got %r." % (reraise,))
@@ -166,8 +220,8 @@ class Guard(object):
 
   @property
   def watch(self):
-    """The watched tensors."""
-    return list(self._watch)
+    """The watched tensors; on an eager store, `watch` as given."""
+    return self._watch.spec if self._eager else list(self._watch)
 
   @property
   def failures(self):
@@ -221,7 +275,9 @@ class Guard(object):
   def call(self, fn, *args, **kwargs):
     """Runs `fn(*args, **kwargs)` under the guard, with its retries.
 
-    Inside `fn`, `guard.run` runs and checks steps.
+    Graph mode: inside `fn`, `guard.run` runs and checks steps. On an eager
+    store, what `fn` returns is checked as `run` checks it (`call` is `run`
+    with retries), so `guard.call(train_step, x, y)` guards one step.
 
     Returns:
       What `fn` returned, or None when every attempt failed and
@@ -229,25 +285,34 @@ class Guard(object):
     """
     for attempt in self:
       with attempt:
+        if self._eager:
+          return attempt.run(fn, *args, **kwargs)
         return fn(*args, **kwargs)
     return None
 
   # -- inside an attempt ------------------------------------------------------------
 
-  def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
-    """Runs `fetches` as `Session.run` does, and checks the watched tensors.
+  def run(self, fetches, *args, **kwargs):
+    """Runs a step and checks it: `Session.run`, or eagerly a call.
 
-    The watched tensors are fetched in the same run.
+    Graph mode: `run(fetches, feed_dict=None, options=None,
+    run_metadata=None)` runs as `Session.run` does; the watched tensors are
+    fetched in the same run. On an eager store: `run(fn, *args, **kwargs)`
+    calls `fn(*args, **kwargs)` (e.g. a `tf.function` train step) and checks
+    what `watch` picks of its result.
 
     Returns:
-      What `Session.run(fetches, ...)` returns.
+      What `Session.run(fetches, ...)` returns; eagerly, what `fn` returns.
 
     Raises:
-      NonFiniteError: A watched tensor has a NaN or infinite element. The
-        guarded block fails and the guard rolls back.
+      NonFiniteError: A watched tensor (eagerly, a watched part of the
+        result) has a NaN or infinite element. The guarded block fails and
+        the guard rolls back.
+      TypeError: Eagerly: `fn` is not callable, or what `watch` picks is not
+        a float value (the block fails).
       RuntimeError: Called outside the guarded block.
     """
-    return self._active("run").run(fetches, feed_dict, options, run_metadata)
+    return self._active("run").run(fetches, *args, **kwargs)
 
   def check(self, *values):
     """Fails the attempt if any of `values` (fetched numbers) is NaN or infinite.
@@ -300,6 +365,7 @@ class Guard(object):
       self._retries,
       tag,
       steps,
+      self._eager,
     )
 
 
@@ -309,6 +375,7 @@ class _Use(object):
   Attributes:
     store, session, watch, catch, reraise, retries: The guard's.
     tag: The tag the use snapshots under.
+    eager: Whether the store is eager (`run` calls a function).
     in_steps: The `in_step.InStep`s of train ops snapshotting under `tag`.
     active: The attempt running now, or None.
     failures: The exceptions of the failed attempts.
@@ -316,9 +383,10 @@ class _Use(object):
   """
 
   def __init__(
-    self, store, session, watch, catch, reraise, retries, tag, in_steps
+    self, store, session, watch, catch, reraise, retries, tag, in_steps, eager
   ):
     self.store = store
+    self.eager = eager
     self.session = session
     self.watch = watch
     self.catch = catch
@@ -348,11 +416,31 @@ class _Attempt(object):
     self._counts = None  # the in-step copy counts at the attempt's snapshot
     self._refused = None  # a call refused inside the block: no rollback
 
-  def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+  def run(self, fetches, *args, **kwargs):
     """Runs and checks a step; see `Guard.run`."""
-    use = self._use
-    if use.active is not self:
+    if self._use.active is not self:
       raise RuntimeError("attempt.run() runs inside `with attempt:`.")
+    if self._use.eager:
+      return self._call(fetches, args, kwargs)
+    return self._session_run(fetches, *args, **kwargs)
+
+  def _call(self, fn, args, kwargs):
+    """`run` on an eager store: calls `fn` and checks what `watch` picks."""
+    if not callable(fn):
+      raise TypeError(
+        "guard.run() on an eager store calls a function with its arguments, "
+        "e.g. guard.run(train_step, x, y) for a tf.function train_step; got "
+        "%r. Sessions and fetches are for graph mode." % (fn,)
+      )
+    result = fn(*args, **kwargs)
+    self._check(*self._use.watch.pick(result))
+    return result
+
+  def _session_run(
+    self, fetches, feed_dict=None, options=None, run_metadata=None
+  ):
+    """`run` in graph mode: a `session.run` that also fetches the watch."""
+    use = self._use
     sessions.resolve(use.session, use.store.graph, "guard.run")
     session = (
       use.session if use.session is not None else tf.get_default_session()
@@ -537,17 +625,27 @@ class Trial(object):
       if not trial.kept:
         ...  # the variables hold exactly what they held before the block
 
+  On an eager store, `metric` is a function of no arguments, called before
+  and after the block (its tensors turned into numpy values for `before`,
+  `after` and `accept`), and no call takes a session or a feed:
+
+      with snapstore.Trial(
+          store, metric=lambda: loss_fn(y_held, model(x_held))) as trial:
+        train_step(x, y)
+
   Args:
     store: The `SnapshotStore` whose variables are tried.
-    metric: A tensor (or any fetches) to evaluate before and after the block.
-    feed_dict: The feed for `metric`, e.g. a held-out batch.
+    metric: A tensor (or any fetches) to evaluate before and after the block;
+      on an eager store, a function of no arguments returning the metric.
+    feed_dict: The feed for `metric`, e.g. a held-out batch (graph mode).
     accept: A function `(before, after) -> bool`; needs `metric`.
     tag: The store tag of the trial's snapshot.
-    session: As for the store's methods.
+    session: As for the store's methods (graph mode).
 
   Raises:
     ValueError: `accept` without `metric`.
-    TypeError: A non-callable `accept`, or a bad `tag`.
+    TypeError: A non-callable `accept`, or a bad `tag`; on an eager store, a
+      `metric` that is not callable, a `feed_dict` or a `session`.
     GraphMismatchError: A metric of another graph than the store's.
   """
 
@@ -560,6 +658,7 @@ class Trial(object):
     tag="trial",
     session=None,
   ):
+    eager = _eager(store, session, "Trial")
     if accept is not None and metric is None:
       raise ValueError(
         "accept=... compares the metric before and after the "
@@ -569,8 +668,11 @@ class Trial(object):
       raise TypeError(
         "accept must be a function (before, after) -> bool, got %r." % (accept,)
       )
-    if metric is not None:
+    if eager:
+      _check_eager_metric(metric, feed_dict)
+    elif metric is not None:
       _check_graph(tf.nest.flatten(metric), store.graph)
+    self._eager = eager
     self._store = store
     self._metric = metric
     self._feed_dict = feed_dict
@@ -641,6 +743,8 @@ class Trial(object):
     return False
 
   def _evaluate(self):
+    if self._eager:
+      return tf.nest.map_structure(_numpy, self._metric())
     sess = sessions.resolve(self._session, self._store.graph, "trial")
     return sess.run(self._metric, feed_dict=self._feed_dict)
 
@@ -710,7 +814,10 @@ def _check_unpinned(store, tag, what):
   average, Lookahead's slow weights, a target network, or a train op's
   in-step copy. A snapshot there would replace what they keep, and they
   would overwrite it during the block. (A guard may take an in-step tag:
-  it takes its snapshot in `guard.run`, see `Guard`.)
+  it takes its snapshot in `guard.run`, see `Guard`.) On an eager store every
+  pinned tag is refused, `snapshot_in_step`'s too: the slot is written inside
+  the user's `tf.function`, where no guard can count the writes (see
+  `Guard`).
 
   Raises:
     ValueError: `tag` is pinned.
@@ -718,6 +825,20 @@ def _check_unpinned(store, tag, what):
   slots = _slots(store)
   if slots is None or tag not in slots.pinned():
     return
+  if store._h.eager:  # pylint: disable=protected-access
+    raise ValueError(
+      "%s(tag=%r): that tag is pinned to slot %d, which your own code "
+      "writes: an in-step snapshot (store.slots.snapshot_in_step) in your "
+      "tf.function, or your ops after store.slots.pin. The %s cannot see "
+      "those writes (the function may run its step outside the block, more "
+      "than once, or skip the copy with commit(if_finite=...)), so when it "
+      "rolled back the slot could hold another state than the block's "
+      "start. Give the %s another tag (the default %r), which takes a "
+      "snapshot of its own on entry; or, with an unconditional in-step "
+      "snapshot, call store.restore(%r) yourself after a step whose loss "
+      "is not finite (the slot then holds that step's start)."
+      % (what, tag, slots.slot_of(tag), what, what, what, tag)
+    )
   writers = slots.in_step_ops(tag)
   if writers:
     by = (
@@ -813,7 +934,117 @@ def _check_tag(store, tag):
 
 
 def _name(name):
-  return "Watched tensor %s" % name if ":" in name else name.capitalize()
+  if ":" in name:
+    return "Watched tensor %s" % name
+  return name[:1].upper() + name[1:]  # keeps the case of keys: result['Loss']
+
+
+def _eager(store, session, what):
+  """Whether `store` is eager; refuses a session for one.
+
+  Raises:
+    TypeError: `session` given for an eager store.
+  """
+  eager = store._h.eager  # pylint: disable=protected-access
+  if eager:
+    store._h.session(session, "snapstore.%s" % what)  # pylint: disable=protected-access
+  return eager
+
+
+def _check_eager_metric(metric, feed_dict):
+  if metric is not None and not callable(metric):
+    raise TypeError(
+      "On an eager store, a trial's metric is a function of no arguments "
+      "that returns the metric (e.g. metric=lambda: loss_fn(y_held, "
+      "model(x_held))), called before and after the block; got %r." % (metric,)
+    )
+  if feed_dict is not None:
+    raise TypeError(
+      "On an eager store, a trial takes no feed_dict: pass the metric's "
+      "inputs inside its function (metric=lambda: loss_fn(y_held, "
+      "model(x_held)))."
+    )
+
+
+def _numpy(value):
+  """An eager tensor's (or Keras variable's) numpy value; else `value`."""
+  return value.numpy() if hasattr(value, "numpy") else value
+
+
+class _Picker(object):
+  """What an eager guard checks of its function's result (see `Guard`).
+
+  Args:
+    spec: `watch` as given: None, a bool, an int or string, or a function.
+
+  Raises:
+    TypeError: Any other `watch` (a tensor: the graph-mode form).
+  """
+
+  def __init__(self, spec):
+    if not (
+      spec is None
+      or isinstance(spec, (bool, int, str))
+      or (callable(spec) and not isinstance(spec, tf.Tensor))
+    ):
+      raise TypeError(
+        "On an eager store, watch picks what guard.run's function returns: "
+        "True (all of it), an index or key (watch=0, watch='loss'), or a "
+        "function of the result (watch=lambda out: out[0]); got %r. "
+        "Tensors to fetch are for graph mode." % (spec,)
+      )
+    if isinstance(spec, str) and not spec:
+      raise TypeError("watch='' picks nothing; name a key of the result.")
+    self.spec = spec
+
+  def pick(self, result):
+    """(names, values) to check in `result`; none for `watch=None`/False.
+
+    Raises:
+      TypeError: `watch` picks an index or key the result does not have.
+    """
+    spec = self.spec
+    if spec is None or spec is False:
+      return [], []
+    if spec is True:
+      return _leaves("result", result)
+    if isinstance(spec, (int, str)):
+      try:
+        picked = result[spec]
+      except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise TypeError(
+          "watch=%r picks result[%r], but the function returned %s, which "
+          "has no such element (%s: %s). Pick an element it has, or pass "
+          "watch=True to check all of it."
+          % (spec, spec, _kind(result), type(e).__name__, e)
+        ) from e
+      return _leaves("result[%r]" % (spec,), picked)
+    return _leaves("watch(result)", spec(result))
+
+
+def _leaves(name, value):
+  """(names, values) of the leaves of a nest of lists, tuples and dicts."""
+  if isinstance(value, dict):
+    names, values = [], []
+    for key in sorted(value, key=repr):
+      n, v = _leaves("%s[%r]" % (name, key), value[key])
+      names += n
+      values += v
+    return names, values
+  if isinstance(value, (list, tuple)):
+    names, values = [], []
+    for i, item in enumerate(value):
+      n, v = _leaves("%s[%d]" % (name, i), item)
+      names += n
+      values += v
+    return names, values
+  return [name], [_numpy(value)]
+
+
+def _kind(value):
+  if isinstance(value, (list, tuple, dict)):
+    return "a %s of %d" % (type(value).__name__, len(value))
+  return "a %s" % type(value).__name__
 
 
 def _describe(value):

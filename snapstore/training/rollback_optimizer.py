@@ -37,6 +37,29 @@ would race the update.
 on the same batch (feed the same placeholders). With an input pipeline in the
 graph, each run draws a new batch, so build the loss the check evaluates on
 fixed data instead.
+
+Eager execution (TF 2.x's default) and Keras optimizers have no counterpart
+class: the protocol above is two graph ops run by `session.run`, and a Keras
+optimizer is not a `tf.train.Optimizer` to wrap. Both are refused with the
+eager way, a `snapstore.Trial` around each step, which does the same with
+any Keras optimizer:
+
+    store = snapstore.SnapshotStore(var_list=model, optimizer=opt)
+    with snapstore.Trial(
+        store,
+        metric=lambda: loss_fn(y, model(x, training=False)),  # this batch
+        accept=lambda before, after: bool(
+            np.isfinite(after)
+            and after - before <= tolerance + rtol * abs(before))) as trial:
+      train_step(x, y)
+    if not trial.kept:  # rolled back, bit for bit
+      opt.learning_rate.assign(opt.learning_rate * backoff)
+
+Differences: the trial evaluates the loss before the step itself (one more
+forward pass; in inference mode, so that both evaluations use the same
+batch-norm statistics), and the optimizer's `iterations` is rolled back with
+the rest. The learning rate is not: a store leaves it out, so the backoff
+survives the next rollback.
 """
 
 import collections
@@ -49,6 +72,7 @@ from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
 from snapstore.core import copies
+from snapstore import errors
 from snapstore.store import SnapshotStore
 from snapstore.training.wrapped_optimizer import WrapperOptimizer
 
@@ -79,11 +103,13 @@ class RollbackOptimizer(WrapperOptimizer):
     name: Name of the ops, variables and shadows.
 
   Raises:
-    TypeError: `optimizer` is not a `tf.train.Optimizer`; `learning_rate` is
-      not a scalar float variable; a tolerance or `backoff` that is not a
-      number.
+    TypeError: `optimizer` is not a `tf.train.Optimizer` (a Keras optimizer:
+      the message gives the eager way); `learning_rate` is not a scalar float
+      variable; a tolerance or `backoff` that is not a number.
     ValueError: A negative tolerance; `backoff` without `learning_rate` or
       the other way round; `backoff <= 0`.
+    ModeError: Eager execution is on (TF 2.x's default); the message gives
+      the eager way.
   """
 
   def __init__(
@@ -96,6 +122,7 @@ class RollbackOptimizer(WrapperOptimizer):
     use_locking=False,
     name="Rollback",
   ):
+    _check_graph_mode(optimizer)
     for value, what in (
       (tolerance, "tolerance"),
       (relative_tolerance, "relative_tolerance"),
@@ -304,6 +331,42 @@ class RollbackOptimizer(WrapperOptimizer):
 
   def _own_variables(self, state):
     return [state.loss_before, state.armed, state.rollbacks]
+
+
+# The eager way, for the errors of RollbackOptimizer built eagerly.
+_EAGER_WAY = (
+  "Eagerly, wrap each step in a snapstore.Trial over a store of the model "
+  "and the Keras optimizer: store = snapstore.SnapshotStore(var_list=model, "
+  "optimizer=opt); then `with snapstore.Trial(store, metric=lambda: "
+  "loss_fn(y, model(x, training=False))) as trial: train_step(x, y)` rolls "
+  "the step back, bit for bit, unless the loss on its batch stayed finite "
+  "and did not rise (accept= sets a tolerance); then `if not trial.kept: "
+  "opt.learning_rate.assign(opt.learning_rate * backoff)` (README, "
+  '"Training-loop integration").'
+)
+
+
+def _check_graph_mode(optimizer):
+  """Refuses eager execution and Keras optimizers, naming the eager way.
+
+  Raises:
+    TypeError: `optimizer` is a Keras optimizer.
+    ModeError: Eager execution is on.
+  """
+  if not isinstance(optimizer, tf.train.Optimizer) and hasattr(
+    optimizer, "apply_gradients"
+  ):
+    raise TypeError(
+      "RollbackOptimizer wraps a graph-mode tf.train.Optimizer, got the "
+      "Keras optimizer %r, which it cannot wrap. %s" % (optimizer, _EAGER_WAY)
+    )
+  if tf.executing_eagerly():
+    raise errors.ModeError(
+      "RollbackOptimizer is for graph mode: its train op and check are graph "
+      "ops run with session.run, and eager execution is on (TF 2.x's "
+      "default; a TF1-style program calls "
+      "tf.compat.v1.disable_v2_behavior() first). %s" % _EAGER_WAY
+    )
 
 
 def _check_loss(loss, graph):
