@@ -22,6 +22,10 @@ interleaved round by round after warm-up; medians (and min) over rounds:
   Checkpoint write + read       tf.train.Checkpoint(model=...).write/read on
                                 tmpfs (/dev/shm) when it exists
 
+a mirrored store (MirroredStrategy over two logical CPUs, the model made in
+its scope) against the same model on one device, device and host mode (a
+mirrored device snapshot copies both replicas' components),
+
 and, on a training step (`--step-width`, default a 1024-1024-1 MLP with Adam,
 batch 256), the in-step snapshot (`store.slots.snapshot_in_step()`, begin at
 the top and commit after the update) against the bare compiled step.
@@ -159,6 +163,35 @@ def copies_bench(args, tf, keras):
   return results, nbytes, len(variables), tmp
 
 
+def mirrored_bench(args, tf, keras):
+  """Device and host stores of one model, mirrored on two CPUs and not."""
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+  def model():
+    keras.utils.set_random_seed(0)
+    layers = [keras.Input((args.width,))]
+    layers += [keras.layers.Dense(args.width) for _ in range(args.layers // 4)]
+    return keras.Sequential(layers)
+
+  single = model()
+  with strategy.scope():
+    mirrored = model()
+  stores = {}
+  for label, m in (("single", single), ("mirrored", mirrored)):
+    for mode in ("device", "host"):
+      store = snapstore.SnapshotStore(var_list=m, mode=mode, name=label + mode)
+      store.snapshot(0)
+      stores[(label, mode)] = store
+  methods = {}
+  for (label, mode), store in stores.items():
+    methods["%s %s snapshot" % (label, mode)] = lambda s=store: s.snapshot(0)
+    methods["%s %s restore" % (label, mode)] = lambda s=store: s.restore(0)
+  results = rounds(methods, args.repeats, args.warmup)
+  for store in stores.values():
+    store.close()
+  return results
+
+
 def step_bench(args, tf, keras):
   keras.utils.set_random_seed(0)
   w = args.step_width
@@ -215,6 +248,10 @@ def main(argv=None):
     )
     return 0
   tf = _tf.tf2
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(  # for the mirrored rows
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+  )
   keras = tf.keras
   print(
     "on %s, Keras %s"
@@ -225,8 +262,8 @@ def main(argv=None):
   )
   print("load average: %.2f %.2f %.2f" % os.getloadavg())
   results, nbytes, count, tmp = copies_bench(args, tf, keras)
-  steps = step_bench(args, tf, keras)
-  results.update(steps)
+  results.update(mirrored_bench(args, tf, keras))
+  results.update(step_bench(args, tf, keras))
   med = dict((k, float(np.median(v)) * 1e3) for k, v in results.items())
   low = dict((k, float(np.min(v)) * 1e3) for k, v in results.items())
   print(
@@ -252,6 +289,30 @@ def main(argv=None):
       "round trip / Checkpoint (%s)" % (tmp or "tmp dir"),
       "round trip",
       "Checkpoint write + read",
+      None,
+    ),
+    (
+      "mirrored device snapshot / single",
+      "mirrored device snapshot",
+      "single device snapshot",
+      None,
+    ),
+    (
+      "mirrored device restore / single",
+      "mirrored device restore",
+      "single device restore",
+      None,
+    ),
+    (
+      "mirrored host snapshot / single",
+      "mirrored host snapshot",
+      "single host snapshot",
+      None,
+    ),
+    (
+      "mirrored host restore / single",
+      "mirrored host restore",
+      "single host restore",
       None,
     ),
     ("in-step step / bare step", "step + in-step snapshot", "bare step", None),
