@@ -9,6 +9,7 @@ import numpy as np
 import snapstore
 from snapstore import _tf
 from snapstore._tf import tf
+from snapstore.graph import subgraph
 from tests import helpers
 from tests import training_helpers as th
 
@@ -263,6 +264,103 @@ class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
       store = model.store()
       with helpers.assert_raises_naming(self, ValueError, "slot"):
         store.slots.snapshot_before(model.apply, slot=1)
+
+
+class InStepCountTest(tf.test.TestCase, parameterized.TestCase):
+  """The count of copies a guard on the in-step tag compares (`Guard`)."""
+
+  def _linear(self, use_resource, local_init=True):
+    graph = tf.Graph()
+    with graph.as_default():
+      model = th.Linear(use_resource)
+      store = model.store()
+      train_op = store.slots.snapshot_before(model.apply)
+      # A step of the user's own that waits for the train op.
+      ran = tf.Variable(np.int64(0), trainable=False, name="ran")
+      with tf.control_dependencies([train_op]):
+        chained = tf.assign_add(ran, np.int64(1)).op
+    if local_init:
+      sess = th.session(self, graph)
+    else:
+      sess = tf.Session(graph=graph)
+      self.addCleanup(sess.close)
+      with graph.as_default():
+        sess.run(tf.global_variables_initializer())  # not the local one
+    return model, store, train_op, chained, ran, sess
+
+  @parameterized.named_parameters(*KINDS)
+  def test_the_step_bumps_the_count_without_reading_it(self, use_resource):
+    # The count is in every run of the train op: a read, an add and an
+    # assign (with the read's initialized-or-not switch) cost a small model's
+    # step measurably more than one in-place add (bench/README.md, "Before
+    # and after issues 21 and 22").
+    _, store, train_op, _, _, _ = self._linear(use_resource)
+    (entry,) = store.slots.in_steps("before_step")
+    scope = entry.count.op.name.split("/")[0] + "/"
+    run = subgraph.backward_ops([train_op])
+    types = sorted(op.type for op in run if op.name.startswith(scope))
+    self.assertEqual(types.count("AssignAddVariableOp"), 1, types)
+    self.assertNotIn("ReadVariableOp", types)
+    self.assertNotIn("Merge", types)
+    self.assertLessEqual(len(types), 7, types)
+
+  @parameterized.named_parameters(*KINDS)
+  def test_without_the_local_initializer_the_step_runs_and_is_counted(
+    self, use_resource
+  ):
+    model, store, train_op, chained, ran, sess = self._linear(
+      use_resource, local_init=False
+    )
+    expected = th.momentum_steps(4)
+    shadows = list(store.slots.shadows(0).values())
+    for i in range(2):
+      sess.run(chained)
+      slot = dict(zip(store.keys, sess.run(shadows)))
+      self.assertAllEqual(slot["lin/w"], expected[i][0])
+      self.assertEqual(slot["global_step"], expected[i][2])
+    self.assertEqual(sess.run(ran), 2)  # what waits for the step ran too
+    with helpers.assert_raises_naming(
+      self,
+      ValueError,
+      "cannot roll back",
+      "'before_step'",
+      "ran 2 times outside guard.run",
+    ):
+      with snapstore.Guard(
+        store, tag="before_step", watch=model.loss, reraise=False, session=sess
+      ) as guard:
+        guard.run(train_op)  # the guard's snapshot, in the step
+        sess.run(chained)
+        sess.run(train_op)  # the slot now holds this step's start
+        guard.run(model.loss, {model.scale: np.nan})
+    self.assertEqual(sess.run(ran), 3)
+
+  @parameterized.named_parameters(*KINDS)
+  def test_a_guards_first_step_in_a_session_rolls_back_exactly(
+    self, use_resource
+  ):
+    # Without the local initializer, the guard's run is the count's first.
+    model, store, train_op, _, _, sess = self._linear(
+      use_resource, local_init=False
+    )
+    entry = th.state(store, sess)
+    with snapstore.Guard(
+      store, tag="before_step", watch=model.loss, reraise=False, session=sess
+    ) as guard:
+      guard.run(train_op, {model.scale: 1e30})
+      guard.run(model.loss, {model.scale: np.nan})
+    self.assertTrue(guard.failed)
+    helpers.assert_state(th.state(store, sess), entry, "rolled back")
+    # The next block counts from there: runs outside guard.run are seen.
+    with helpers.assert_raises_naming(
+      self, ValueError, "cannot roll back", "ran 1 time outside guard.run"
+    ):
+      with snapstore.Guard(
+        store, tag="before_step", watch=model.loss, reraise=False, session=sess
+      ) as guard:
+        guard.run(train_op)
+        sess.run(train_op)
+        guard.run(model.loss, {model.scale: np.nan})
 
 
 class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):

@@ -77,6 +77,7 @@ from snapstore._tf import control_flow_ops
 from snapstore._tf import create_slots as _create_slots
 from snapstore._tf import creation_order
 from snapstore._tf import ops
+from snapstore._tf import resource_variable_ops
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
@@ -210,14 +211,24 @@ def _count_copies(copy, anchor, name):
   `guard.run`; the count tells it whether the train op ran elsewhere (a
   plain `session.run`) and wrote the slot it would roll back to. The count
   is a variable of its own (in LOCAL_VARIABLES, so a default Saver never
-  sees it), colocated with `anchor`. Its value is read through
-  `value_at_init`, so the train op runs even where the local initializer
-  never ran (as the copy does: it writes the slot whole); its first run then
-  counts 1.
+  sees it), colocated with `anchor`.
+
+  The bump is in every run of the train op, so it is one in-place add
+  rather than a read, an add and an assign, which cost a small model's step
+  measurably more (bench/README.md, "Before and after issues 21 and 22").
+  The train op must also run where the local initializer never ran (as the
+  copy does: it writes the slot whole), and an add needs an initialized
+  variable, so the bump is switched on `VarIsInitializedOp`: the add if
+  initialized, else an assign of 1 (the first run counts 1, as from 0).
+  Whichever branch is dead, the ControlTrigger that ends the bump is alive
+  (the one op whose output is alive even when its inputs are dead), so the
+  train op, and ops waiting for it, are never dead. The count's reads are
+  the guard's, not the step's: `count` through `value_at_init` (0 where not
+  initialized), `counted` after the bump.
 
   Returns:
-    `count`, the number of copies so far; `counted`, that number plus one,
-    which the bump writes after `copy`; and the bump op.
+    `count`, the number of copies so far; `counted`, that number after the
+    bump of the run that fetches it (with the train op); and the bump op.
   """
   with ops.init_scope(), ops.colocate_with(anchor), tf.name_scope(name):
     counter = tf.Variable(
@@ -227,10 +238,17 @@ def _count_copies(copy, anchor, name):
       collections=[tf.GraphKeys.LOCAL_VARIABLES, SHADOW_VARIABLES],
       name="count",
     )
-    count = shadows.value_at_init(counter)
-    counted = tf.add(count, np.int64(1), name="counted")
+    initialized = resource_variable_ops.var_is_initialized_op(counter.handle)
+    fresh, live = control_flow_ops.switch(counter.handle, initialized)
+    one = tf.constant(np.int64(1), name="one")
     with tf.control_dependencies([copy]):
-      bump = copies.assign(counter, counted)
+      add = resource_variable_ops.assign_add_variable_op(live, one, name="add")
+      first = resource_variable_ops.assign_variable_op(fresh, one, name="first")
+    with tf.control_dependencies([add, first]):
+      bump = control_flow_ops.control_trigger(name="bump")
+    count = shadows.value_at_init(counter)
+    with tf.control_dependencies([bump]), tf.name_scope("counted"):
+      counted = copies.read(counter)
   return count, counted, bump
 
 
