@@ -51,6 +51,15 @@ CHECKS = {
     "assert all(np.isfinite(v.numpy()).all() for v in model.weights)\n"
     "with np.load('model.npz') as f:\n"
     "  assert sorted(f.files) == sorted(store.keys), f.files\n"
+    # The copy holds snapshot `good`, bit for bit; its predictions are the
+    # snapshot's (compiled in another function: equal up to rounding).
+    "held = store.arrays(good)\n"
+    "for k, v in past_store.variables.items():\n"
+    "  assert v.numpy().tobytes() == held[k].tobytes(), k\n"
+    "expect = store.evaluate_with(lambda: model(x[:8]).numpy(), tag=good)\n"
+    "assert np.allclose(then.numpy(), expect, rtol=1e-5, atol=1e-6)\n"
+    "assert all((m == expect).all() for m in members.values())\n"
+    "assert np.allclose(mean_prediction, expect, rtol=1e-6)\n"
   ),
   "quick_start_1": (
     "assert np.isfinite(past_loss), past_loss\n"
