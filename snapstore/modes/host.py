@@ -16,7 +16,10 @@ and its arrays can later be fed without another copy (`snapstore.core.buffers`).
 Elsewhere a `Snapshot` would only cost device memory, so plain reads are used.
 
 A restore feeds the arrays into placeholders built once and runs one grouped
-assign. Host memory holds `len(store) * store.param_nbytes` bytes; the device
+assign. A `tf.distribute` variable is read and written as
+`snapstore.core.distributed` says: one array per variable (a mirrored one's
+first component, a sync-on-read one's aggregate), written back to every
+component. Host memory holds `len(store) * store.param_nbytes` bytes; the device
 holds nothing extra.
 """
 
@@ -25,6 +28,7 @@ from snapstore._tf import tf
 from snapstore.core import attached
 from snapstore.core import buffers
 from snapstore.core import copies
+from snapstore.core import distributed
 from snapstore.modes import base
 
 
@@ -48,7 +52,9 @@ class HostMode(base.CopyMode):
     self._reads = [reads(v) for v in varset.variables]
     self._copies = []
     for var, value in zip(varset.variables, self._reads):
-      with ops.colocate_with(var):
+      # A distributed variable's host read is on its first component's
+      # device (see `snapstore.core.distributed`).
+      with ops.colocate_with(distributed.anchor(var)):
         self._copies.append(tf.raw_ops.Snapshot(input=value))
     self._fetches = attached.PerObject(
       "host_fetches"
