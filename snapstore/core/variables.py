@@ -322,8 +322,24 @@ class VariableSet(object):
         + graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
         + graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES)
       )
-      any_slot = set(id(s) for p in candidates for s in _slots(opt, p, names))
-      pairs.extend((None, s) for p in primaries for s in _slots(opt, p, names))
+      # TF 1.15's get_slot of a distributed variable gives the slot's
+      # component on the variable's device; the store covers the slot.
+      whole = dict(
+        (id(part), v)
+        for v in opt_vars
+        if distributed.is_distributed(v)
+        for part in distributed.components(v)
+      )
+      any_slot = set(
+        id(whole.get(id(s), s))
+        for p in candidates
+        for s in _slots(opt, p, names)
+      )
+      pairs.extend(
+        (None, whole.get(id(s), s))
+        for p in primaries
+        for s in _slots(opt, p, names)
+      )
       pairs.extend((None, v) for v in opt_vars if id(v) not in any_slot)
     return pairs
 
