@@ -420,6 +420,96 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
       helpers.assert_bit_equal(a, b, part.name)
 
 
+class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
+  """An in-step snapshot of a step trained under the strategy."""
+
+  def _setup(self, pack, if_finite):
+    graph = tf.Graph()
+    with graph.as_default():
+      self.strategy = strategy = _strategy()
+      run = getattr(strategy, "run", None) or strategy.experimental_run_v2
+      self.x = tf.placeholder(tf.float32, [2, 3])
+      with strategy.scope():
+        self.w = tf.get_variable("w", [3, 2])
+        self.b = tf.get_variable("b", [2])
+        opt = tf.train.GradientDescentOptimizer(0.1)
+
+        def replica(x):
+          loss = tf.reduce_sum(tf.matmul(x, self.w) + self.b)
+          return opt.minimize(loss), loss
+
+        # The loss is computed in a run of its own below; `if_finite` takes
+        # the cross-replica sum of one built here.
+        _, loss = run(replica, args=(self.x,))
+        self.loss = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+      self.store = snapstore.SnapshotStore(var_list=[self.w, self.b], pack=pack)
+
+      def update():
+        with strategy.scope():
+          return strategy.group(run(replica, args=(self.x,))[0])
+
+      self.train_op = self.store.slots.snapshot_before(
+        update, if_finite=self.loss if if_finite else None
+      )
+    self.sess = tf.Session(graph=graph, config=CONFIG)
+    self.addCleanup(self.sess.close)
+    helpers.init(self.sess)
+    self.parts = list(self.w.values) + list(self.b.values)
+
+  @parameterized.named_parameters(
+    ("shadows", False, False),
+    ("packed", True, False),
+    ("if_finite", False, True),
+  )
+  def test_restore_undoes_the_step_in_every_replica(self, pack, if_finite):
+    self._setup(pack, if_finite)
+    sess, ones = self.sess, np.ones([2, 3])
+    before = sess.run(self.parts)
+    sess.run(self.train_op, {self.x: ones})
+    after = sess.run(self.parts)
+    for part, a, b in zip(self.parts, after, before):
+      helpers.assert_bits_differ(a, b, part.name)
+    self.store.restore("before_step", session=sess)
+    for part, a, b in zip(self.parts, sess.run(self.parts), before):
+      helpers.assert_bit_equal(a, b, part.name)
+    if if_finite:  # a step whose loss is NaN does not overwrite the slot
+      sess.run(self.train_op, {self.x: ones})
+      start = sess.run(self.parts)  # where the newest finite step starts
+      sess.run(self.train_op, {self.x: ones})
+      sess.run(self.train_op, {self.x: np.full([2, 3], np.nan)})
+      self.store.restore("before_step", session=sess)
+      for part, a, b in zip(self.parts, sess.run(self.parts), start):
+        helpers.assert_bit_equal(a, b, part.name)
+
+  def test_a_component_written_before_the_copy_is_refused(self):
+    with tf.Graph().as_default():
+      strategy = _strategy()
+      with strategy.scope():
+        w = tf.get_variable("w", [2])
+      store = snapstore.SnapshotStore(var_list=[w])
+      early = w.values[1].assign_add([1.0, 1.0]).op  # built beforehand
+      with helpers.assert_raises_naming(
+        self, ValueError, r"w/replica_1 .*does not wait for the snapshot"
+      ):
+        store.slots.snapshot_before(lambda: early)
+      self.assertEqual(store.slots.pinned(), [])  # nothing pinned
+
+  def test_calling_it_inside_the_strategys_scope_is_refused(self):
+    with tf.Graph().as_default():
+      strategy = _strategy()
+      with strategy.scope():
+        w = tf.get_variable("w", [2])
+      store = snapstore.SnapshotStore(var_list=[w])
+      with strategy.scope(), helpers.assert_raises_naming(
+        self,
+        ValueError,
+        r"inside the scope of a tf.distribute strategy \(MirroredStrategy",
+        r"Call it outside `strategy.scope\(\)`",
+      ):
+        store.slots.snapshot_before(lambda: tf.no_op())
+      self.assertEqual(store.slots.pinned(), [])  # nothing pinned
+
+
 def _sends_data(sess, op):
   """True if running `op` sends a tensor between devices (not only control).
 
