@@ -167,6 +167,10 @@ from tensorflow.python.training import monitored_session
 # BaseSession: tf.Session and tf.InteractiveSession, told from wrappers.
 from tensorflow.python.client import session as tf_session
 
+# DistributedValues: the base class of a tf.distribute variable (a
+# MirroredVariable, a SyncOnReadVariable), which TF 1.15 does not export.
+from tensorflow.python.distribute import values as distribute_values
+
 # VariableDef, which shadows are made from (as import_meta_graph makes them).
 from tensorflow.core.framework import variable_pb2
 

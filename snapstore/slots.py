@@ -27,6 +27,7 @@ shadow per variable: `shadows()` and `past()` raise `ModeError`
 import collections
 
 from snapstore.core import checks
+from snapstore.core import distributed
 from snapstore.eager import in_step as eager_in_step
 from snapstore import errors
 from snapstore.graph import in_step
@@ -260,9 +261,12 @@ class Slots(object):
     self._graph_only("snapshot_before")
     with self._h.lock:
       pin = self._check_pin("snapshot_before", slot, tag)
-      entry = in_step.build(
-        update, self._set, pin[0], self._h.varset.variables, name, if_finite
-      )
+      # A distributed variable is written through its components: those are
+      # what the update must leave alone until the copy has run.
+      parts = [
+        p for v in self._h.varset.variables for p in distributed.components(v)
+      ]
+      entry = in_step.build(update, self._set, pin[0], parts, name, if_finite)
       self._in_step[entry.train_op] = entry
       self._pin(*pin)
       return entry.train_op

@@ -19,6 +19,7 @@ from snapstore._tf import resource_variable_ops
 from snapstore._tf import state_ops
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
+from snapstore.core import distributed
 
 
 def is_resource(var):
@@ -29,8 +30,15 @@ def assign(var, value):
   """An op writing `value` into `var`, placed with `var`.
 
   `use_locking=True` keeps a concurrent writer (an asynchronous training op on
-  a ref variable) from interleaving with the copy.
+  a ref variable) from interleaving with the copy. A distributed variable is
+  written as a host write (`distributed.spread`): one assign per component,
+  each on its component's device.
   """
+  if distributed.is_distributed(var):
+    parts = distributed.components(var)
+    return tf.group(
+      *[assign(p, x) for p, x in zip(parts, distributed.spread(var, value))]
+    )
   with ops.colocate_with(var):
     if is_resource(var):
       return var.assign(value, use_locking=True, read_value=False)
@@ -57,8 +65,13 @@ def read(var):
   """A tensor with the value of `var`, read on `var`'s device.
 
   Fetching it copies into a fresh numpy array: TF 1.15's `Session.run` never
-  returns arrays that alias a variable's buffer (checked by the tests).
+  returns arrays that alias a variable's buffer (checked by the tests). A
+  distributed variable is read as a host read (`distributed.aggregate`).
   """
+  if distributed.is_distributed(var):
+    return distributed.aggregate(
+      var, [read(p) for p in distributed.components(var)]
+    )
   with ops.colocate_with(var):
     if is_resource(var):  # one op: read_value() adds an Identity
       return resource_variable_ops.read_variable_op(
@@ -117,7 +130,14 @@ class SharedReads(object):
   def __call__(self, var):
     entry = self._reads.get(id(var))
     if entry is None:
-      value = var.value() if not is_resource(var) else _colocated_read(var)
+      if distributed.is_distributed(var):
+        value = distributed.aggregate(
+          var, [self(p) for p in distributed.components(var)]
+        )
+      elif is_resource(var):
+        value = _colocated_read(var)
+      else:
+        value = var.value()
       entry = self._reads[id(var)] = (var, value)
     return entry[1]
 

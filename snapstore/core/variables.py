@@ -25,6 +25,7 @@ from snapstore._tf import KERAS_3_FIX
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore import errors
+from snapstore.core import distributed
 
 # Collection holding every shadow variable made by any store. Shadows are never
 # themselves picked up by scope or collection resolution.
@@ -275,7 +276,7 @@ class VariableSet(object):
         raise TypeError(
           "Collection %r holds %r, which is not a variable." % (key, var)
         )
-      if id(var) in shadows or not self._under_prefix(var.op.name):
+      if id(var) in shadows or not self._under_prefix(_op_name(var)):
         continue
       pairs.append((None, var))
     if self._prefix is not None:
@@ -321,8 +322,24 @@ class VariableSet(object):
         + graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
         + graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES)
       )
-      any_slot = set(id(s) for p in candidates for s in _slots(opt, p, names))
-      pairs.extend((None, s) for p in primaries for s in _slots(opt, p, names))
+      # TF 1.15's get_slot of a distributed variable gives the slot's
+      # component on the variable's device; the store covers the slot.
+      whole = dict(
+        (id(part), v)
+        for v in opt_vars
+        if distributed.is_distributed(v)
+        for part in distributed.components(v)
+      )
+      any_slot = set(
+        id(whole.get(id(s), s))
+        for p in candidates
+        for s in _slots(opt, p, names)
+      )
+      pairs.extend(
+        (None, whole.get(id(s), s))
+        for p in primaries
+        for s in _slots(opt, p, names)
+      )
       pairs.extend((None, v) for v in opt_vars if id(v) not in any_slot)
     return pairs
 
@@ -364,10 +381,19 @@ class VariableSet(object):
     return self._prefix is None or name.startswith(self._prefix + "/")
 
   def _key_of(self, var):
-    name = var.op.name
+    name = _op_name(var)
     if self._prefix is not None and name.startswith(self._prefix + "/"):
       return name[len(self._prefix) + 1 :]
     return name
+
+
+def _op_name(variable):
+  """The name of `variable`'s op; a distributed variable's first component's.
+
+  A sync-on-read variable's `op` is, in TF 2.x graph mode, the op of the
+  aggregate read (an "Identity"), not a variable's.
+  """
+  return distributed.anchor(variable).op.name
 
 
 def _graph_of(variable):

@@ -166,11 +166,22 @@ def build(update, device, slot, variables, name, if_finite=None):
     TypeError: `update` is an op or tensor (already built) or not callable;
       `if_finite` is not a float tensor.
     GraphMismatchError: `if_finite` is of another graph.
-    ValueError: `if_finite` is computed inside a `tf.cond` or
-      `tf.while_loop`; `update()` returned nothing; or the train op runs an
-      op that writes one of `variables` without waiting for the snapshot.
+    ValueError: Called inside a `tf.distribute` strategy's scope;
+      `if_finite` is computed inside a `tf.cond` or `tf.while_loop`;
+      `update()` returned nothing; or the train op runs an op that writes
+      one of `variables` without waiting for the snapshot.
   """
   _check_update(update)
+  if tf.distribute.has_strategy():
+    # Its run counter would be made a distributed variable, which this
+    # module's plain reads and writes of it cannot take.
+    raise ValueError(
+      "snapshot_before() was called inside the scope of a tf.distribute "
+      "strategy (%s). Call it outside `strategy.scope()`, and enter the "
+      "scope in the update function: snapshot_before(lambda: ...) with "
+      "`with strategy.scope():` inside."
+      % type(tf.distribute.get_strategy()).__name__
+    )
   graph = device.snapshot_op(slot).graph
   if if_finite is not None:
     check_if_finite(if_finite, graph)

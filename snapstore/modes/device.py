@@ -28,6 +28,16 @@ group, a restore a split per group and an assign per variable. A store of
 thousands of small variables is then built and first run in a fraction of the
 time, with a fraction of the ops. Such variables have no shadow of their own,
 so `shadows()` and `past()` are refused; everything else works the same.
+
+A `tf.distribute` variable (`MirroredStrategy`) is shadowed component by
+component (see `snapstore.core.distributed`): a shadow per replica component,
+`dense/kernel/replica_1/snapstore/slot_k` on that replica's device, and
+copies per (component, shadow) pair on its device, so every replica's bits
+are kept and restored and nothing crosses devices. `arrays()` gives one array
+per variable, as a host snapshot reads it; arrays written into a slot
+(`load_arrays`) reach the components as a host restore writes them. Its
+shadows are not one distributed variable, so `shadows()` and `past()` are
+refused.
 """
 
 import re
@@ -35,6 +45,7 @@ import re
 from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.core import copies
+from snapstore.core import distributed
 from snapstore.core import packing
 from snapstore.core import shadows
 from snapstore.core import variables
@@ -71,9 +82,23 @@ class DeviceMode(slot_book.SlotBook):
       else tf.GraphKeys.LOCAL_VARIABLES
     )
     collections = [main, variables.SHADOW_VARIABLES]
-    primaries = self._primaries = varset.variables
     if not isinstance(pack, bool):
       raise TypeError("pack must be True or False, got %r." % (pack,))
+    # The variables shadowed: every variable, a distributed one as its
+    # components (see `snapstore.core.distributed`), and the position in
+    # `varset` of the variable each belongs to.
+    self._distributed = [
+      spec.key
+      for spec in varset.specs
+      if distributed.is_distributed(spec.variable)
+    ]
+    self._primaries = []
+    self._owners = []
+    for i, v in enumerate(varset.variables):
+      for part in distributed.components(v):
+        self._primaries.append(part)
+        self._owners.append(i)
+    primaries = self._primaries
     # What each shadow in a slot stands for: a variable, or a packed group.
     self._units = packing.plan(primaries, name, pack)
     self._reads = copies.SharedReads()
@@ -99,17 +124,34 @@ class DeviceMode(slot_book.SlotBook):
       for k, slot in enumerate(self._slots)
     ]
     self._restore_ops = [op for op, _ in restores]
-    self._slot_reads = [values for _, values in restores]
+    self._slot_reads = [self._host_values(values) for _, values in restores]
     # The scratch shadows' initializers copy the primaries into them.
     self._stash_op = tf.group(
       *[s.initializer for s in self._scratch], name="stash"
     )
     self._unstash_op = self._copy_out(self._scratch, "unstash")[0]
-    # Writing arrays into a slot is its snapshot op with the primaries' reads
-    # fed: no op per slot and variable.
-    self._feeder = copies.Feeder(
-      varset.specs, "feed", targets=[self._reads(p) for p in primaries]
-    )
+    if not self._distributed:
+      # Writing arrays into a slot is its snapshot op with the primaries'
+      # reads fed: no op per slot and variable.
+      self._feeder = copies.Feeder(
+        varset.specs, "feed", targets=[self._reads(p) for p in primaries]
+      )
+      self._put_ops = self._snapshot_ops
+    else:
+      # A distributed variable's array is written into its components'
+      # shadows as a host write would write the components (`spread`).
+      self._feeder = copies.Feeder(varset.specs, "feed")
+      parts = []
+      for var, value in zip(varset.variables, self._feeder.placeholders):
+        parts.extend(distributed.spread(var, value))
+      self._put_ops = [
+        copies.copy(
+          [u.pack([parts[i] for i in u.indices]) for u in self._units],
+          slot,
+          "put_%d" % k,
+        )
+        for k, slot in enumerate(self._slots)
+      ]
     self._initializer = tf.group(
       *[s.initializer for slot in self._slots for s in slot], name="initializer"
     )
@@ -126,7 +168,7 @@ class DeviceMode(slot_book.SlotBook):
   @property
   def per_variable(self):
     """Whether every variable has a shadow of its own (not with `pack=True`)."""
-    return not any(u.packed for u in self._units)
+    return not self._distributed and not any(u.packed for u in self._units)
 
   @property
   def num_slots(self):
@@ -154,8 +196,22 @@ class DeviceMode(slot_book.SlotBook):
     """The shadow variable of each variable in `slot`.
 
     Raises:
-      ModeError: The store packs variables: they have no shadow of their own.
+      ModeError: The store packs variables: they have no shadow of their own;
+        or covers `tf.distribute` variables: each component has a shadow.
     """
+    if self._distributed:
+      raise errors.ModeError(
+        "%s() needs a shadow variable per variable; %s %s a tf.distribute "
+        "variable, whose shadows in a graph-mode store are one per replica "
+        "component, not a distributed variable. Snapshot and restore it with "
+        "store.snapshot() and store.restore(), or use the eager engine, "
+        "whose shadows of a distributed variable are distributed."
+        % (
+          what,
+          errors.names(self._distributed),
+          "is" if len(self._distributed) == 1 else "are",
+        )
+      )
     groups = [u for u in self._units if u.packed]
     if groups:
       raise errors.ModeError(
@@ -165,7 +221,7 @@ class DeviceMode(slot_book.SlotBook):
         % (
           what,
           sum(len(g.members) for g in groups),
-          len(self._primaries),
+          len(self._varset),
           len(groups),
         )
       )
@@ -187,9 +243,7 @@ class DeviceMode(slot_book.SlotBook):
     slot = self._slot_for(tag, victim)
     self._write_slot(
       slot,
-      lambda: self._feed(
-        session, self._snapshot_ops[slot], self._feeder, arrays
-      ),
+      lambda: self._feed(session, self._put_ops[slot], self._feeder, arrays),
     )
     self._bind(tag, slot, victim)
 
@@ -216,8 +270,21 @@ class DeviceMode(slot_book.SlotBook):
       [u.pack(self._reads) for u in self._units], shadow_set, name
     )
 
+  def _host_values(self, values):
+    """The value of each variable of the store from `values`, one per
+    shadowed variable (`_primaries`): a distributed variable's as a host read
+    gives it (`distributed.aggregate`)."""
+    per_owner = [[] for _ in self._varset.variables]
+    for owner, value in zip(self._owners, values):
+      per_owner[owner].append(value)
+    return [
+      distributed.aggregate(v, parts)
+      for v, parts in zip(self._varset.variables, per_owner)
+    ]
+
   def _copy_out(self, shadow_set, name, gate=None):
-    """One op copying `shadow_set` into the variables, and the value of each.
+    """One op copying `shadow_set` into the variables (a distributed one's
+    components), and the value of each shadowed variable (`_primaries`).
 
     With a `gate`, every write waits for it: nothing is written if it fails.
     """

@@ -16,15 +16,22 @@ and its arrays can later be fed without another copy (`snapstore.core.buffers`).
 Elsewhere a `Snapshot` would only cost device memory, so plain reads are used.
 
 A restore feeds the arrays into placeholders built once and runs one grouped
-assign. Host memory holds `len(store) * store.param_nbytes` bytes; the device
+assign. A `tf.distribute` variable is read and written as
+`snapstore.core.distributed` says: one array per variable (a mirrored one's
+first component, a sync-on-read one's aggregate), written back to every
+component. Host memory holds `len(store) * store.param_nbytes` bytes; the device
 holds nothing extra.
 """
+
+import numpy as np
 
 from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.core import attached
 from snapstore.core import buffers
 from snapstore.core import copies
+from snapstore.core import distributed
+from snapstore.core import variables
 from snapstore.modes import base
 
 
@@ -48,13 +55,32 @@ class HostMode(base.CopyMode):
     self._reads = [reads(v) for v in varset.variables]
     self._copies = []
     for var, value in zip(varset.variables, self._reads):
-      with ops.colocate_with(var):
+      # A distributed variable's host read is on its first component's
+      # device (see `snapstore.core.distributed`).
+      with ops.colocate_with(distributed.anchor(var)):
         self._copies.append(tf.raw_ops.Snapshot(input=value))
     self._fetches = attached.PerObject(
       "host_fetches"
     )  # per session: which of the two
     self._feeder = copies.Feeder(varset.specs, "feed")
     self._load_op = self._feeder.assign_to(varset.variables, "restore")
+    # What `stash` sets aside: the variables, or with distributed ones every
+    # component, so that `unstash` gives each replica back its own bits (a
+    # host value written back would make a sync-on-read variable's
+    # components the aggregate and zeros).
+    self._parts = None
+    if any(distributed.is_distributed(v) for v in varset.variables):
+      parts = [p for v in varset.variables for p in distributed.components(v)]
+      specs = [
+        variables.VariableSpec(p.op.name, p, tuple(p.shape.as_list()), dtype)
+        for p in parts
+        for dtype in [np.dtype(p.dtype.base_dtype.as_numpy_dtype)]
+      ]
+      self._parts = (
+        [reads(p) for p in parts],
+        copies.Feeder(specs, "stash_feed"),
+      )
+      self._parts += (self._parts[1].assign_to(parts, "unstash"),)
     self._initializer = tf.no_op(name="initializer")
     self._snapshots = {}
 
@@ -87,9 +113,15 @@ class HostMode(base.CopyMode):
     del self._snapshots[tag]
 
   def stash(self, session):
+    if self._parts is not None:
+      return self._run(session, self._parts[0])
     return self._fetch(session)
 
   def unstash(self, token, session):
+    if self._parts is not None:
+      _, feeder, op = self._parts
+      self._feed(session, op, feeder, token)
+      return
     self._load(token, session)
 
   def _keep(self, tag, arrays, victim):

@@ -1,0 +1,121 @@
+"""Distributed variables (`tf.distribute`) in graph-mode copies.
+
+A variable made in a `MirroredStrategy`'s scope is a `DistributedVariable`:
+one component variable per replica device (`v.values`, in the strategy's
+device order), a `MirroredVariable` (every update written to all of them) or
+a `SyncOnReadVariable` (each replica updates its own; a read in
+cross-replica context aggregates them: batch-norm statistics, metrics). The
+graph engine gives them the eager engine's semantics
+(`snapstore/eager/distributed.py`):
+
+- **Device mode** works on the components: one shadow per component,
+  colocated with it, and copies per (component, shadow) pair, each on its
+  component's device. Every replica keeps its own bits (components made to
+  differ stay so), nothing crosses devices, and replicas that were identical
+  stay so. The shadows are plain variables made as every other shadow
+  (`snapstore.core.shadows`), not a distributed variable: a graph-mode shadow
+  is built from its `VariableDef` with an initializer that runs once and
+  copies its own component's value; the strategy's variable creator would
+  initialize every replica's shadow from the first replica's (wrong for
+  components that differ) and rebuild what is replaced here.
+- **Host reads** (a host snapshot, `arrays()` of any mode) give one value per
+  variable: a mirrored variable's first component (the replicas are equal:
+  the strategy writes every update to all of them; device mode does not need
+  to assume it), a sync-on-read one's aggregate computed as TensorFlow reads
+  it in cross-replica context (`AddN` of the components for SUM, divided by
+  their number for MEAN; the first component for ONLY_FIRST_REPLICA and
+  NONE).
+- **Host writes** put a mirrored value into every component, and a
+  sync-on-read one so that the aggregate read back is the same bits: for SUM
+  the value into the first component and zeros (-0.0 for floats, the one
+  zero that leaves every value unchanged when added) into the others;
+  otherwise the value into every component (a mean of equal values is that
+  value exactly when the replica count is a power of two).
+
+    parts = components(v)                  # [v] for an ordinary variable
+    value = aggregate(v, [read(c) for c in parts])
+    for part, x in zip(parts, spread(v, value)): assign(part, x)
+"""
+
+from snapstore._tf import distribute_values
+from snapstore._tf import ops
+from snapstore._tf import tf
+
+
+def is_distributed(variable):
+  """True for a `tf.distribute` variable (one component per replica)."""
+  return isinstance(variable, distribute_values.DistributedValues)
+
+
+def components(variable):
+  """The component variables of `variable`: itself unless distributed."""
+  if is_distributed(variable):
+    return list(variable.values)
+  return [variable]
+
+
+def anchor(variable):
+  """The variable ops about `variable` are colocated with: its first part.
+
+  A distributed variable itself cannot be colocated with outside a replica
+  context (TF 2.x: "handle is not available outside the replica context";
+  TF 1.15 colocates with one component and fails to place the others).
+  """
+  return components(variable)[0]
+
+
+def aggregate(variable, values):
+  """The value a host read of `variable` gives (module doc).
+
+  Args:
+    variable: The variable.
+    values: One tensor per component (`components(variable)`), in order.
+
+  Returns:
+    A tensor, on the first component's device.
+  """
+  if not is_distributed(variable) or not _sync_on_read(variable):
+    return values[0]
+  how = variable.aggregation
+  if how not in (
+    tf.VariableAggregation.SUM,
+    tf.VariableAggregation.MEAN,
+  ):
+    return values[0]
+  with ops.colocate_with(anchor(variable)), tf.name_scope("aggregate"):
+    # As TF's ReductionToOneDevice: AddN, then `/ n` for MEAN.
+    total = tf.add_n(values)
+    if how == tf.VariableAggregation.MEAN:
+      total = total / len(values)
+    return total
+
+
+def spread(variable, value):
+  """What a host write puts into each component of `variable` (module doc).
+
+  Args:
+    variable: The variable.
+    value: The tensor to write (the variable's host value).
+
+  Returns:
+    One tensor per component, in order.
+  """
+  parts = components(variable)
+  if not (
+    is_distributed(variable)
+    and _sync_on_read(variable)
+    and variable.aggregation == tf.VariableAggregation.SUM
+  ):
+    return [value] * len(parts)
+  values = [value]
+  for part in parts[1:]:
+    with ops.colocate_with(part):
+      zero = tf.zeros(value.shape, value.dtype)  # no edge from `value`
+      if value.dtype.is_floating or value.dtype.is_complex:
+        zero = -zero  # x + (-0.0) is x for every x, -0.0 included
+      values.append(zero)
+  return values
+
+
+def _sync_on_read(variable):
+  return variable.synchronization == tf.VariableSynchronization.ON_READ

@@ -1,0 +1,537 @@
+"""Graph-mode stores over MirroredStrategy variables on two logical CPUs.
+
+Every component is checked bit for bit against numpy values loaded before:
+replicas identical after a restore, components made to differ on purpose
+copied as they are (device mode), sync-on-read values read and written back
+as TensorFlow aggregates them, evaluation at a snapshot equal to numpy's. The
+semantics are `snapstore/core/distributed.py`'s (the eager engine's, see
+tests/eager/test_distributed.py).
+
+MirroredStrategy makes resource variables only (its scope overrides
+`use_resource=False` on TF 1.15 and 2.x; `test_the_strategy_makes_resource_
+variables_only` checks it), so there is no ref-variable case.
+"""
+
+import os
+import tempfile
+
+from absl.testing import parameterized
+import numpy as np
+
+import snapstore
+from snapstore._tf import tf
+from snapstore import errors
+from snapstore.core import copies
+from tests import helpers
+
+CONFIG = tf.ConfigProto(device_count={"CPU": 2})
+DEVICES = ["/cpu:0", "/cpu:1"]
+
+# (name, mode, pack): device mode with a shadow per component, and packed.
+CASES = (
+  ("device", "device", False),
+  ("device_packed", "device", True),
+  ("host", "host", False),
+  ("disk", "disk", False),
+)
+HOST_CASES = tuple(c for c in CASES if c[1] != "device")
+
+
+def _strategy():
+  return tf.distribute.MirroredStrategy(DEVICES)
+
+
+class _Net(object):
+  """Mirrored and sync-on-read variables made in a strategy's scope.
+
+  Attributes:
+    w, b: Mirrored float32 and float64 variables.
+    steps: A mirrored int64 variable.
+    count: Sync-on-read, SUM (a metric's total).
+    mean: Sync-on-read, MEAN (a batch-norm statistic).
+    x, y: An input and the output `x @ w + b` read in cross-replica context.
+  """
+
+  def __init__(self, strategy):
+    sync = dict(
+      synchronization=tf.VariableSynchronization.ON_READ,
+      trainable=False,
+    )
+    with strategy.scope(), tf.variable_scope("net"):
+      self.w = tf.get_variable("w", [3, 4], tf.float32)
+      self.b = tf.get_variable("b", [7], tf.float64)
+      self.steps = tf.get_variable(
+        "steps", [], tf.int64, initializer=tf.zeros_initializer()
+      )
+      self.count = tf.get_variable(
+        "count",
+        [2],
+        tf.float32,
+        initializer=tf.zeros_initializer(),
+        aggregation=tf.VariableAggregation.SUM,
+        **sync,
+      )
+      self.mean = tf.get_variable(
+        "mean",
+        [2],
+        tf.float32,
+        initializer=tf.zeros_initializer(),
+        aggregation=tf.VariableAggregation.MEAN,
+        **sync,
+      )
+    self.x = tf.constant(np.arange(6, dtype=np.float32).reshape(2, 3))
+    self.y = tf.matmul(self.x, self.w)
+    self.variables = [self.w, self.b, self.steps, self.count, self.mean]
+    self.mirrored = [self.w, self.b, self.steps]
+    # TF's own cross-replica reads of the sync-on-read variables.
+    self.aggregates = [self.count.read_value(), self.mean.read_value()]
+    self._placeholders = {}
+    self._loads = {}
+    for v in self.variables:
+      for part in v.values:
+        p = tf.placeholder(v.dtype.base_dtype, v.shape)
+        self._placeholders[part] = p
+        self._loads[part] = part.assign(p, read_value=False)
+
+  def load(self, sess, values):
+    """Writes `{component: array}` into the components (one run)."""
+    sess.run(
+      [self._loads[p] for p in values],
+      {self._placeholders[p]: a for p, a in values.items()},
+    )
+
+  def components(self, sess):
+    """{component: array} of every component."""
+    parts = [p for v in self.variables for p in v.values]
+    return dict(zip(parts, sess.run(parts)))
+
+  def randomize(self, sess, seed, differ=False, normal=False):
+    """Loads random values and returns them.
+
+    Mirrored variables get random bits (ordinary numbers if `normal`), equal
+    in every replica unless `differ`; sync-on-read ones ordinary numbers,
+    distinct per replica (their sums and means as numpy computes them).
+    """
+    rng = np.random.RandomState(seed)
+    values = {}
+    for v in self.variables:
+      dtype = v.dtype.base_dtype.as_numpy_dtype
+      shape = v.shape.as_list()
+      if any(v is m for m in self.mirrored):
+        new = helpers.random_value
+        if normal:
+          new = lambda r, s, d: (r.normal(size=s) * 10).astype(d)  # noqa: E731
+        first = new(rng, shape, dtype)
+        values[v.values[0]] = first
+        values[v.values[1]] = new(rng, shape, dtype) if differ else first.copy()
+      else:  # sums and means of ordinary numbers, as numpy computes them
+        for part in v.values:
+          values[part] = rng.normal(size=shape).astype(dtype)
+    self.load(sess, values)
+    return values
+
+
+class MirroredTest(tf.test.TestCase, parameterized.TestCase):
+  def _setup(self, mode, pack=False, max_to_keep=None):
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      self.strategy = _strategy()
+      self.net = _Net(self.strategy)
+      options = {"mode": mode, "max_to_keep": max_to_keep}
+      if pack:
+        options["pack"] = True
+      if mode == "disk":
+        folder = tempfile.mkdtemp()
+        options.update(
+          spill_path=os.path.join(folder, "spill.h5"), memory_budget=0
+        )
+      self.store = snapstore.SnapshotStore(
+        var_list=self.net.variables, **options
+      )
+    self.addCleanup(self.store.close)
+    self.sess = tf.Session(graph=self.graph, config=CONFIG)
+    self.addCleanup(self.sess.close)
+    helpers.init(self.sess)
+    return self.net, self.store, self.sess
+
+  def _assert_components(self, expected, msg=""):
+    got = self.net.components(self.sess)
+    for part, value in expected.items():
+      helpers.assert_bit_equal(got[part], value, "%s %s" % (msg, part.name))
+
+  def _host_values(self, values):
+    """{key: the value a host read gives} from `{component: array}`."""
+    net = self.net
+    out = {}
+    for key, v in zip(("w", "b", "steps"), net.mirrored):
+      out["net/" + key] = values[v.values[0]]
+    c0, c1 = (values[p] for p in net.count.values)
+    out["net/count"] = c0 + c1
+    m0, m1 = (values[p] for p in net.mean.values)
+    out["net/mean"] = (m0 + m1) / np.float32(2)
+    return out
+
+  @parameterized.named_parameters(*CASES)
+  def test_every_component_is_restored_and_replicas_stay_identical(
+    self, mode, pack
+  ):
+    net, store, sess = self._setup(mode, pack)
+    before = net.randomize(sess, seed=1)
+    tag = store.snapshot(session=sess)
+    changed = net.randomize(sess, seed=2)
+    for part in before:
+      helpers.assert_bits_differ(changed[part], before[part], part.name)
+    store.restore(tag, session=sess)
+    got = net.components(sess)
+    for v in net.mirrored:  # every component as before: replicas identical
+      for part in v.values:
+        helpers.assert_bit_equal(got[part], before[part], part.name)
+    sums = self._host_values(before)
+    if mode == "device":  # every component as it was
+      for v in (net.count, net.mean):
+        for part in v.values:
+          helpers.assert_bit_equal(got[part], before[part], part.name)
+    else:  # SUM: the total into the first, -0.0 into the others
+      helpers.assert_bit_equal(got[net.count.values[0]], sums["net/count"])
+      helpers.assert_bit_equal(
+        got[net.count.values[1]], np.full([2], -0.0, np.float32)
+      )
+      for part in net.mean.values:  # MEAN: the mean into every component
+        helpers.assert_bit_equal(got[part], sums["net/mean"], part.name)
+    # The aggregates read back (as TF reads them) are the snapshot's.
+    count, mean = sess.run(net.aggregates)
+    helpers.assert_bit_equal(count, sums["net/count"], "count")
+    helpers.assert_bit_equal(mean, sums["net/mean"], "mean")
+
+  @parameterized.named_parameters(("shadows", False), ("packed", True))
+  def test_device_mode_copies_components_that_differ_as_they_are(self, pack):
+    net, store, sess = self._setup("device", pack)
+    before = net.randomize(sess, seed=3, differ=True)
+    store.snapshot("t", session=sess)
+    net.randomize(sess, seed=4, differ=True)
+    store.restore("t", session=sess)
+    self._assert_components(before, "restored")
+    # A second restore of the same slot, after another change, too.
+    net.randomize(sess, seed=5)
+    store.restore("t", session=sess)
+    self._assert_components(before, "restored again")
+
+  @parameterized.named_parameters(("shadows", False), ("packed", True))
+  def test_device_copies_stay_on_each_components_device(self, pack):
+    net, store, sess = self._setup("device", pack)
+    shadows = self.graph.get_collection(snapstore.SHADOW_VARIABLES)
+    devices = set(p.device for v in net.variables for p in v.values)
+    self.assertEqual(len(devices), 2)
+    # A shadow per component, on that component's device, named under it.
+    if not pack:
+      for v in net.variables:
+        for part in v.values:
+          (shadow,) = [
+            s
+            for s in shadows
+            if s.op.name == part.op.name + "/snapstore/slot_0"
+          ]
+          self.assertEqual(shadow.device, part.device)
+          self.assertFalse(shadow.trainable)
+    for s in shadows:
+      self.assertIn(s.device, devices)
+    # Nothing crosses devices: the partition graphs of a snapshot and a
+    # restore send only control edges (of the grouped copy, the slot checks).
+    with self.graph.as_default():  # a copy across devices, for contrast
+      across = net.w.values[1].assign(net.w.values[0].read_value()).op
+    for op, sends_data in (
+      (store.slots.snapshot_op(0), False),
+      (store.slots.restore_op(0), False),
+      (across, True),
+    ):
+      self.assertEqual(_sends_data(sess, op), sends_data, op.name)
+
+  @parameterized.named_parameters(*CASES)
+  def test_arrays_give_one_value_per_variable_as_tf_reads_it(self, mode, pack):
+    net, store, sess = self._setup(mode, pack)
+    before = net.randomize(sess, seed=6)
+    tag = store.snapshot(session=sess)
+    arrays = store.arrays(tag, session=sess)
+    expected = self._host_values(before)
+    self.assertEqual(sorted(arrays), sorted(expected))
+    for key, value in expected.items():
+      helpers.assert_bit_equal(arrays[key], value, key)
+    # numpy's sum and mean are TF's own cross-replica reads.
+    count, mean = sess.run(net.aggregates)
+    helpers.assert_bit_equal(count, expected["net/count"], "TF's count")
+    helpers.assert_bit_equal(mean, expected["net/mean"], "TF's mean")
+    # save_npz writes those arrays, one per variable.
+    path = os.path.join(tempfile.mkdtemp(), "s.npz")
+    store.files.save_npz(path, tag, session=sess)
+    with np.load(path) as archive:
+      self.assertEqual(sorted(archive.files), sorted(expected))
+      for key, value in expected.items():
+        helpers.assert_bit_equal(archive[key], value, key)
+
+  @parameterized.named_parameters(*CASES)
+  def test_loaded_arrays_reach_every_component_as_a_host_restore(
+    self, mode, pack
+  ):
+    net, store, sess = self._setup(mode, pack)
+    rng = np.random.RandomState(7)
+    arrays = {
+      key: helpers.random_value(
+        rng, v.shape.as_list(), v.dtype.base_dtype.as_numpy_dtype
+      )
+      for key, v in store.variables.items()
+    }
+    # Ordinary numbers for the aggregates: x + (-0.0) is x bit for bit, but
+    # an addition quiets a signaling NaN.
+    for key in ("net/count", "net/mean"):
+      arrays[key] = rng.normal(size=[2]).astype(np.float32)
+    tag = store.load_arrays(arrays, session=sess)
+    net.randomize(sess, seed=8, differ=True)
+    store.restore(tag, session=sess)
+    got = net.components(sess)
+    for key, v in store.variables.items():
+      parts = v.values
+      if v is net.count:
+        helpers.assert_bit_equal(got[parts[0]], arrays[key], key)
+        helpers.assert_bit_equal(
+          got[parts[1]], np.full([2], -0.0, np.float32), key
+        )
+      else:
+        for part in parts:
+          helpers.assert_bit_equal(got[part], arrays[key], part.name)
+    for key, value in store.arrays(tag, session=sess).items():
+      helpers.assert_bit_equal(value, arrays[key], key)
+
+  @parameterized.named_parameters(*CASES)
+  def test_evaluate_with_reads_the_snapshot_then_puts_current_back(
+    self, mode, pack
+  ):
+    net, store, sess = self._setup(mode, pack, max_to_keep=2)
+    past = net.randomize(sess, seed=9, normal=True)
+    store.snapshot("past", session=sess)
+    current = net.randomize(sess, seed=10, differ=True)
+    fetches = {
+      "y": net.y,
+      "parts": [p.read_value() for p in net.w.values],
+      "aggregates": net.aggregates,
+    }
+    seen = store.evaluate_with(fetches, tag="past", session=sess)
+    host = self._host_values(past)
+    for part, value in zip(net.w.values, seen["parts"]):
+      helpers.assert_bit_equal(value, past[part], part.name)
+    helpers.assert_bit_equal(seen["aggregates"][0], host["net/count"])
+    helpers.assert_bit_equal(seen["aggregates"][1], host["net/mean"])
+    x, w = sess.run(net.x), past[net.w.values[0]]
+    np.testing.assert_allclose(
+      seen["y"], x.astype(np.float64) @ w.astype(np.float64), rtol=1e-6
+    )
+    self._assert_components(current, "after evaluate_with")
+
+  def test_shadows_and_past_are_refused_naming_the_variables(self):
+    net, store, _ = self._setup("device")
+    for call, what in (
+      (lambda: store.slots.shadows(0), "shadows"),
+      (lambda: store.slots.past(net.y), "past"),
+    ):
+      with self.graph.as_default(), helpers.assert_raises_naming(
+        self,
+        errors.ModeError,
+        r"^%s\(\) needs a shadow variable per variable" % what,
+        "net/b, net/count, net/mean, net/steps, net/w are a tf.distribute",
+        "one per replica component",
+        r"store\.snapshot\(\) and store\.restore\(\)",
+      ):
+        call()
+
+  def test_the_strategy_makes_resource_variables_only(self):
+    # Why the tests have no ref-variable case: the strategy's scope makes
+    # resource variables whatever `use_resource` says.
+    with tf.Graph().as_default():
+      with _strategy().scope():
+        v = tf.get_variable("v", [2], use_resource=False)
+        u = tf.Variable([1.0], use_resource=False)
+      for var in (v, u):
+        self.assertLen(var.values, 2)
+        for part in var.values:
+          self.assertTrue(copies.is_resource(part), part)
+
+
+class GuardTest(tf.test.TestCase, parameterized.TestCase):
+  """A guard over a model trained under the strategy, with Adam's state."""
+
+  def _setup(self, mode):
+    graph = tf.Graph()
+    with graph.as_default():
+      strategy = _strategy()
+      run = getattr(strategy, "run", None) or strategy.experimental_run_v2
+      self.x = tf.placeholder(tf.float32, [2, 3])
+      with strategy.scope():
+        w = tf.get_variable("w", [3, 2])
+        step = tf.train.get_or_create_global_step()
+        opt = tf.train.AdamOptimizer(0.1)
+
+        def replica(x):
+          loss = tf.reduce_sum(tf.matmul(x, w))
+          return opt.minimize(loss, global_step=step), loss
+
+        train, loss = run(replica, args=(self.x,))
+        self.train_op = strategy.group(train)
+        self.loss = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+      options = {}
+      if mode == "disk":
+        options.update(
+          spill_path=os.path.join(tempfile.mkdtemp(), "spill.h5"),
+          memory_budget=0,
+        )
+      self.store = snapstore.SnapshotStore(
+        var_list=[w],
+        optimizer=opt,
+        include_global_step=True,
+        mode=mode,
+        **options,
+      )
+    self.addCleanup(self.store.close)
+    self.sess = tf.Session(graph=graph, config=CONFIG)
+    self.addCleanup(self.sess.close)
+    helpers.init(self.sess)
+    self.parts = [p for v in self.store.variables.values() for p in v.values]
+
+  @parameterized.named_parameters(*[(m, m) for m in ("device", "host", "disk")])
+  def test_a_nan_step_is_rolled_back_in_every_replica(self, mode):
+    self._setup(mode)
+    self.assertEqual(
+      self.store.keys,
+      ("beta1_power", "beta2_power", "global_step", "w", "w/Adam", "w/Adam_1"),
+    )
+    ones, nans = np.ones([2, 3]), np.full([2, 3], np.nan)
+    sess = self.sess
+    sess.run(self.train_op, {self.x: ones})
+    before = sess.run(self.parts)
+    with snapstore.Guard(
+      self.store, watch=self.loss, reraise=False, session=sess
+    ) as guard:
+      guard.run(self.train_op, {self.x: nans})
+      ruined = sess.run(self.parts)
+      for part, a, b in zip(self.parts, ruined, before):
+        if "power" not in part.name:  # Adam's powers do not see the NaN
+          helpers.assert_bits_differ(a, b, part.name)
+      guard.run(self.loss, {self.x: ones})
+    self.assertLen(guard.failures, 1)
+    for part, a, b in zip(self.parts, sess.run(self.parts), before):
+      helpers.assert_bit_equal(a, b, part.name)
+
+
+class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
+  """An in-step snapshot of a step trained under the strategy."""
+
+  def _setup(self, pack, if_finite):
+    graph = tf.Graph()
+    with graph.as_default():
+      self.strategy = strategy = _strategy()
+      run = getattr(strategy, "run", None) or strategy.experimental_run_v2
+      self.x = tf.placeholder(tf.float32, [2, 3])
+      with strategy.scope():
+        self.w = tf.get_variable("w", [3, 2])
+        self.b = tf.get_variable("b", [2])
+        opt = tf.train.GradientDescentOptimizer(0.1)
+
+        def replica(x):
+          loss = tf.reduce_sum(tf.matmul(x, self.w) + self.b)
+          return opt.minimize(loss), loss
+
+        # The loss is computed in a run of its own below; `if_finite` takes
+        # the cross-replica sum of one built here.
+        _, loss = run(replica, args=(self.x,))
+        self.loss = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+      self.store = snapstore.SnapshotStore(var_list=[self.w, self.b], pack=pack)
+
+      def update():
+        with strategy.scope():
+          return strategy.group(run(replica, args=(self.x,))[0])
+
+      self.train_op = self.store.slots.snapshot_before(
+        update, if_finite=self.loss if if_finite else None
+      )
+    self.sess = tf.Session(graph=graph, config=CONFIG)
+    self.addCleanup(self.sess.close)
+    helpers.init(self.sess)
+    self.parts = list(self.w.values) + list(self.b.values)
+
+  @parameterized.named_parameters(
+    ("shadows", False, False),
+    ("packed", True, False),
+    ("if_finite", False, True),
+  )
+  def test_restore_undoes_the_step_in_every_replica(self, pack, if_finite):
+    self._setup(pack, if_finite)
+    sess, ones = self.sess, np.ones([2, 3])
+    before = sess.run(self.parts)
+    sess.run(self.train_op, {self.x: ones})
+    after = sess.run(self.parts)
+    for part, a, b in zip(self.parts, after, before):
+      helpers.assert_bits_differ(a, b, part.name)
+    self.store.restore("before_step", session=sess)
+    for part, a, b in zip(self.parts, sess.run(self.parts), before):
+      helpers.assert_bit_equal(a, b, part.name)
+    if if_finite:  # a step whose loss is NaN does not overwrite the slot
+      sess.run(self.train_op, {self.x: ones})
+      start = sess.run(self.parts)  # where the newest finite step starts
+      sess.run(self.train_op, {self.x: ones})
+      sess.run(self.train_op, {self.x: np.full([2, 3], np.nan)})
+      self.store.restore("before_step", session=sess)
+      for part, a, b in zip(self.parts, sess.run(self.parts), start):
+        helpers.assert_bit_equal(a, b, part.name)
+
+  def test_a_component_written_before_the_copy_is_refused(self):
+    with tf.Graph().as_default():
+      strategy = _strategy()
+      with strategy.scope():
+        w = tf.get_variable("w", [2])
+      store = snapstore.SnapshotStore(var_list=[w])
+      early = w.values[1].assign_add([1.0, 1.0]).op  # built beforehand
+      with helpers.assert_raises_naming(
+        self, ValueError, r"w/replica_1 .*does not wait for the snapshot"
+      ):
+        store.slots.snapshot_before(lambda: early)
+      self.assertEqual(store.slots.pinned(), [])  # nothing pinned
+
+  def test_calling_it_inside_the_strategys_scope_is_refused(self):
+    with tf.Graph().as_default():
+      strategy = _strategy()
+      with strategy.scope():
+        w = tf.get_variable("w", [2])
+      store = snapstore.SnapshotStore(var_list=[w])
+      with strategy.scope(), helpers.assert_raises_naming(
+        self,
+        ValueError,
+        r"inside the scope of a tf.distribute strategy \(MirroredStrategy",
+        r"Call it outside `strategy.scope\(\)`",
+      ):
+        store.slots.snapshot_before(lambda: tf.no_op())
+      self.assertEqual(store.slots.pinned(), [])  # nothing pinned
+
+
+def _sends_data(sess, op):
+  """True if running `op` sends a tensor between devices (not only control).
+
+  TF sends a control edge across devices as the value of a dummy constant it
+  adds (named `.../_<n>`); a data edge sends the tensor itself.
+  """
+  metadata = tf.RunMetadata()
+  sess.run(
+    op,
+    options=tf.RunOptions(output_partition_graphs=True),
+    run_metadata=metadata,
+  )
+  for graph in metadata.partition_graphs:
+    nodes = {node.name: node for node in graph.node}
+    for node in graph.node:
+      if node.op not in ("_Send", "_HostSend"):
+        continue
+      source = nodes[node.input[0].split(":")[0]]
+      if not (source.op == "Const" and "/_" in source.name):
+        return True
+  return False
+
+
+if __name__ == "__main__":
+  tf.test.main()
