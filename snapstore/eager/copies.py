@@ -76,6 +76,36 @@ def assigner(variables, specs, name):
   return traced(assign, name, signature)
 
 
+def component_reader(variables, name):
+  """A function returning the value of every component of `variables` (each
+  read on its device): what `evaluate_with` sets aside, so that components
+  that differ (sync-on-read ones) come back as they were."""
+  parts = [c for v in variables for c in distributed.components(v)]
+
+  def read():
+    out = []
+    for part in parts:
+      with tf.device(part.device):
+        out.append(part.value())
+    return out
+
+  return traced(read, name)
+
+
+def component_assigner(variables, name):
+  """A function writing what `component_reader` returned back, component by
+  component on each one's device."""
+  parts = [c for v in variables for c in distributed.components(v)]
+  signature = [tf2.TensorSpec(p.shape, p.dtype) for p in parts]
+
+  def assign(*values):
+    for part, value in zip(parts, values):
+      with tf.device(part.device):
+        part.assign(value, read_value=False)
+
+  return traced(assign, name, signature)
+
+
 class Lazy(object):
   """A traced function built on first use (for calls most stores never make).
 

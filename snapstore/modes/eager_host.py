@@ -40,6 +40,15 @@ class EagerHostMode(base.CopyMode):
     self._read = copies.reader(varset.variables, "read")
     self._read()  # its first run optimizes it: at build, not in the loop
     self._write = copies.assigner(varset.variables, varset.specs, "restore")
+    # evaluate_with sets the current values aside as tensors, component by
+    # component (a read keeps its value while the variables change: copy on
+    # write), and writes them back the same way: no host round trip, and
+    # replicas that differ come back as they were.
+    v = varset.variables
+    self._set_aside = copies.Lazy(lambda: copies.component_reader(v, "stash"))
+    self._put_back = copies.Lazy(
+      lambda: copies.component_assigner(v, "unstash")
+    )
     self._initializer = None
     self._snapshots = {}
 
@@ -81,11 +90,11 @@ class EagerHostMode(base.CopyMode):
 
   def stash(self, session):
     del session
-    return self._fetch()
+    return self._set_aside()
 
   def unstash(self, token, session):
     del session
-    self._write(*token)
+    self._put_back(*token)
 
   def array_writer(self, name):
     del name
