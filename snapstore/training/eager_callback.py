@@ -392,8 +392,16 @@ class InStepKeeper(object):
 
     Raises:
       ValueError: `backoff` with a learning rate that is not a variable; a
-        store of your own built in graph mode or without device slots.
+        store of your own built in graph mode or without device slots; a
+        distribution strategy with several replicas.
     """
+    strategy = model.distribute_strategy
+    if strategy.num_replicas_in_sync > 1:
+      raise ValueError(
+        "SnapshotCallback(in_step=...) does not support fit under %s with "
+        "%d replicas yet (issue 24): use every_n_batches= instead."
+        % (type(strategy).__name__, strategy.num_replicas_in_sync)
+      )
     rate = _learning_rate(model, self._backoff)
     if isinstance(self._store_arg, SnapshotStore):
       _check_in_step_store(self._store_arg)
