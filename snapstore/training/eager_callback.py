@@ -590,8 +590,10 @@ def _wrap_train_step(model, keeper):
       keeper.prepare(model, step, data)
       return keeper.guarded(step, data)
     except Exception:
-      # The trace runs in fit's first batch: leave the model as it was.
-      _unwrap_train_step(model)
+      # The trace runs in fit's first batch: leave the model as it was
+      # (eagerly: tf-keras reads a variable to make its train function).
+      with tf2.init_scope():
+        _unwrap_train_step(model)
       raise
 
   train_step.snapstore_wrapped = (step, "train_step" in vars(model))

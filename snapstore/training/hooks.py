@@ -68,8 +68,10 @@ new session (the one MonitoredTrainingSession's recovery starts) has a slot
 of its own, holding what its initializer gave it, and trusts it only after
 its own first finite step. Only runs that fetch the
 train op count as steps (other runs write no slot) and have their loss
-checked. `SnapshotCallback` has no such mode: `model.fit` builds its own train
-function from the optimizer's updates, and there is no train op to hand it.
+checked. In graph mode `SnapshotCallback` has no such mode: `model.fit` builds
+its own train function from the optimizer's updates, and there is no train op
+to hand it. In eager `fit` it has: `SnapshotCallback(in_step=True)` wraps the
+model's `train_step` (see `snapstore/training/eager_callback.py`).
 
 Estimators: `Estimator.train` always adds its own `NanTensorHook`, which ends
 training on a NaN loss. It runs after your hooks, so `SnapshotHook` has rolled
