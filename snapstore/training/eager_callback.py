@@ -89,6 +89,7 @@ the default (issue 24).
 """
 
 import collections
+import functools
 
 import numpy as np
 
@@ -583,8 +584,19 @@ def _wrap_train_step(model, keeper):
   `on_train_begin`, and reads `model.train_function` at every batch).
   """
   _unwrap_train_step(model, remake=False)  # one left by a fit that raised
-  step = model.train_step
+  step = original = model.train_step
+  if not is_keras_3_object(model):
+    # tf-keras traces its train function with AutoGraph, which converts the
+    # step; the wrapper itself is not converted (AutoGraph takes a function
+    # set on the instance for a method, and calls it with the model as
+    # `data`), so the step is converted here, as it would have been.
+    method = getattr(step, "__func__", None)  # to_graph unbinds methods
+    if method is not None:
+      step = functools.partial(tf2.autograph.to_graph(method), step.__self__)
+    else:
+      step = tf2.autograph.to_graph(step)
 
+  @tf2.autograph.experimental.do_not_convert
   def train_step(data):
     try:
       keeper.prepare(model, step, data)
@@ -596,7 +608,7 @@ def _wrap_train_step(model, keeper):
         _unwrap_train_step(model)
       raise
 
-  train_step.snapstore_wrapped = (step, "train_step" in vars(model))
+  train_step.snapstore_wrapped = (original, "train_step" in vars(model))
   model.train_step = train_step
   model.make_train_function(force=True)
 
