@@ -502,6 +502,8 @@ class InStepKeeper(object):
       if not covered or any(
         id(v) not in covered for v in _default_variables(model)
       ):
+        if self.store is not None:
+          self.store.close()  # ours: its shadows are freed
         self.store = _default_store(model, max_to_keep=1)
         self._built_for = (model, optimizer)
     elif self.store is None or self._built_for[0] is not model:
