@@ -28,11 +28,16 @@ mirrored device snapshot copies both replicas' components),
 
 and, on a training step (`--step-width`, default a 1024-1024-1 MLP with Adam,
 batch 256), the in-step snapshot (`store.slots.snapshot_in_step()`, begin at
-the top and commit after the update) against the bare compiled step.
+the top and commit after the update) against the bare compiled step; and `fit` per batch (the second epoch of a 2-epoch
+fit, `--fit-batches` batches, timed by a callback) bare, with
+`SnapshotCallback(every_n_batches=1)` and with `SnapshotCallback(in_step=True)`,
+on the tests' small model (Dense 8 - BatchNorm - Dense 1, batch 32) and on
+the `--step-width` MLP (batch 256): targets <= 1.05x and <= 1.02x.
 
     .venv-tf2/bin/python bench/bench_eager.py
     .venv-tf2/bin/python bench/bench_eager.py --layers 8 --width 512 --repeats 5
     .venv-tf2/bin/python bench/bench_eager.py --json bench/results/eager.json
+    .venv-tf2/bin/python bench/bench_eager.py --fit-only --repeats 7
 
 On TensorFlow 1.15 (no eager engine) it prints that and exits 0.
 """
@@ -63,6 +68,14 @@ def parse_args(argv=None):
   p.add_argument("--step-width", type=int, default=1024)
   p.add_argument("--repeats", type=int, default=15)
   p.add_argument("--warmup", type=int, default=3)
+  p.add_argument(
+    "--fit-batches", type=int, default=100, help="batches per fit epoch"
+  )
+  p.add_argument(
+    "--fit-only",
+    action="store_true",
+    help="only the fit rows (SnapshotCallback vs bare fit)",
+  )
   p.add_argument("--json", default=None, help="write the figures here")
   return p.parse_args(argv)
 
@@ -239,6 +252,93 @@ def step_bench(args, tf, keras):
   return rounds(methods, args.repeats, args.warmup)
 
 
+class _EpochTimer(object):
+  """Seconds per batch of each epoch after the first (callbacks made by
+  `make`, so that the class is a callback of the Keras in use)."""
+
+  @staticmethod
+  def make(keras, batches):
+    class Timer(keras.callbacks.Callback):
+      def __init__(self):
+        super(Timer, self).__init__()
+        self.per_batch = []
+
+      def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+      def on_epoch_end(self, epoch, logs=None):
+        if epoch > 0:  # the first epoch traces the train function
+          took = time.perf_counter() - self._start
+          self.per_batch.append(took / batches)
+
+    return Timer()
+
+
+def fit_bench(args, tf, keras, width, batch, label):
+  """`fit` per batch: bare, SnapshotCallback every batch, and in-step.
+
+  One model per method (same weights), one 2-epoch `fit` per method and
+  round, interleaved; the second epoch is timed (the first traces).
+  """
+  rng = np.random.RandomState(0)
+  n = args.fit_batches * batch
+  x = rng.rand(n, 3 if width is None else width).astype(np.float32)
+  y = rng.rand(n, 1).astype(np.float32)
+
+  def model():
+    keras.utils.set_random_seed(0)
+    if width is None:  # the tests' small model: Dense 8 - BatchNorm - Dense 1
+      layers = [
+        keras.Input((3,)),
+        keras.layers.Dense(8, activation="relu"),
+        keras.layers.BatchNormalization(),
+        keras.layers.Dense(1),
+      ]
+    else:
+      layers = [
+        keras.Input((width,)),
+        keras.layers.Dense(width, activation="relu"),
+        keras.layers.Dense(width, activation="relu"),
+        keras.layers.Dense(1),
+      ]
+    m = keras.Sequential(layers)
+    m.compile(
+      optimizer=keras.optimizers.Adam(1e-4), loss="mse", metrics=["mae"]
+    )
+    return m
+
+  setups = {
+    "fit, bare": (model(), lambda: []),
+    "fit + callback every batch": (
+      model(),
+      lambda: [snapstore.SnapshotCallback(every_n_batches=1)],
+    ),
+    "fit + in-step callback": (
+      model(),
+      lambda: [snapstore.SnapshotCallback(in_step=True)],
+    ),
+  }
+  timers = dict((name, []) for name in setups)
+  names = list(setups)
+  for r in range(args.warmup + args.repeats):
+    order = names[r % len(names) :] + names[: r % len(names)]
+    for name in order:
+      m, callbacks = setups[name]
+      timer = _EpochTimer.make(keras, args.fit_batches)
+      m.fit(
+        x,
+        y,
+        batch_size=batch,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks() + [timer],
+      )
+      if r >= args.warmup:
+        timers[name].extend(timer.per_batch)
+  return dict(("%s (%s)" % (k, label), v) for k, v in timers.items())
+
+
 def main(argv=None):
   args = parse_args(argv)
   if _tf.VERSION[0] < 2:
@@ -261,68 +361,96 @@ def main(argv=None):
     )
   )
   print("load average: %.2f %.2f %.2f" % os.getloadavg())
-  results, nbytes, count, tmp = copies_bench(args, tf, keras)
-  results.update(mirrored_bench(args, tf, keras))
-  results.update(step_bench(args, tf, keras))
+  results, nbytes, count, tmp = {}, 0, 0, None
+  if not args.fit_only:
+    results, nbytes, count, tmp = copies_bench(args, tf, keras)
+    results.update(mirrored_bench(args, tf, keras))
+    results.update(step_bench(args, tf, keras))
+  results.update(fit_bench(args, tf, keras, None, 32, "small"))
+  results.update(fit_bench(args, tf, keras, args.step_width, 256, "MLP"))
   med = dict((k, float(np.median(v)) * 1e3) for k, v in results.items())
   low = dict((k, float(np.min(v)) * 1e3) for k, v in results.items())
   print(
     "\n%d variables, %.0f MiB; %d rounds after %d warm-up"
     % (count, nbytes / 2**20, args.repeats, args.warmup)
   )
-  print("%-30s %10s %10s" % ("method", "median ms", "min ms"))
+  print("%-38s %10s %10s" % ("method", "median ms", "min ms"))
   for k in results:
-    print("%-30s %10.3f %10.3f" % (k, med[k], low[k]))
-  ratios = [
-    ("device snapshot / hand", "device snapshot", "hand snapshot", 1.05),
-    ("device restore / hand", "device restore", "hand restore", 1.05),
-    (
-      "snapshot + update / hand",
-      "device snapshot + update",
-      "hand snapshot + update",
-      1.05,
-    ),
-    ("host snapshot / memcpy", "host snapshot", "memcpy (warm)", 1.3),
-    ("host snapshot / get_weights", "host snapshot", "get_weights", None),
-    ("host restore / set_weights", "host restore", "set_weights", None),
-    (
-      "round trip / Checkpoint (%s)" % (tmp or "tmp dir"),
-      "round trip",
-      "Checkpoint write + read",
-      None,
-    ),
-    (
-      "mirrored device snapshot / single",
-      "mirrored device snapshot",
-      "single device snapshot",
-      None,
-    ),
-    (
-      "mirrored device restore / single",
-      "mirrored device restore",
-      "single device restore",
-      None,
-    ),
-    (
-      "mirrored host snapshot / single",
-      "mirrored host snapshot",
-      "single host snapshot",
-      None,
-    ),
-    (
-      "mirrored host restore / single",
-      "mirrored host restore",
-      "single host restore",
-      None,
-    ),
-    ("in-step step / bare step", "step + in-step snapshot", "bare step", None),
-    (
-      "step + snapshot() / bare",
-      "step, then store.snapshot()",
-      "bare step",
-      None,
-    ),
-  ]
+    print("%-38s %10.3f %10.3f" % (k, med[k], low[k]))
+  ratios = (
+    []
+    if args.fit_only
+    else [
+      ("device snapshot / hand", "device snapshot", "hand snapshot", 1.05),
+      ("device restore / hand", "device restore", "hand restore", 1.05),
+      (
+        "snapshot + update / hand",
+        "device snapshot + update",
+        "hand snapshot + update",
+        1.05,
+      ),
+      ("host snapshot / memcpy", "host snapshot", "memcpy (warm)", 1.3),
+      ("host snapshot / get_weights", "host snapshot", "get_weights", None),
+      ("host restore / set_weights", "host restore", "set_weights", None),
+      (
+        "round trip / Checkpoint (%s)" % (tmp or "tmp dir"),
+        "round trip",
+        "Checkpoint write + read",
+        None,
+      ),
+      (
+        "mirrored device snapshot / single",
+        "mirrored device snapshot",
+        "single device snapshot",
+        None,
+      ),
+      (
+        "mirrored device restore / single",
+        "mirrored device restore",
+        "single device restore",
+        None,
+      ),
+      (
+        "mirrored host snapshot / single",
+        "mirrored host snapshot",
+        "single host snapshot",
+        None,
+      ),
+      (
+        "mirrored host restore / single",
+        "mirrored host restore",
+        "single host restore",
+        None,
+      ),
+      (
+        "in-step step / bare step",
+        "step + in-step snapshot",
+        "bare step",
+        None,
+      ),
+      (
+        "step + snapshot() / bare",
+        "step, then store.snapshot()",
+        "bare step",
+        None,
+      ),
+    ]
+  )
+  for label, target in (("small", 1.05), ("MLP", 1.02)):
+    ratios += [
+      (
+        "fit + callback / bare (%s)" % label,
+        "fit + callback every batch (%s)" % label,
+        "fit, bare (%s)" % label,
+        target,
+      ),
+      (
+        "fit + in-step / bare (%s)" % label,
+        "fit + in-step callback (%s)" % label,
+        "fit, bare (%s)" % label,
+        target,
+      ),
+    ]
   print("\n%-34s %8s %8s %8s" % ("ratio", "median", "min", "target"))
   out = {"stack": _tf.stack(), "median_ms": med, "min_ms": low, "ratios": {}}
   for label, a, b, target in ratios:
@@ -332,6 +460,7 @@ def main(argv=None):
       "%-34s %8.3f %8.3f %8s"
       % (label, r, m, "<= %.2f" % target if target else "-")
     )
+  print("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
   if args.json:
     with open(args.json, "w") as f:
       json.dump(out, f, indent=1)

@@ -579,6 +579,24 @@ class SnapshotCallbackTest(tf.test.TestCase):
     ):
       snapstore.SnapshotCallback(store=3, every_n_batches=1)
 
+  def test_eager_only_options_are_refused_in_graph_mode_fit(self):
+    x, y = self._data()
+    for kwargs, message in [
+      (dict(in_step=True), "in_step= is for eager fit; in graph mode"),
+      (dict(every_n_batches=1, backoff=0.5), "backoff= is for eager fit"),
+    ]:
+      with tf.Graph().as_default():
+        model = tf.keras.Sequential(
+          [tf.keras.layers.Dense(1, input_shape=(4,))]
+        )
+        model.compile(tf.keras.optimizers.SGD(0.01), "mse")
+        callback = snapstore.SnapshotCallback(**kwargs)
+        with self.assertRaisesRegex(ValueError, message):
+          model.fit(
+            x, y, batch_size=64, epochs=1, verbose=0, callbacks=[callback]
+          )
+        self.assertIsNone(callback.store)
+
 
 if __name__ == "__main__":
   tf.test.main()

@@ -176,8 +176,13 @@ def _shadows(varset, suffix):
 
 
 def check_not_traced(what):
-  """Refuses building eager state while a `tf.function` is traced."""
-  if tf2.inside_function():
+  """Refuses building eager state while a `tf.function` is traced.
+
+  Under `init_scope` in a trace, execution is eager and the state made is
+  too (what `SnapshotCallback(in_step=...)` does at its step's first trace);
+  `tf.inside_function()` alone stays True there.
+  """
+  if tf2.inside_function() and not tf2.executing_eagerly():
     raise errors.ModeError(
       "%s cannot be built inside a tf.function: its shadow variables and "
       "traced copies are made once, eagerly. Build the store before the "

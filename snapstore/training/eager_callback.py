@@ -47,10 +47,49 @@ one before it is restored (a store of your own may keep 1 snapshot; it then
 has no older one to fall back to). Then training goes on with the next batch.
 
 With `steps_per_execution=N`, Keras calls the batch hooks once per N steps,
-so a rollback undoes the whole execution.
+so a rollback undoes the whole execution (in-step mode does not).
+
+In-step mode (`SnapshotCallback(in_step=True)`). A snapshot from a batch hook
+costs a traced call of its own (a fraction of a millisecond: a sizeable share
+of a small model's step). In-step, `on_train_begin` replaces the model's
+`train_step` on the instance with one that, in the compiled step itself,
+reads the state at the step's start (`store.slots.snapshot_in_step()`'s
+`begin()`, before anything writes a variable), runs the original step, and
+then, in a `tf.cond` on the step's logs[monitor]: when finite, commits those
+reads into the slot (so the slot holds the start of the newest step whose
+loss was finite, under the tag "before_step"); when not, writes them back
+into the variables (the step is undone, inside the step), counts the
+rollback, and multiplies the learning rate by `backoff`. Then
+`model.make_train_function(force=True)`, so that fit's next batch runs it.
+A bad step never leaves the compiled loop, so with `steps_per_execution=N`
+exactly the bad steps are undone. The batch hooks take no snapshot; after
+each execution the callback reads the counts (one read of 2 integers),
+calls `on_rollback` once per rollback and raises `NonFiniteError` after too
+many in a row (counted in steps), or when the weights are not finite after
+a rollback. `on_train_end` puts the original `train_step` back (and before
+the callback raises; a fit stopped by another exception leaves the wrapper,
+which the callback's next fit replaces).
+
+All state the step touches must exist before the step reads it: at the first
+trace of the wrapped step in each fit, the original step is traced once more
+in a scratch `tf.function` that never runs, so that what Keras builds in the
+first step (the optimizer's slots, the compiled metrics; with the TensorFlow
+backend made under `init_scope`, so real variables) exists; then the store
+and its slot are made (under `init_scope`), covering it. A store of your own
+must be a device store (1 slot is enough); metric variables it does not
+cover are restored from the step's start too. If the start's trainable
+weights are not finite (the update before made them NaN while its loss was
+finite), the slot is restored instead: one step further back.
+
+With `jit_compile=True`, XLA compiles the step with the in-step ops into
+other fusions than the step without them: batch-norm statistics may differ
+in the last bit from a run without the callback; against the same in-step
+program the rollback is exact. Not under a tf.distribute strategy other than
+the default (issue 24).
 """
 
 import collections
+import functools
 
 import numpy as np
 
@@ -297,6 +336,326 @@ class EagerKeeper(object):
     ]
 
 
+class InStepKeeper(object):
+  """In-step snapshots and rollbacks for `SnapshotCallback(in_step=...)`.
+
+  See "In-step mode" in the module doc. Made by the callback on its first
+  eager `on_train_begin` and kept across `fit` calls.
+
+  Args:
+    store_arg: The callback's `store` argument (a device store, a function
+      `model -> store`, or None for the default store).
+    tag: The tag pinned to the slot the step copies into.
+    monitor: The key of the train step's logs to check.
+    max_consecutive_rollbacks: See `SnapshotCallback`.
+    on_rollback: A function of no arguments, or None.
+    backoff: The learning-rate factor at each rollback, or None.
+  """
+
+  def __init__(
+    self,
+    store_arg,
+    tag,
+    monitor,
+    max_consecutive_rollbacks,
+    on_rollback,
+    backoff,
+  ):
+    self._store_arg = store_arg
+    self._tag = tag
+    self._monitor = monitor
+    self._max_consecutive = max_consecutive_rollbacks
+    self._on_rollback = on_rollback
+    self._backoff = backoff
+    self.store = None
+    self._built_for = None  # (model, optimizer) the store was made for
+    self._snap = None  # the store's InStepSnapshot
+    self._model = None
+    self._rate = None
+    self._counts = None  # int64 [rollbacks, consecutive], written in the step
+    self._seen = 0  # rollbacks of this fit counted so far
+    self.step = 0
+    self.snapshots = 0  # the step copies; the callback takes none
+    self.rollbacks = 0
+
+  @property
+  def trusted(self):
+    """The slot's tag once a store exists (the start of the newest step
+    whose loss was finite; before the first one, the start of `fit`)."""
+    if self.store is None or self._tag not in self.store:
+      return None
+    return self._tag
+
+  # -- fit ---------------------------------------------------------------------
+
+  def start(self, model):
+    """`on_train_begin`: checks, then wraps `model.train_step` (module doc).
+
+    Raises:
+      ValueError: `backoff` with a learning rate that is not a variable; a
+        store of your own built in graph mode or without device slots; a
+        distribution strategy with several replicas.
+    """
+    strategy = model.distribute_strategy
+    if strategy.num_replicas_in_sync > 1:
+      raise ValueError(
+        "SnapshotCallback(in_step=...) does not support fit under %s with "
+        "%d replicas yet (issue 24): use every_n_batches= instead."
+        % (type(strategy).__name__, strategy.num_replicas_in_sync)
+      )
+    rate = _learning_rate(model, self._backoff)
+    if isinstance(self._store_arg, SnapshotStore):
+      _check_in_step_store(self._store_arg)
+    if self._counts is None:
+      self._counts = tf2.Variable(
+        [0, 0], dtype=tf2.int64, trainable=False, name="snapshot_callback"
+      )
+    self._counts.assign([0, 0], read_value=False)
+    self._seen = 0
+    self._model = model
+    self._rate = rate
+    self.step = 0
+    self._snap = None  # made again at the first trace of this fit's step
+    _wrap_train_step(model, self)
+
+  def epoch(self, epoch):
+    del epoch  # a step's rollback never crosses an epoch
+
+  def end_epoch(self):
+    pass
+
+  def before_batch(self):
+    pass
+
+  def after_batch(self, batch, logs):
+    """`on_train_batch_end`: counts the steps' rollbacks, raises when due.
+
+    Raises:
+      NonFiniteError: Too many rollbacks in a row, or weights that are not
+        finite after a rollback.
+    """
+    self.step += 1
+    rollbacks, consecutive = (int(c) for c in self._counts.numpy())
+    new, self._seen = rollbacks - self._seen, rollbacks
+    if not new:
+      return
+    self.rollbacks += new
+    if self._on_rollback is not None:
+      for _ in range(new):
+        self._on_rollback()
+    value = (logs or {}).get(self._monitor)
+    if consecutive and not _all_finite(_trainable_floats(self._model)):
+      self.finish(self._model)
+      raise errors.NonFiniteError(
+        "The loss is %s at batch %d and there is no snapshot with finite "
+        "weights to roll back to: neither the start of the step nor %r (the "
+        "start of the newest step whose loss was finite) has them. The "
+        "weights were not finite before this fit's first step: check the "
+        "model's initialization or the weights loaded into it."
+        % (value, batch, self._tag)
+      )
+    if (
+      self._max_consecutive is not None and consecutive > self._max_consecutive
+    ):
+      self.finish(self._model)
+      raise errors.NonFiniteError(
+        "The loss is %s at batch %d: %d rollbacks in a row, more than "
+        "max_consecutive_rollbacks=%d. The variables hold the state after "
+        "the last step whose loss was finite (each step was rolled back in "
+        "the step)." % (value, batch, consecutive, self._max_consecutive)
+      )
+
+  def finish(self, model):
+    """`on_train_end` (and before raising): puts `train_step` back."""
+    _unwrap_train_step(model)
+
+  # -- in the step ---------------------------------------------------------------
+
+  def prepare(self, model, step, data):
+    """At a trace of the wrapped step: state built, store and slot ready.
+
+    The first trace in a fit first traces `step` once more in a scratch
+    `tf.function` that never runs: what Keras makes in the first step (the
+    optimizer's slots, the compiled metrics; Keras makes variables under
+    `init_scope`, so they are real) is made there, so that the store covers
+    it. (Not under `init_scope` itself: that pauses gradient tapes.) The
+    store and its slot are then made eagerly, under `init_scope`.
+    """
+    if self._snap is not None:
+      return
+    specs = tf2.nest.map_structure(
+      lambda t: tf2.type_spec_from_value(t) if tf2.is_tensor(t) else t, data
+    )
+    tf2.function(step, autograph=False).get_concrete_function(specs)
+    with tf2.init_scope():
+      self._make_store(model)
+
+  def _make_store(self, model):
+    """The store (made or reused), its slot pinned and written now."""
+    if self._store_arg is None:
+      optimizer = model.optimizer
+      covered = (
+        frozenset(id(v) for v in self.store.variables.values())
+        if (self.store is not None and self._built_for == (model, optimizer))
+        else frozenset()
+      )
+      if not covered or any(
+        id(v) not in covered for v in _default_variables(model)
+      ):
+        if self.store is not None:
+          self.store.close()  # ours: its shadows are freed
+        self.store = _default_store(model, max_to_keep=1)
+        self._built_for = (model, optimizer)
+    elif self.store is None or self._built_for[0] is not model:
+      store = self._store_arg
+      if not isinstance(store, SnapshotStore):
+        store = store(model)
+        if not isinstance(store, SnapshotStore):
+          raise TypeError(
+            "The store function returned %r, not a SnapshotStore." % (store,)
+          )
+        _check_in_step_store(store)
+      self.store = store
+      self._built_for = (model, None)
+    self._snap = self.store.slots.snapshot_in_step(0, self._tag)
+    self._snap()  # the slot holds the start of this fit
+    covered = frozenset(id(v) for v in self.store.variables.values())
+    variables = list(self.store.variables.values())
+    shadows = list(self.store.slots.shadows(0).values())
+    self._from_slot = list(zip(variables, shadows))
+    # Restored from the step's start: the store's variables, and the
+    # metrics a store of your own leaves out (the logs' running means).
+    self._restored = variables + [
+      v for v in _metric_variables(model) if id(v) not in covered
+    ]
+    self._weights = _trainable_floats(model)
+
+  def guarded(self, step, data):
+    """The step, copying its start into the slot or restoring it (doc)."""
+    start = self._snap.begin()
+    reads = [(v, v.value()) for v in self._restored]
+    logs = step(data)
+    if not isinstance(logs, dict) or self._monitor not in logs:
+      raise ValueError(
+        "The batch logs have no %r to check (they have %s); pass monitor= "
+        "one of them."
+        % (self._monitor, sorted(logs) if isinstance(logs, dict) else logs)
+      )
+    value = tf2.convert_to_tensor(logs[self._monitor])
+    counts = self._counts
+
+    def finite():
+      start.commit()
+      counts.assign(counts * tf2.constant([1, 0], tf2.int64), read_value=False)
+      return tf2.constant(True)
+
+    def from_slot():
+      for variable, shadow in self._from_slot:
+        variable.assign(shadow.read_value(), read_value=False)
+      return tf2.constant(True)
+
+    def roll_back():
+      for variable, read in reads:
+        variable.assign(read, read_value=False)
+      # The start's weights are not finite (the update before this step
+      # made them NaN while its own loss was finite): one step further back.
+      checks = [tf2.reduce_all(tf2.math.is_finite(w)) for w in self._weights]
+      if checks:
+        tf2.cond(
+          tf2.reduce_all(tf2.stack(checks)),
+          lambda: tf2.constant(True),
+          from_slot,
+        )
+      counts.assign_add(tf2.constant([1, 1], tf2.int64), read_value=False)
+      if self._rate is not None:
+        self._rate.assign(
+          self._rate * tf2.constant(self._backoff, self._rate.dtype),
+          read_value=False,
+        )
+      return tf2.constant(False)
+
+    tf2.cond(tf2.reduce_all(tf2.math.is_finite(value)), finite, roll_back)
+    return logs
+
+
+def _wrap_train_step(model, keeper):
+  """Replaces `model.train_step` on the instance; re-makes the train function.
+
+  Keras calls `model.train_step` when it traces the train function, so the
+  wrapper takes effect in the function made here (`fit` made its own before
+  `on_train_begin`, and reads `model.train_function` at every batch).
+  """
+  _unwrap_train_step(model, remake=False)  # one left by a fit that raised
+  step = original = model.train_step
+  if not is_keras_3_object(model):
+    # tf-keras traces its train function with AutoGraph, which converts the
+    # step; the wrapper itself is not converted (AutoGraph takes a function
+    # set on the instance for a method, and calls it with the model as
+    # `data`), so the step is converted here, as it would have been.
+    method = getattr(step, "__func__", None)  # to_graph unbinds methods
+    if method is not None:
+      step = functools.partial(tf2.autograph.to_graph(method), step.__self__)
+    else:
+      step = tf2.autograph.to_graph(step)
+
+  @tf2.autograph.experimental.do_not_convert
+  def train_step(data):
+    try:
+      keeper.prepare(model, step, data)
+      return keeper.guarded(step, data)
+    except Exception:
+      # The trace runs in fit's first batch: leave the model as it was
+      # (eagerly: tf-keras reads a variable to make its train function).
+      with tf2.init_scope():
+        _unwrap_train_step(model)
+      raise
+
+  train_step.snapstore_wrapped = (original, "train_step" in vars(model))
+  model.train_step = train_step
+  model.make_train_function(force=True)
+
+
+def _unwrap_train_step(model, remake=True):
+  """Puts back the `train_step` `_wrap_train_step` replaced, if it did."""
+  wrapped = getattr(vars(model).get("train_step"), "snapstore_wrapped", None)
+  if wrapped is None:
+    return
+  step, own = wrapped
+  if own:  # the user's function on the instance
+    model.train_step = step
+  else:
+    del model.train_step
+  if remake:
+    model.make_train_function(force=True)
+
+
+def _default_variables(model):
+  """The variables `_default_store` would cover now, unwrapped."""
+  varset = eager_variables.variable_set(
+    var_list=model, optimizer=model.optimizer
+  )
+  return [s.variable for s in varset] + _metric_variables(model)
+
+
+def _trainable_floats(model):
+  return [
+    v
+    for v in (_inner(w) for w in model.trainable_variables)
+    if v.dtype.is_floating
+  ]
+
+
+def _check_in_step_store(store):
+  _check_eager_store(store)
+  try:
+    store.slots
+  except errors.ModeError as e:
+    raise ValueError(
+      "SnapshotCallback(in_step=...) copies into a device slot in the train "
+      "step, but store %r has none: %s" % (store.name, e)
+    )
+
+
 def _metric_variables(model):
   """The compiled metrics' variables, unwrapped, each once."""
   out, seen = [], set()
@@ -314,7 +673,7 @@ def _all_finite(variables):
   return bool(tf2.reduce_all(tf2.stack(checks)).numpy()) if checks else True
 
 
-def _default_store(model):
+def _default_store(model, max_to_keep=2):
   """Device store of the model, its optimizer's state and the metrics made."""
   varset = eager_variables.variable_set(
     var_list=model, optimizer=model.optimizer
@@ -333,7 +692,7 @@ def _default_store(model):
   return SnapshotStore(
     var_list=dict(var_list),
     mode="device",
-    max_to_keep=2,
+    max_to_keep=max_to_keep,
     name="snapshot_callback",
   )
 

@@ -68,8 +68,10 @@ new session (the one MonitoredTrainingSession's recovery starts) has a slot
 of its own, holding what its initializer gave it, and trusts it only after
 its own first finite step. Only runs that fetch the
 train op count as steps (other runs write no slot) and have their loss
-checked. `SnapshotCallback` has no such mode: `model.fit` builds its own train
-function from the optimizer's updates, and there is no train op to hand it.
+checked. In graph mode `SnapshotCallback` has no such mode: `model.fit` builds
+its own train function from the optimizer's updates, and there is no train op
+to hand it. In eager `fit` it has: `SnapshotCallback(in_step=True)` wraps the
+model's `train_step` (see `snapstore/training/eager_callback.py`).
 
 Estimators: `Estimator.train` always adds its own `NanTensorHook`, which ends
 training on a NaN loss. It runs after your hooks, so `SnapshotHook` has rolled
@@ -440,11 +442,19 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
     backoff: Eager `fit` only: multiply the optimizer's learning rate (a
       variable) by this factor, 0 < backoff, at each rollback. Checked at
       `on_train_begin`.
+    in_step: Eager `fit` only, instead of `every_n_batches`/`every_n_secs`:
+      True (or the tag to pin the slot under; True means "before_step") to
+      copy the state into a device slot inside every train step and roll a
+      step whose logs[monitor] is not finite back inside that step, so that
+      no batch hook does any copy and `steps_per_execution > 1` stays exact
+      (see "In-step mode" in `snapstore/training/eager_callback.py`). With a
+      store of your own, a device store (1 slot is enough).
 
   Raises:
-    ValueError: Both or neither of `every_n_batches` and `every_n_secs`; a
-      `backoff` that is not > 0.
-    TypeError: A bad `store`, `on_rollback` or `backoff`.
+    ValueError: Both or neither of `every_n_batches` and `every_n_secs`
+      (without `in_step`); a `backoff` that is not > 0; `in_step` with
+      `every_n_batches`, `every_n_secs` or `monitor=None`.
+    TypeError: A bad `store`, `on_rollback`, `backoff` or `in_step`.
     RuntimeError: Made in graph mode where `tf.keras` is Keras 3, which has
       no graph mode.
   """
@@ -458,6 +468,7 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
     max_consecutive_rollbacks=3,
     on_rollback=None,
     backoff=None,
+    in_step=False,
   ):
     if uses_keras_3() and not builds_eagerly():
       raise RuntimeError(
@@ -467,6 +478,7 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
         "TensorFlow 2's default. For graph mode, %s" % KERAS_3_FIX
       )
     super(SnapshotCallback, self).__init__()
+    in_step = _in_step_tag(in_step, every_n_batches, every_n_secs, monitor)
     self._configure(
       store,
       True,
@@ -475,17 +487,28 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
       "every_n_batches",
       max_consecutive_rollbacks,
       on_rollback,
+      timed=in_step is None,
     )
     if backoff is not None and checks.number(backoff, "backoff") <= 0:
       raise ValueError("backoff must be > 0, got %r." % (backoff,))
     self._store_arg = store
     self._monitor = monitor
     self._backoff = backoff
+    self._in_step = in_step  # the slot's tag, or None
     self._eager = None  # the eager engine's keeper, kept across fits
 
   def on_train_begin(self, logs=None):
     if builds_eagerly():
-      if self._eager is None:
+      if self._eager is None and self._in_step is not None:
+        self._eager = eager_callback.InStepKeeper(
+          self._store_arg,
+          self._in_step,
+          self._monitor,
+          self._max_consecutive,
+          self._on_rollback,
+          self._backoff,
+        )
+      elif self._eager is None:
         self._eager = eager_callback.EagerKeeper(
           self._store_arg,
           self._timer_args,
@@ -497,6 +520,12 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
       self._eager.start(self.model)
       self._keeper = self._eager
       return
+    if self._in_step is not None:
+      raise ValueError(
+        "in_step= is for eager fit; in graph mode, build the train op with "
+        "store.slots.snapshot_before(..., if_finite=loss) and train it under "
+        "SnapshotHook(store, loss=loss, in_step=tag)."
+      )
     if self._backoff is not None:
       raise ValueError(
         "backoff= is for eager fit; in graph mode, lower the learning rate "
@@ -526,7 +555,14 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
       return
     self._keeper.before_step(tf.keras.backend.get_session())
 
+  def on_train_end(self, logs=None):
+    if self._eagerly and self._in_step is not None:
+      self._eager.finish(self.model)
+
   def on_train_batch_end(self, batch, logs=None):
+    if self._eagerly and self._in_step is not None:
+      self._eager.after_batch(batch, logs)
+      return
     if self._eagerly:
       self._eager.after_batch(logs)
       return
@@ -595,6 +631,25 @@ def _in_step_ops(store, tag, loss):
         "was finite." % (tag, loss.name, op.name, condition.name)
       )
   return ops
+
+
+def _in_step_tag(in_step, every_n_batches, every_n_secs, monitor):
+  """SnapshotCallback's `in_step`: the slot's tag, or None; checked."""
+  if in_step is False or in_step is None:
+    return None
+  tag = "before_step" if in_step is True else checks.tag(in_step)
+  if every_n_batches is not None or every_n_secs is not None:
+    raise ValueError(
+      "SnapshotCallback(in_step=%r): every train step copies into the slot, "
+      "so every_n_batches/every_n_secs do not apply. Pass neither." % (in_step,)
+    )
+  if monitor is None:
+    raise ValueError(
+      "SnapshotCallback(in_step=%r) rolls back a step whose logs[monitor] is "
+      "not finite: pass monitor= (e.g. 'loss'), or use every_n_batches= for "
+      "snapshots without rollback." % (in_step,)
+    )
+  return tag
 
 
 def _timer_args(every_n_steps, every_n_secs, steps_name):

@@ -408,3 +408,262 @@ def test_keras_3_callback_made_in_graph_mode_is_refused():
       "graph mode",
     ):
       snapstore.SnapshotCallback(every_n_batches=1)
+
+
+# -- in-step mode: the copy and the rollback inside the compiled step ---------
+
+
+def _compiled(spe=1, jit_compile=False, dropout=False, learning_rate=0.01):
+  model = common.small_model(seed=3, dropout=dropout)
+  model.compile(
+    optimizer=keras.optimizers.Adam(learning_rate),
+    loss="mse",
+    metrics=["mae"],
+    steps_per_execution=spe,
+    jit_compile=jit_compile,
+  )
+  return model
+
+
+@pytest.mark.parametrize("spe", [1, 4])
+@pytest.mark.parametrize("bad", [3, 0])
+def test_in_step_fit_ends_bit_identical_to_fit_without_the_batch(spe, bad):
+  # steps_per_execution=4: the batch hooks see one boundary per 4 steps, but
+  # the bad step is undone inside the compiled loop, alone. Without XLA.
+  x, y = _data(bad)
+  clean = _compiled(spe)
+  clean_history = _fit(clean, *_without(x, y, bad))
+  model = _compiled(spe)
+  callback = snapstore.SnapshotCallback(in_step=True)
+  history = _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2  # the bad step, in each epoch
+  assert callback.snapshots == 0  # no batch hook copies
+  expected = _state(clean)
+  assert len(expected) > 20
+  common.assert_bits_equal(expected, _state(model))
+  assert history.history["loss"] == clean_history.history["loss"]
+  keys = callback.store.keys
+  assert "bn/moving_mean" in keys
+  assert any(k.startswith("metrics/") for k in keys)  # built before the trace
+  assert callback.trusted == "before_step"
+  assert "train_step" not in vars(model)  # put back at on_train_end
+
+
+def test_negative_control_the_callback_mode_with_steps_per_execution_differs():
+  # Snapshots from batch hooks with steps_per_execution=4: a rollback also
+  # undoes the 3 good steps of that execution, so the comparison above can
+  # fail, and does for the mode without in_step.
+  x, y = _data(3)
+  clean = _compiled(4)
+  _fit(clean, *_without(x, y, 3))
+  model = _compiled(4)
+  callback = snapstore.SnapshotCallback(every_n_batches=1)
+  _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2
+  weights = len(model.trainable_variables)
+  assert (
+    _differing(
+      common.values(clean.trainable_variables),
+      common.values(model.trainable_variables),
+    )
+    == weights
+  )
+
+
+@pytest.mark.parametrize("bad", [3, 0])
+def test_in_step_with_xla_is_exact_against_the_same_program(bad):
+  # XLA fuses the step with the in-step ops otherwise than the bare step
+  # (FINDINGS section 6: batch-norm statistics then differ in the last bit
+  # from a run without the callback). The reference is the same compiled
+  # program, trained with the callback on the data without the bad batch.
+  x, y = _data(bad)
+  clean = _compiled(4, jit_compile=True)
+  reference = snapstore.SnapshotCallback(in_step=True)
+  _fit(clean, *_without(x, y, bad), callbacks=[reference])
+  assert reference.rollbacks == 0
+  model = _compiled(4, jit_compile=True)
+  callback = snapstore.SnapshotCallback(in_step=True)
+  _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2
+  common.assert_bits_equal(_state(clean), _state(model))
+
+
+@common.needs_keras_3
+def test_in_step_rolls_the_dropout_seed_state_back():
+  x, y = _data(3)
+  clean = _compiled(4, dropout=True)
+  _fit(clean, *_without(x, y, 3))
+  model = _compiled(4, dropout=True)
+  callback = snapstore.SnapshotCallback(in_step=True)
+  _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2
+  assert any("seed_generator" in k for k in callback.store.keys)
+  common.assert_bits_equal(_state(clean), _state(model))
+
+
+def _store_without_metrics(model):
+  return snapstore.SnapshotStore(
+    var_list=model, optimizer=model.optimizer, max_to_keep=1
+  )
+
+
+def test_in_step_with_a_store_of_your_own_restores_the_metrics_too():
+  # The store covers the model and the optimizer; the metric variables
+  # (the logs' running means) are restored from the step's start as well,
+  # or every later step's logs would stay NaN.
+  x, y = _data(3)
+  clean = _compiled(4)
+  _fit(clean, *_without(x, y, 3))
+  model = _compiled(4)
+  callback = snapstore.SnapshotCallback(_store_without_metrics, in_step="ok")
+  history = _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2
+  assert not any(k.startswith("metrics/") for k in callback.store.keys)
+  assert callback.store.slots.pinned() == ["ok"]
+  common.assert_bits_equal(_state(clean), _state(model))
+  assert np.all(np.isfinite(history.history["loss"]))
+
+
+def test_in_step_backoff_and_on_rollback_count_each_step():
+  x, y = _data(3)
+  model = _compiled(4, learning_rate=0.01)
+  calls = []
+  callback = snapstore.SnapshotCallback(
+    in_step=True, backoff=0.5, on_rollback=lambda: calls.append(1)
+  )
+  _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2 and len(calls) == 2
+  want = np.float32(np.float32(0.01) * np.float32(0.5)) * np.float32(0.5)
+  rate = np.asarray(model.optimizer.learning_rate.numpy())
+  assert rate.tobytes() == np.float32(want).tobytes()
+
+
+def test_in_step_weights_made_non_finite_by_an_update_roll_back_one_further():
+  # The weights are poisoned right before step 3: its start is not finite,
+  # so the slot (the start of step 2, whose loss was finite) is restored.
+  x, y = _data()
+  model = _compiled()
+  recorder = _Recorder()
+
+  class Poison(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+      if batch == 3:
+        kernel = common.state_variables(self.model, self.model.optimizer)[0]
+        kernel.assign(tf.fill(kernel.shape, np.float32(np.nan)))
+
+  callback = snapstore.SnapshotCallback(in_step=True)
+  _fit(model, x, y, [recorder, Poison(), callback], epochs=1)
+  assert callback.rollbacks == 1
+  common.assert_bits_equal(recorder.before[2], recorder.before[4])
+
+
+def test_a_fit_after_the_in_step_fit_runs_the_plain_step():
+  # on_train_end put train_step back and re-made the train function: a fit
+  # without the callback rolls nothing back (its loss goes NaN).
+  x, y = _data(3)
+  model = _compiled(4)
+  callback = snapstore.SnapshotCallback(in_step=True)
+  _fit(model, x, y, [callback], epochs=1)
+  store = callback.store
+  history = _fit(model, x, y, epochs=1)
+  assert np.isnan(history.history["loss"][0])
+  # The same callback on another model: rollbacks counted on.
+  model2 = _compiled(4)
+  _fit(model2, x, y, [callback], epochs=1)
+  assert callback.store is not store  # another model: another store
+  assert callback.rollbacks == 2
+
+
+def test_in_step_too_many_consecutive_rollbacks_raise():
+  x, y = _data()
+  x[3 * B :, 0] = np.nan  # batches 3.. are all bad
+  model = _compiled()
+  recorder = _Recorder()
+  callback = snapstore.SnapshotCallback(
+    in_step=True, max_consecutive_rollbacks=1
+  )
+  with pytest.raises(
+    snapstore.NonFiniteError,
+    match=r"at batch 4: 2 rollbacks in a row, more than "
+    r"max_consecutive_rollbacks=1",
+  ):
+    _fit(model, x, y, [recorder, callback], epochs=1)
+  common.assert_bits_equal(
+    recorder.before[3],
+    common.values(common.state_variables(model, model.optimizer)),
+  )
+  assert "train_step" not in vars(model)  # put back before raising
+
+
+def test_in_step_without_finite_weights_raises():
+  x, y = _data()
+  model = _compiled()
+  model.layers[0].kernel.assign(tf.fill([3, 8], np.float32(np.nan)))
+  callback = snapstore.SnapshotCallback(in_step=True)
+  with pytest.raises(
+    snapstore.NonFiniteError,
+    match="no snapshot with finite weights to roll back to: neither",
+  ):
+    _fit(model, x, y, [callback], epochs=1)
+  assert "train_step" not in vars(model)
+
+
+def test_in_step_missing_monitor_key_is_refused_and_the_step_put_back():
+  x, y = _data()
+  model = _compiled()
+  callback = snapstore.SnapshotCallback(in_step=True, monitor="acc")
+  with pytest.raises(ValueError, match="The batch logs have no 'acc'"):
+    _fit(model, x, y, [callback], epochs=1)
+  assert "train_step" not in vars(model)
+  _fit(model, x, y, epochs=1)  # the plain step again
+
+
+def test_in_step_needs_a_store_with_device_slots():
+  x, y = _data()
+  model = _compiled()
+  store = snapstore.SnapshotStore(var_list=model, mode="host")
+  callback = snapstore.SnapshotCallback(store, in_step=True)
+  with pytest.raises(ValueError, match="copies into a device slot in the"):
+    _fit(model, x, y, [callback], epochs=1)
+  assert "train_step" not in vars(model)
+
+
+def test_in_step_store_function_must_return_a_store():
+  x, y = _data()
+  model = _compiled()
+  callback = snapstore.SnapshotCallback(lambda m: 3, in_step=True)
+  with pytest.raises(
+    TypeError, match="The store function returned 3, not a SnapshotStore"
+  ):
+    _fit(model, x, y, [callback], epochs=1)
+  assert "train_step" not in vars(model)
+
+
+@pytest.mark.parametrize(
+  "kwargs, error, message",
+  [
+    (dict(every_n_batches=1), ValueError, "every_n_batches/every_n_secs do"),
+    (dict(every_n_secs=1.0), ValueError, "every_n_batches/every_n_secs do"),
+    (dict(monitor=None), ValueError, r"pass monitor= \(e.g. 'loss'\)"),
+    (dict(in_step=""), TypeError, "A tag must be an int or a non-empty"),
+  ],
+)
+def test_bad_in_step_options_are_refused(kwargs, error, message):
+  kwargs.setdefault("in_step", True)
+  with pytest.raises(error, match=message):
+    snapstore.SnapshotCallback(**kwargs)
+
+
+@pytest.mark.skipif(
+  len(tf.config.list_logical_devices("CPU")) < 2,
+  reason="needs two logical CPUs (tests/eager/conftest.py)",
+)
+def test_in_step_under_a_strategy_with_replicas_is_refused():
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  with strategy.scope():
+    model = _compiled()
+  x, y = _data()
+  callback = snapstore.SnapshotCallback(in_step=True)
+  with pytest.raises(ValueError, match="MirroredStrategy with 2 replicas"):
+    _fit(model, x, y, [callback], epochs=1)
+  assert "train_step" not in vars(model)
