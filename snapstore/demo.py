@@ -171,22 +171,13 @@ def _run_mode(mode, steps, data, spikes, out, spill_dir=None):
         _, loss = sess.run([model.train_op, model.loss], feed)
         check = sess.run(model.loss, feed)  # the same batch, after the step
         median = float(np.median(recent)) if recent else None
-        if not np.isfinite(check) or (
-          median and check > DIVERGENCE_FACTOR * max(median, 0.1)
-        ):
+        if diverged(check, median):
           tag = store.tags()[-1]
           timer.time("restore", store.restore, tag, session=sess)
           rollbacks += 1
           out(
-            "[%s] step %d: loss %.3g after a learning-rate spike (recent median %.3g) "
-            "-> rolled back to snapshot %r taken at step %d"
-            % (
-              mode,
-              step,
-              check,
-              median or float("nan"),
-              tag,
-              sess.run(model.global_step),
+            rollback_line(
+              mode, step, check, median, tag, sess.run(model.global_step)
             )
           )
           continue
@@ -234,6 +225,22 @@ def _run_mode(mode, steps, data, spikes, out, spill_dir=None):
   finally:
     store.close()  # waits for the disk writer; the spill file is then complete
   return timer, {"rollbacks": rollbacks, "accuracy": current_acc}
+
+
+def diverged(loss, median):
+  """Whether a step's loss is not finite or far above the recent median."""
+  return not np.isfinite(loss) or bool(
+    median and loss > DIVERGENCE_FACTOR * max(median, 0.1)
+  )
+
+
+def rollback_line(mode, step, loss, median, tag, back_at):
+  """What the demo prints for a rollback."""
+  return (
+    "[%s] step %d: loss %.3g after a learning-rate spike (recent median "
+    "%.3g) -> rolled back to snapshot %r taken at step %d"
+    % (mode, step, loss, median or float("nan"), tag, back_at)
+  )
 
 
 def spike_steps(steps):

@@ -137,22 +137,13 @@ def _train(
     opt.learning_rate.assign(demo.LEARNING_RATE)
     check = float(evaluate(x, y)[1])  # the same batch, after the step
     median = float(np.median(recent)) if recent else None
-    if not np.isfinite(check) or (
-      median and check > demo.DIVERGENCE_FACTOR * max(median, 0.1)
-    ):
+    if demo.diverged(check, median):
       tag = store.tags()[-1]
       timer.time("restore", store.restore, tag)
       rollbacks += 1
       out(
-        "[eager %s] step %d: loss %.3g after a learning-rate spike (recent "
-        "median %.3g) -> rolled back to snapshot %r taken at step %d"
-        % (
-          mode,
-          step,
-          check,
-          median or float("nan"),
-          tag,
-          int(opt.iterations.numpy()),
+        demo.rollback_line(
+          "eager " + mode, step, check, median, tag, int(opt.iterations.numpy())
         )
       )
       continue

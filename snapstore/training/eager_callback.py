@@ -102,6 +102,22 @@ from snapstore import errors
 from snapstore.store import SnapshotStore
 
 
+def monitored_value(monitor, logs):
+  """`logs[monitor]` (None without a monitor), for both engines' callbacks.
+
+  Raises:
+    ValueError: The logs have no `monitor`.
+  """
+  if monitor is None:
+    return None
+  if not logs or monitor not in logs:
+    raise ValueError(
+      "The batch logs have no %r to check (they have %s); "
+      "pass monitor= one of them, or None." % (monitor, sorted(logs or ()))
+    )
+  return logs[monitor]
+
+
 class EagerKeeper(object):
   """Snapshots and rollbacks for one `SnapshotCallback` in eager `fit`.
 
@@ -230,15 +246,8 @@ class EagerKeeper(object):
       ValueError: The logs have no `monitor`.
       NonFiniteError: Nothing to roll back to, or too many rollbacks in a row.
     """
-    value = None
-    if self._monitor is not None:
-      if not logs or self._monitor not in logs:
-        raise ValueError(
-          "The batch logs have no %r to check (they have %s); "
-          "pass monitor= one of them, or None."
-          % (self._monitor, sorted(logs or ()))
-        )
-      value = np.asarray(logs[self._monitor])
+    value = monitored_value(self._monitor, logs)
+    value = None if value is None else np.asarray(value)
     step, self.step = self.step, self.step + 1
     if self._first_batch:
       # Keras made its compiled metrics in this step: copy them from now on.

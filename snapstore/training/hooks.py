@@ -566,15 +566,7 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
     if self._eagerly:
       self._eager.after_batch(logs)
       return
-    value = None
-    if self._monitor is not None:
-      if not logs or self._monitor not in logs:
-        raise ValueError(
-          "The batch logs have no %r to check (they have %s); "
-          "pass monitor= one of them, or None."
-          % (self._monitor, sorted(logs or ()))
-        )
-      value = logs[self._monitor]
+    value = eager_callback.monitored_value(self._monitor, logs)
     self._keeper.after_step(tf.keras.backend.get_session(), value)
 
 
