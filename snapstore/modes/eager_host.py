@@ -17,11 +17,11 @@ import numpy as np
 
 from snapstore.core import buffers
 from snapstore.eager import copies
-from snapstore.modes import base
+from snapstore.modes import host_book
 from snapstore.modes import disk
 
 
-class EagerHostMode(base.CopyMode):
+class EagerHostMode(host_book.HostBook):
   """Snapshots held as read-only numpy arrays (see module doc).
 
   Args:
@@ -31,9 +31,6 @@ class EagerHostMode(base.CopyMode):
   """
 
   name = "host"
-  default_max_to_keep = 5
-  allows_unbounded = True
-  data_needs_session = False
 
   def __init__(self, varset, max_to_keep, name):
     super(EagerHostMode, self).__init__(varset, max_to_keep, name)
@@ -50,14 +47,7 @@ class EagerHostMode(base.CopyMode):
       lambda: copies.component_assigner(v, "unstash")
     )
     self._initializer = None
-    self._snapshots = {}
-
-  def tags(self):
-    return list(self._snapshots)
-
-  @property
-  def nbytes(self):
-    return sum(a.nbytes for arrays in self._snapshots.values() for a in arrays)
+    self._start_book()
 
   def take(self, tag, session, victim=None):
     del session
@@ -69,24 +59,9 @@ class EagerHostMode(base.CopyMode):
       old = self._snapshots.get(victim)
     self._keep(tag, self._fetch(_unshared(old)), victim)
 
-  def put(self, tag, arrays, session, victim=None):
-    del session
-    copied = [
-      buffers.aligned_copy(a, spec.dtype)
-      for a, spec in zip(arrays, self._varset.specs)
-    ]
-    self._keep(tag, copied, victim)
-
   def restore(self, tag, session):
     del session
     self._write(*self._snapshots[tag])
-
-  def arrays(self, tag, session):
-    del session
-    return list(self._snapshots[tag])
-
-  def delete(self, tag):
-    del self._snapshots[tag]
 
   def stash(self, session):
     del session
@@ -120,13 +95,6 @@ class EagerHostMode(base.CopyMode):
       np.copyto(array, np.asarray(memoryview(value)))
       out.append(array)
     return out
-
-  def _keep(self, tag, arrays, victim):
-    for a in arrays:
-      a.setflags(write=False)
-    if victim is not None and victim != tag:
-      self._snapshots.pop(victim, None)
-    self._snapshots[tag] = tuple(arrays)
 
 
 def _unshared(arrays):

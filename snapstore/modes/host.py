@@ -28,14 +28,13 @@ import numpy as np
 from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.core import attached
-from snapstore.core import buffers
 from snapstore.core import copies
 from snapstore.core import distributed
 from snapstore.core import variables
-from snapstore.modes import base
+from snapstore.modes import host_book
 
 
-class HostMode(base.CopyMode):
+class HostMode(host_book.HostBook):
   """Snapshots held as read-only numpy arrays (see module doc).
 
   Args:
@@ -45,9 +44,6 @@ class HostMode(base.CopyMode):
   """
 
   name = "host"
-  default_max_to_keep = 5
-  allows_unbounded = True
-  data_needs_session = False
 
   def __init__(self, varset, max_to_keep, name):
     super(HostMode, self).__init__(varset, max_to_keep, name)
@@ -82,35 +78,13 @@ class HostMode(base.CopyMode):
       )
       self._parts += (self._parts[1].assign_to(parts, "unstash"),)
     self._initializer = tf.no_op(name="initializer")
-    self._snapshots = {}
-
-  def tags(self):
-    return list(self._snapshots)
-
-  @property
-  def nbytes(self):
-    return sum(a.nbytes for arrays in self._snapshots.values() for a in arrays)
+    self._start_book()
 
   def take(self, tag, session, victim=None):
     self._keep(tag, self._fetch(session), victim)
 
-  def put(self, tag, arrays, session, victim=None):
-    del session  # Nothing runs in TF.
-    copies = [
-      buffers.aligned_copy(a, spec.dtype)  # always a new array
-      for a, spec in zip(arrays, self._varset.specs)
-    ]
-    self._keep(tag, copies, victim)
-
   def restore(self, tag, session):
     self._load(self._snapshots[tag], session)
-
-  def arrays(self, tag, session):
-    del session
-    return list(self._snapshots[tag])
-
-  def delete(self, tag):
-    del self._snapshots[tag]
 
   def stash(self, session):
     if self._parts is not None:
@@ -123,13 +97,6 @@ class HostMode(base.CopyMode):
       self._feed(session, op, feeder, token)
       return
     self._load(token, session)
-
-  def _keep(self, tag, arrays, victim):
-    for a in arrays:
-      a.setflags(write=False)
-    if victim is not None and victim != tag:
-      self._snapshots.pop(victim, None)
-    self._snapshots[tag] = tuple(arrays)
 
   def _fetch(self, session):
     fetches = self._fetches.get(session)
