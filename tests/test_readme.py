@@ -10,8 +10,30 @@ it):
                                   or Keras 2, and Keras 3); skipped on 1.15
   <!-- test: continues -->        appended to the program of the nearest run
                                   block above it in the same section
-  <!-- test: skip (reason) -->    not run, for the reason given (a fragment
-                                  that needs the reader's model, files, ...)
+  <!-- test: setup               a fragment (it uses the reader's model,
+  ...code...                      session, files): run in a child process
+  -->                             after the hidden setup code the comment
+                                  holds (indented as the comment's first
+                                  line), which makes what the fragment uses
+  <!-- test: setup eager          the same for an eager fragment (as `run
+  ...code...                      eager`: each Keras, TensorFlow 2.x only)
+  -->
+  <!-- test: skip (reason) -->    not run, for the reason given (what makes
+                                  running it impossible)
+
+The rendered README shows none of these comments, so a setup is code the
+reader never sees: the fragment stays as written. A fragment's `...` line
+(one holding only `...`) stands for code of the reader's, and its setup
+says which: the setup's own `...` lines (at its first column) split it; the
+first part runs before the fragment, and each next part replaces the
+fragment's next `...` line, indented as that line. A fragment and its setup
+must have as many `...` lines. E.g. a graph-mode fragment that builds a
+store, then has `...` for "start the session", then runs it, gets a setup
+that builds the graph, then a line `...`, then `sess = tf.Session()` and the
+initializers' run. (In a `run` program, `...` is Python's no-op statement.)
+A setup makes every name the fragment uses, and calls
+`tf.disable_v2_behavior()` for a graph-mode fragment; the fragment's checks
+in `CHECKS` see the setup's names and the fragment's.
 
 An unmarked block, a marker on no block, an unknown marker and a skip without
 a reason fail `test_every_block_is_marked`. Every block, skipped ones
@@ -20,7 +42,10 @@ included, must compile, and the snapstore names it uses must exist
 `store.slots.X` and the keyword arguments of their calls). Programs run with
 the suite's Python, so on whichever stack the suite runs, and must set up
 graph mode themselves (`tf.disable_v2_behavior()`): nothing is added to them
-but the checks in `CHECKS` below, after their last line.
+but the checks in `CHECKS` below, after their last line (and a fragment's
+setup before it). Every fragment program has a check in `CHECKS`
+(`test_fragments_are_checked`): a fragment that runs but whose result is not
+looked at tests only that it does not raise.
 """
 
 import ast
@@ -73,12 +98,133 @@ CHECKS = {
     # The guard's device snapshot went with the closed session.
     "assert store.tags() == [], store.tags()\n"
   ),
+  # The fragments below run after their setups (hidden in README.md).
+  "past_and_current_in_one_run_store_slots_past_and_snapstore_clone_1": (
+    # The past is slot 0's initial parameters, bit for bit; the present is
+    # one step later; after the refresh they agree.
+    "assert np.array_equal(past, start)\n"
+    "assert not np.allclose(current, past)\n"
+    "current, past = sess.run([q, q_past], feed)\n"
+    "assert np.array_equal(current, past)\n"
+  ),
+  "training_loop_integration_2": (
+    # The bad batch's step was undone: finite weights, and Keras counted
+    # only the three good steps (the rollback puts `iterations` back too).
+    "assert all(np.isfinite(v.numpy()).all() for v in model.weights)\n"
+    "assert int(opt.iterations.numpy()) == 3, opt.iterations.numpy()\n"
+  ),
+  "training_loop_integration_3": (
+    "sess = tf.Session()\n"
+    "sess.run([tf.global_variables_initializer(),"
+    " tf.local_variables_initializer()])\n"
+    "names = [v.op.name.split('/', 1)[1] for v in"
+    " tf.trainable_variables('online')]\n"
+    "live = lambda: dict(zip(names, sess.run(tf.trainable_variables())))\n"
+    # Hard update: the target is the online network, bit for bit.
+    "sess.run(train_op, feed)\n"
+    "sess.run(hard_update)\n"
+    "target, online = store.arrays('target', session=sess), live()\n"
+    "assert sorted(target) == sorted(online), (sorted(target), names)\n"
+    "for k in online:\n"
+    "  assert target[k].tobytes() == online[k].tobytes(), k\n"
+    # Soft update after the step: (1 - tau) * target + tau * online.
+    "sess.run(train_and_update, feed)\n"
+    "new_target, new_online = store.arrays('target', session=sess), live()\n"
+    "for k in online:\n"
+    "  assert not np.array_equal(new_online[k], online[k]), k\n"
+    "  expect = (np.float32(1 - 0.005) * target[k]"
+    " + np.float32(0.005) * new_online[k])\n"
+    "  assert np.array_equal(new_target[k], expect), k\n"
+  ),
+  "training_loop_integration_4": (
+    # Before any update the target slot holds the online weights, so the
+    # target's q is the online network's.
+    "assert np.allclose(q_next.numpy(), online(next_x).numpy(), rtol=1e-6)\n"
+    "before = [v.numpy() for v in online.trainable_variables]\n"
+    "held = store.arrays('target')\n"
+    "train_step(x0, y0)\n"
+    "after = [v.numpy() for v in online.trainable_variables]\n"
+    "moved = store.arrays('target')\n"
+    "assert sorted(moved) == sorted(held)\n"
+    # Each target variable moved by tau towards its online one.
+    "for old, new in zip(before, after):\n"
+    "  assert not np.array_equal(old, new)\n"
+    "  [k] = [k for k in held if held[k].tobytes() == old.tobytes()]\n"
+    "  expect = np.float32(1 - 0.005) * old + np.float32(0.005) * new\n"
+    "  assert np.array_equal(moved[k], expect), k\n"
+    # Hard update: a copy of the online weights, bit for bit.
+    "store.snapshot('target')\n"
+    "held = store.arrays('target')\n"
+    "for v in after:\n"
+    "  assert any(h.tobytes() == v.tobytes() for h in held.values())\n"
+  ),
+  "training_loop_integration_5": (
+    # The step ran (its loss is not finite) and was undone, bit for bit:
+    # weights, Adam's slots and beta powers, and the global step.
+    "assert not np.isfinite(sess.run(loss, feed))\n"
+    "end = sess.run(tf.global_variables())\n"
+    "assert len(end) == len(start)\n"
+    "for a, b in zip(start, end):\n"
+    "  assert np.asarray(a).tobytes() == np.asarray(b).tobytes()\n"
+    "assert sess.run(step) == 0\n"
+  ),
+  "training_loop_integration_6": (
+    # The gate skipped the copy; the restore went back to the initial
+    # values, the newest start of a step with a finite loss (none yet).
+    "assert not np.isfinite(value)\n"
+    "end = sess.run(tf.global_variables())\n"
+    "for a, b in zip(start, end):\n"
+    "  assert np.asarray(a).tobytes() == np.asarray(b).tobytes()\n"
+    "assert sess.run(step) == 0\n"
+  ),
+  "disk_mode_spill_files_and_the_cli_1": (
+    "store.files.flush()\n"
+    "assert os.path.exists('run7.h5')\n"
+    "assert store.tags() == [tag], store.tags()\n"
+    # A change undone from the snapshot, bit for bit.
+    "net = tf.global_variables('net')\n"
+    "sess.run([v.assign(v + 1.0) for v in net])\n"
+    "store.restore(tag, session=sess)\n"
+    "for a, b in zip(start, sess.run(net)):\n"
+    "  assert a.tobytes() == b.tobytes()\n"
+    "store.close()\n"
+  ),
+  "ensembles_of_checkpoints_store_files_load_checkpoint_and_snapstore_"
+  "ensemble_1": (
+    # Each member's probabilities are a numpy forward pass with the
+    # weights its checkpoint holds; the combination is their mean and vote.
+    "def forward(w):\n"
+    "  h = np.maximum(0.0, batch.dot(w['dense/kernel']) + w['dense/bias'])\n"
+    "  z = h.dot(w['dense_1/kernel']) + w['dense_1/bias']\n"
+    "  e = np.exp(z - z.max(axis=1, keepdims=True))\n"
+    "  return e / e.sum(axis=1, keepdims=True)\n"
+    "tags = ['run_1', 'run_2', 'run_3']\n"
+    "expect = [forward(weights[t]) for t in tags]\n"
+    "assert list(result.members) == tags, list(result.members)\n"
+    "for t, e in zip(tags, expect):\n"
+    "  assert np.allclose(result.members[t]['probs'], e, atol=1e-5), t\n"
+    "assert not np.allclose(expect[0], expect[1])\n"
+    "assert np.allclose(result.combined['probs'], np.mean(expect, 0),"
+    " atol=1e-5)\n"
+    "labels = np.array([e.argmax(1) for e in expect])\n"
+    "for row, label in zip(labels.T, result.combined['label']):\n"
+    "  counts = np.bincount(row)\n"
+    "  if counts.max() > 1:  # a majority\n"
+    "    assert label == counts.argmax(), (row, label)\n"
+  ),
 }
 
 _MARKER = re.compile(r"^<!--\s*test:\s*(.*?)\s*-->$")
 _SKIP = re.compile(r"^skip\s*\((.*)\)$")
+# The first line of a marker comment that goes on over the next lines.
+_OPENING = re.compile(r"^<!--\s*test:\s*(.*?)\s*$")
+_ELLIPSIS = re.compile(r"^(\s*)\.\.\.\s*$")
 
-Block = collections.namedtuple("Block", "id section line marker reason code")
+Block = collections.namedtuple(
+  "Block",
+  "id section line marker reason code setup setup_line",
+  defaults=(None, None),
+)
 
 
 def _slug(heading):
@@ -91,25 +237,52 @@ def parse(text):
   Returns:
     `(blocks, problems)`: a list of `Block`s in README order (`line` is the
     1-based line of the opening fence; `marker` is "run", "continues",
-    "skip" or None; `code` is dedented) and a list of strings.
+    "skip" or None; `code` is dedented; a fragment's `setup` is its hidden
+    setup code, dedented, from README line `setup_line`) and a list of
+    strings.
   """
   blocks, problems = [], []
   section, counts = "top", collections.Counter()
-  pending = None  # (line number, marker text) of a marker not yet used
+  # (line number, marker text, setup lines or None) of a marker not yet used
+  pending = None
   fence = None  # (line number, indent, is python, lines) inside a block
+  comment = None  # (line number, indent, marker text, lines) of a setup
   for number, raw in enumerate(text.splitlines(), 1):
     stripped = raw.strip()
+    if comment is not None:
+      if stripped == "-->":
+        pending = (comment[0], comment[2], comment[1], comment[3])
+        comment = None
+      else:
+        comment[3].append(raw)
+      continue
     if fence is not None:
       if stripped == "```":
         start, indent, is_python, lines = fence
         fence = None
         if is_python:
           counts[section] += 1
-          marker, reason = _read_marker(pending, start, problems)
-          pending = None
+          marker, reason, setup = _read_marker(pending, start, problems)
           code = "".join(line[indent:] + "\n" for line in lines)
           block_id = "%s_%d" % (section, counts[section])
-          blocks.append(Block(block_id, section, start, marker, reason, code))
+          setup_line = pending[0] + 1 if setup is not None else None
+          pending = None
+          blocks.append(
+            Block(
+              block_id,
+              section,
+              start,
+              marker,
+              reason,
+              code,
+              setup,
+              setup_line,
+            )
+          )
+          if setup is not None:
+            problem = _ellipsis_problem(code, setup)
+            if problem:
+              problems.append("line %d: %s" % (start, problem))
       else:
         fence[3].append(raw)
       continue
@@ -129,10 +302,15 @@ def parse(text):
         pending = None
       continue
     match = _MARKER.match(stripped)
-    if match:
+    opening = _OPENING.match(stripped)
+    if match or opening:
       if pending is not None:
         problems.append("line %d: marker on no block" % pending[0])
-      pending = (number, match.group(1))
+      pending = None
+      if match:
+        pending = (number, match.group(1), None, None)
+      else:
+        comment = (number, len(raw) - len(raw.lstrip()), opening.group(1), [])
     elif stripped:
       if pending is not None:
         problems.append(
@@ -143,33 +321,96 @@ def parse(text):
         section = _slug(raw.lstrip("#"))
   if pending is not None:
     problems.append("line %d: marker on no block" % pending[0])
+  if comment is not None:
+    problems.append("line %d: setup comment never closed" % comment[0])
   if fence is not None:
     problems.append("line %d: block never closed" % fence[0])
   return blocks, problems
 
 
 def _read_marker(pending, start, problems):
-  """`(marker, reason)` of the marker before the block at line `start`."""
+  """`(marker, reason, setup)` of the marker before the block at `start`."""
   if pending is None:
     problems.append(
       "line %d: Python block without a marker; put <!-- test: run -->, "
       "<!-- test: continues --> or <!-- test: skip (reason) --> on the line "
       "before it (see tests/test_readme.py)" % start
     )
-    return None, None
-  text = pending[1]
+    return None, None, None
+  number, text, indent, lines = pending
+  if lines is not None:  # a comment over several lines: a setup
+    setup = "".join(line[indent:] + "\n" for line in lines)
+    if text not in ("setup", "setup eager"):
+      problems.append(
+        "line %d: a marker over several lines must be setup or setup eager, "
+        "not %r" % (number, text)
+      )
+    elif not setup.strip():
+      problems.append("line %d: setup without code" % number)
+    else:
+      return "run", "eager" if text == "setup eager" else None, setup
+    return None, None, None
   if text in ("run", "continues"):
-    return text, None
+    return text, None, None
   if text == "run eager":
-    return "run", "eager"
+    return "run", "eager", None
   skip = _SKIP.match(text)
   if skip and skip.group(1).strip():
-    return "skip", skip.group(1).strip()
-  problems.append(
-    "line %d: marker %r is not run, continues or skip (a reason)"
-    % (pending[0], text)
-  )
-  return None, None
+    return "skip", skip.group(1).strip(), None
+  if text in ("setup", "setup eager"):
+    problems.append(
+      "line %d: setup without code (put the code on the lines after "
+      "<!-- test: setup, and --> on a line of its own)" % number
+    )
+  else:
+    problems.append(
+      "line %d: marker %r is not run, continues, setup or skip (a reason)"
+      % (number, text)
+    )
+  return None, None, None
+
+
+def _split_setup(setup):
+  """A setup's parts: the code before the fragment, then one per `...`."""
+  parts = [[]]
+  for line in setup.splitlines(True):
+    if _ELLIPSIS.match(line):
+      parts.append([])
+    else:
+      parts[-1].append(line)
+  return ["".join(part) for part in parts]
+
+
+def _ellipsis_problem(code, setup):
+  """Why `setup`'s `...` lines do not match those of `code`, or None."""
+  wanted = sum(1 for line in code.splitlines() if _ELLIPSIS.match(line))
+  given = len(_split_setup(setup)) - 1
+  if wanted != given:
+    return (
+      "the fragment has %d ... line(s), its setup %d: each ... of the "
+      "fragment is replaced by the setup's code after its next ..."
+      % (wanted, given)
+    )
+  return None
+
+
+def fragment_program(block):
+  """A block's code with its setup: before it, and in its `...` lines."""
+  if block.setup is None:
+    return block.code
+  parts = _split_setup(block.setup)
+  out = [parts[0]]
+  replacements = iter(parts[1:])
+  for line in block.code.splitlines(True):
+    match = _ELLIPSIS.match(line)
+    if match:
+      part = next(replacements)
+      out.extend(
+        match.group(1) + s if s.strip() else s for s in part.splitlines(True)
+      )
+    else:
+      out.append(line)
+  return "".join(out)
 
 
 def programs(blocks):
@@ -293,6 +534,10 @@ class ReadmeTest(parameterized.TestCase):
   def test_checks_name_programs(self):
     self.assertEqual(sorted(set(CHECKS) - set(PROGRAMS)), [])
 
+  def test_fragments_are_checked(self):
+    fragments = [i for i, b in PROGRAMS.items() if b[0].setup is not None]
+    self.assertEqual(sorted(set(fragments) - set(CHECKS)), [])
+
   @parameterized.named_parameters((block.id, block) for block in BLOCKS)
   def test_names_exist(self, block):
     compile(block.code, "README.md:%d" % block.line, "exec")
@@ -305,10 +550,24 @@ class ReadmeTest(parameterized.TestCase):
   @parameterized.named_parameters(list(PROGRAMS.items()) or [("none", None)])
   def test_runs(self, blocks):
     self.assertIsNotNone(blocks, "README.md has no <!-- test: run --> block")
-    code = "".join(block.code for block in blocks)
-    self.assertIsNone(_graph_mode_problem(code), blocks[0].id)
+    head = blocks[0]
+    code = "".join(fragment_program(block) for block in blocks)
+    self.assertIsNone(_graph_mode_problem(code), head.id)
     where = []  # which program lines come from which README lines
     first = 1
+    if head.setup is not None:
+      # Its hidden setup around the fragment's lines: print the program.
+      where.append(
+        "setup: README.md line %d; the program:\n%s"
+        % (
+          head.setup_line,
+          "".join(
+            "%4d  %s" % (n, s) for n, s in enumerate(code.splitlines(True), 1)
+          ),
+        )
+      )
+      blocks = blocks[1:]  # the others continue it, after its lines
+      first = code.count("\n") - sum(b.code.count("\n") for b in blocks) + 1
     for block in blocks:
       count = block.code.count("\n")
       where.append(
@@ -322,9 +581,9 @@ class ReadmeTest(parameterized.TestCase):
         )
       )
       first += count
-    code += CHECKS.get(blocks[0].id, "")
+    code += CHECKS.get(head.id, "")
     kerases = [None]  # the suite's own TF_USE_LEGACY_KERAS
-    if blocks[0].reason == "eager":
+    if head.reason == "eager":
       if _tf.VERSION[0] < 2:
         self.skipTest("an eager program: TensorFlow 2.x only")
       if _tf.VERSION >= (2, 16) and importlib.util.find_spec("keras"):
@@ -333,7 +592,7 @@ class ReadmeTest(parameterized.TestCase):
       env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
       if legacy is not None:
         env["TF_USE_LEGACY_KERAS"] = legacy
-      result = _run_program(blocks[0].id, code, env)
+      result = _run_program(head.id, code, env)
       self.assertEqual(
         result.returncode,
         0,
@@ -396,13 +655,68 @@ class ParseTest(unittest.TestCase):
 
   def test_bad_markers(self):
     for marker, fragment in [
-      ("<!-- test: skip -->", "is not run, continues or skip"),
-      ("<!-- test: skip () -->", "is not run, continues or skip"),
-      ("<!-- test: runs -->", "is not run, continues or skip"),
+      ("<!-- test: skip -->", "is not run, continues, setup or skip"),
+      ("<!-- test: skip () -->", "is not run, continues, setup or skip"),
+      ("<!-- test: runs -->", "is not run, continues, setup or skip"),
+      ("<!-- test: setup -->", "setup without code"),
+      ("<!-- test: setup eager -->", "setup without code"),
+      ("<!-- test: setup\n\n-->", "setup without code"),
+      ("<!-- test: skip (a)\nx = 1\n-->", "must be setup or setup eager"),
+      ("<!-- test: setup\n...\n-->", "the fragment has 0 ... line(s)"),
     ]:
       _, problems = self._problems("%s\n```python\nx\n```\n" % marker)
       self.assertEqual(len(problems), 1, problems)
       self.assertIn(fragment, problems[0])
+
+  def test_setup_markers(self):
+    blocks, problems = self._problems(
+      "## A\n<!-- test: setup\nimport os\n\ndef f():\n  return 1\n"
+      "...\nsess = 2\n\ny = 3\n...\nz = 4\n-->\n"
+      "```python\nfor i in []:\n  ...\nt = f()\n...\n```\n"
+      "text\n- item\n\n  <!-- test: setup eager\n  m = 1\n  -->\n"
+      "  ```python\n  n = m\n  ```\n"
+      "<!-- test: continues -->\n```python\nk = n\n```\n"
+    )
+    self.assertEqual(problems, [])
+    self.assertEqual(
+      [(b.id, b.marker, b.reason, b.setup_line) for b in blocks],
+      [
+        ("a_1", "run", None, 3),
+        ("a_2", "run", "eager", 24),
+        ("a_3", "continues", None, None),
+      ],
+    )
+    self.assertEqual(blocks[1].setup, "m = 1\n")
+    # Before the fragment: the setup up to its first `...`; each `...` of
+    # the fragment: the setup's next part, at the `...`'s indentation.
+    self.assertEqual(
+      fragment_program(blocks[0]),
+      "import os\n\ndef f():\n  return 1\n"
+      "for i in []:\n  sess = 2\n\n  y = 3\nt = f()\nz = 4\n",
+    )
+    self.assertEqual(fragment_program(blocks[1]), "m = 1\nn = m\n")
+    self.assertEqual(fragment_program(blocks[2]), "k = n\n")
+    self.assertEqual(list(programs(blocks)[0]), ["a_1", "a_2"])
+    exec(fragment_program(blocks[0]), {})  # pylint: disable=exec-used
+
+  def test_bad_setups(self):
+    for text, fragment in [
+      ("<!-- test: setup\nx = 1\n```python\nx\n```\n", "never closed"),
+      (
+        "<!-- test: setup\nx = 1\n-->\ntext\n```python\nx\n```\n",
+        "marker on no block (text follows it)",
+      ),
+      (
+        "<!-- test: setup\n...\n...\n-->\n```python\n...\n```\n",
+        "the fragment has 1 ... line(s), its setup 2",
+      ),
+      (
+        "<!-- test: setup\nx = 1\n-->\n```python\n...\n```\n",
+        "the fragment has 1 ... line(s), its setup 0",
+      ),
+    ]:
+      _, problems = self._problems(text)
+      self.assertTrue(any(fragment in p for p in problems), (text, problems))
 
   def test_marker_on_no_block(self):
     for text in [
