@@ -118,7 +118,25 @@ def monitored_value(monitor, logs):
   return logs[monitor]
 
 
-class EagerKeeper(object):
+class _Keeper(object):
+  """What both eager keepers hold: the callback's rollback options, and the
+  store, model and learning-rate variable of the current `fit`."""
+
+  def __init__(
+    self, store_arg, monitor, max_consecutive_rollbacks, on_rollback, backoff
+  ):
+    self._store_arg = store_arg
+    self._monitor = monitor
+    self._max_consecutive = max_consecutive_rollbacks
+    self._on_rollback = on_rollback
+    self._backoff = backoff
+    self.store = None
+    self._built_for = None  # (model, optimizer) the store was made for
+    self._model = None
+    self._rate = None  # the learning-rate variable `backoff` multiplies
+
+
+class EagerKeeper(_Keeper):
   """Snapshots and rollbacks for one `SnapshotCallback` in eager `fit`.
 
   Made by the callback on its first eager `on_train_begin` and kept across
@@ -143,16 +161,10 @@ class EagerKeeper(object):
     on_rollback,
     backoff,
   ):
-    self._store_arg = store_arg
+    super(EagerKeeper, self).__init__(
+      store_arg, monitor, max_consecutive_rollbacks, on_rollback, backoff
+    )
     self._timer_args = timer_args
-    self._monitor = monitor
-    self._max_consecutive = max_consecutive_rollbacks
-    self._on_rollback = on_rollback
-    self._backoff = backoff
-    self.store = None
-    self._built_for = None  # (model, optimizer) the store was made for
-    self._model = None
-    self._rate = None  # the learning-rate variable `backoff` multiplies
     self._fits = 0
     self._period = None  # (fit, epoch): metrics are reset at each epoch
     self._tags = []  # (tag, period) of our snapshots, oldest first
@@ -345,7 +357,7 @@ class EagerKeeper(object):
     ]
 
 
-class InStepKeeper(object):
+class InStepKeeper(_Keeper):
   """In-step snapshots and rollbacks for `SnapshotCallback(in_step=...)`.
 
   See "In-step mode" in the module doc. Made by the callback on its first
@@ -370,17 +382,11 @@ class InStepKeeper(object):
     on_rollback,
     backoff,
   ):
-    self._store_arg = store_arg
+    super(InStepKeeper, self).__init__(
+      store_arg, monitor, max_consecutive_rollbacks, on_rollback, backoff
+    )
     self._tag = tag
-    self._monitor = monitor
-    self._max_consecutive = max_consecutive_rollbacks
-    self._on_rollback = on_rollback
-    self._backoff = backoff
-    self.store = None
-    self._built_for = None  # (model, optimizer) the store was made for
     self._snap = None  # the store's InStepSnapshot
-    self._model = None
-    self._rate = None
     self._counts = None  # int64 [rollbacks, consecutive], written in the step
     self._seen = 0  # rollbacks of this fit counted so far
     self.step = 0
