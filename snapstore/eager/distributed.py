@@ -31,17 +31,9 @@ replica device (`v.values`). The eager engine treats it so:
 
 from snapstore._tf import tf
 from snapstore._tf import tf2
-
-
-def is_distributed(variable):
-  return isinstance(variable, tf2.distribute.DistributedValues)
-
-
-def components(variable):
-  """The component variables of `variable`: itself unless distributed."""
-  if is_distributed(variable):
-    return list(variable.values)
-  return [variable]
+from snapstore.core.distributed import components
+from snapstore.core.distributed import is_distributed
+from snapstore.core.distributed import spread
 
 
 def make_shadow(variable, name):
@@ -82,25 +74,11 @@ def read(variable):
 
 
 def write(variable, value):
-  """Writes a host snapshot's `value` into `variable` (module doc)."""
-  if not is_distributed(variable):
-    with tf.device(variable.device):
-      variable.assign(value, read_value=False)
-    return
-  parts = variable.values
-  if _sync_on_read(variable) and (
-    variable.aggregation == tf2.VariableAggregation.SUM
-  ):
-    zero = tf.zeros_like(value)
-    if value.dtype.is_floating or value.dtype.is_complex:
-      zero = -zero  # x + (-0.0) is x for every x, -0.0 included
-    for i, part in enumerate(parts):
-      with tf.device(part.device):
-        part.assign(value if i == 0 else zero, read_value=False)
-    return
-  for part in parts:
+  """Writes a host snapshot's `value` into `variable` (module doc): each
+  component gets what `core.distributed.spread` says, on its own device."""
+  for part, part_value in zip(components(variable), spread(variable, value)):
     with tf.device(part.device):
-      part.assign(value, read_value=False)
+      part.assign(part_value, read_value=False)
 
 
 def in_replica_context():
