@@ -185,7 +185,30 @@ from tensorflow.core.protobuf import config_pb2
 # FunctionDef: a function body (of a tf.function, a v2 tf.cond...) as the
 # graph's library holds it, for what snapshot_before's check reads in it.
 from tensorflow.core.framework import function_pb2
+
+# AttrValue: the attribute that keeps a v2 tf.cond a function call.
+from tensorflow.core.framework import attr_value_pb2
 # pylint: enable=g-direct-tensorflow-import,g-import-not-at-top,wrong-import-position,unused-import
+
+# -- graph attributes ---------------------------------------------------------
+
+
+def keep_cond_as_call(cond_output):
+  """Marks the v2 `tf.cond` that made `cond_output` to stay a function call.
+
+  In a traced function TensorFlow lowers a `tf.cond` to switch and merge
+  nodes, so that every node of the branch not taken still passes through the
+  executor, as a dead one, at each call. An `If` op kept as a call runs only
+  the branch taken (`cond_v2` sets the same attribute for XLA; `tf.cond` has
+  no argument for it). For a rarely taken branch of many nodes.
+  """
+  op = cond_output.op
+  while op.type not in ("If", "StatelessIf"):  # the cond's output identities
+    op = op.inputs[0].op
+  op._set_attr(  # pylint: disable=protected-access
+    "_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False)
+  )
+
 
 # -- shims: one name for what differs between versions ------------------------
 

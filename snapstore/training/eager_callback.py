@@ -49,28 +49,30 @@ has no older one to fall back to). Then training goes on with the next batch.
 With `steps_per_execution=N`, Keras calls the batch hooks once per N steps,
 so a rollback undoes the whole execution (in-step mode does not).
 
-In-step mode (`SnapshotCallback(in_step=True)`). A snapshot from a batch hook
-costs a traced call of its own (a fraction of a millisecond: a sizeable share
-of a small model's step). In-step, `on_train_begin` replaces the model's
-`train_step` on the instance with one that, in the compiled step itself,
-reads the state at the step's start (`store.slots.snapshot_in_step()`'s
-`begin()`, before anything writes a variable), runs the original step, and
-then, in a `tf.cond` on the step's logs[monitor]: when finite, commits those
-reads into the slot (so the slot holds the start of the newest step whose
-loss was finite, under the tag "before_step"); when not, writes them back
-into the variables (the step is undone, inside the step), counts the
-rollback, and multiplies the learning rate by `backoff`. Then
-`model.make_train_function(force=True)`, so that fit's next batch runs it.
-A bad step never leaves the compiled loop, so with `steps_per_execution=N`
-exactly the bad steps are undone. The batch hooks take no snapshot. After
-an execution of one step whose logged value is finite there was no
-rollback (the step checked that value), and the hook returns at once;
-after any other execution it reads the counts (one read of 2 integers),
-calls `on_rollback` once per rollback and raises `NonFiniteError` after too
-many in a row (counted in steps), or when the weights are not finite after
-a rollback. `on_train_end` puts the original `train_step` back (and before
-the callback raises; a fit stopped by another exception leaves the wrapper,
-which the callback's next fit replaces).
+In-step mode (`SnapshotCallback(in_step=True)`). A snapshot from a batch
+hook costs a traced call of its own (a fraction of a millisecond: a sizeable
+share of a small model's step). In-step, `on_train_begin` replaces the
+model's `train_step` on the instance with one that, in the compiled step
+itself, reads the state at the step's start
+(`store.slots.snapshot_in_step()`'s `begin()`, before anything writes a
+variable), runs the original step, and then, in a `tf.cond` on the step's
+logs[monitor] (kept a function call with one replica, so that the rollback
+branch costs nothing until taken; lowered, its nodes would pass through the
+executor at every step): when finite, commits those reads into the slot (so
+the slot holds the start of the newest step whose loss was finite, under the
+tag "before_step"); when not, writes them back into the variables (the step
+is undone, inside the step), counts the rollback, and multiplies the
+learning rate by `backoff`. Then `model.make_train_function(force=True)`, so
+that fit's next batch runs it. A bad step never leaves the compiled loop, so
+with `steps_per_execution=N` exactly the bad steps are undone. The batch
+hooks take no snapshot. After an execution of one step whose logged value is
+finite there was no rollback (the step checked that value), and the hook
+returns at once; after any other execution it reads the counts (one read of
+2 integers), calls `on_rollback` once per rollback and raises
+`NonFiniteError` after too many in a row (counted in steps), or when the
+weights are not finite after a rollback. `on_train_end` puts the original
+`train_step` back (and before the callback raises; a fit stopped by another
+exception leaves the wrapper, which the callback's next fit replaces).
 
 All state the step touches must exist before the step reads it: at the first
 trace of the wrapped step in each fit, the original step is traced once more
@@ -108,6 +110,7 @@ import functools
 import numpy as np
 
 from snapstore._tf import is_keras_3_object
+from snapstore._tf import keep_cond_as_call
 from snapstore._tf import keras_variable_value
 from snapstore._tf import tf
 from snapstore._tf import tf2
@@ -693,7 +696,13 @@ class InStepKeeper(_Keeper):
         )
       return tf2.constant(False)
 
-    tf2.cond(finite, commit, roll_back)
+    decided = tf2.cond(finite, commit, roll_back)
+    if self._replicas == 1:
+      # Lowered, the rollback branch's nodes (about four per variable) pass
+      # through the executor as dead ones at every step: on the tests' Dense
+      # 8 model 1.43x a bare step, against 1.11x kept as a call (bench/README).
+      # Not under replicas, whose branches write components on several devices.
+      keep_cond_as_call(decided)
     return logs
 
 
