@@ -49,7 +49,6 @@ import argparse
 import concurrent.futures
 import importlib.util
 import os
-import resource
 import statistics
 import sys
 import time
@@ -60,6 +59,7 @@ if importlib.util.find_spec("tf_keras") is not None:
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
+import bench_core  # pylint: disable=g-import-not-at-top
 import busy_load  # pylint: disable=g-import-not-at-top
 import snapstore  # pylint: disable=g-import-not-at-top
 from snapstore._tf import stack  # pylint: disable=g-import-not-at-top
@@ -154,7 +154,7 @@ class Probe(object):
     arrays = list(self.store.arrays(self.tag).values())
     return sessions.run_cached(self.sess, op, self.placeholders, arrays)
 
-  def stages(self):
+  def groups(self):
     def keep(name, fn):
       def run():
         self.held[name] = fn()
@@ -259,20 +259,9 @@ class Probe(object):
 
 
 def run(probe, repeats, warmup):
-  groups = probe.stages()
-  out = {n: [] for g in groups for n, _ in g if n}
-  for r in range(warmup + repeats):
-    k = r % len(groups)
-    for group in groups[k:] + groups[:k]:
-      for name, fn in group:
-        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        t0 = time.perf_counter()
-        fn()
-        dt = 1e3 * (time.perf_counter() - t0)
-        flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
-        if name and r >= warmup:
-          out[name].append((dt, flt))
-  return out
+  """bench_core's interleaved rounds over the probe's stages, in ms."""
+  res = bench_core.run_rounds(probe, repeats, warmup, log=lambda line: None)
+  return {n: [(1e3 * t, f) for t, f in v] for n, v in res.items()}
 
 
 def main(argv=None):
