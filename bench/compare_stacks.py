@@ -14,6 +14,7 @@ one row per figure. It measures nothing and needs no TensorFlow.
 import argparse
 import json
 import os
+import statistics
 import sys
 
 
@@ -48,6 +49,39 @@ def core_rows(data):
           % (_fmt(t["ratio_median"], ".2f"), _fmt(t["ratio_min"], ".2f")),
         )
       )
+    raw = dict((n, r.get("seconds")) for n, r in got.get("raw", {}).items())
+    warm = raw.get("numpy copy into warm buffers")
+    if raw.get("host restore") and raw.get("update after host restore"):
+      # A resource variable's restore defers its copy to the next write
+      # (copy on write): the update after it pays what the steady one does
+      # not.
+      raw["host restore + its deferred copy"] = [
+        r + after - steady
+        for r, after, steady in zip(
+          raw["host restore"],
+          raw["update after host restore"],
+          raw["update (steady)"],
+        )
+      ]
+    for name in (
+      "host snapshot",
+      "host restore",
+      "host restore + its deferred copy",
+    ):
+      times = raw.get(name)
+      if warm and times:
+        rows.append(
+          (
+            "%s: %s / warm memcpy, median (paired per round)" % (kind, name),
+            "%s (%s)"
+            % (
+              _fmt(statistics.median(times) / statistics.median(warm), ".2f"),
+              _fmt(
+                statistics.median(t / w for t, w in zip(times, warm)), ".2f"
+              ),
+            ),
+          )
+        )
     summary = got["summary"]
     for name in (
       "device snapshot",

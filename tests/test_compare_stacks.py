@@ -31,6 +31,13 @@ def _core(ratio):
           }
         ],
         "summary": {"device snapshot": {"median_ms": 2 * ratio}},
+        "raw": {
+          "numpy copy into warm buffers": {"seconds": [1.0, 2.0, 4.0]},
+          "host snapshot": {"seconds": [1.5, 2.0, 2.0]},
+          "host restore": {"seconds": [0.1, 0.1, 0.1]},
+          "update (steady)": {"seconds": [1.0, 1.0, 1.0]},
+          "update after host restore": {"seconds": [2.0, 2.0, 2.0]},
+        },
       }
     }
   }
@@ -60,6 +67,17 @@ def test_each_stack_in_its_column_and_missing_ones_as_dashes(tmp_path, capsys):
     "| 1.04 (1.03) | 0.50 (0.49) |" in out
   )
   assert "| resource: device snapshot, median ms | 2.1 | 1.0 |" in out
+  # Medians 2.0 / 2.0; per round 1.5, 1.0, 0.5: paired median 1.0.
+  assert (
+    "| resource: host snapshot / warm memcpy, median (paired per round) "
+    "| 1.00 (1.00) |" in out
+  )
+  # The restore plus what the update after it pays over a steady one:
+  # 1.1 each round, over 1, 2, 4.
+  assert (
+    "| resource: host restore + its deferred copy / warm memcpy, median "
+    "(paired per round) | 0.55 (0.55) |" in out
+  )
   assert (
     "| resource 1000 packed | - | 10.30 s, 18.3 ops/var; first 1.200 / "
     "1.250 s; slots 1-3 0.006 / 0.008 s |" in out
