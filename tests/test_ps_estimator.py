@@ -1,0 +1,146 @@
+"""SnapshotHook in an Estimator trained under `ParameterServerStrategy` v1.
+
+`RunConfig(train_distribute=tf.compat.v1.distribute.experimental.
+ParameterServerStrategy())` with a `TF_CONFIG` of a chief and two ps tasks:
+`tf.estimator.train_and_evaluate` runs the chief through TF's distribute
+coordinator, which starts the chief's server and configures the strategy;
+the variables (a sharded weight, its Momentum slots, the global step) live
+on the ps tasks. The chief runs in a child process (`tests/ps_estimator.py`:
+its server cannot be stopped in TF 1.15); the ps tasks are plain
+`tf.train.Server` processes (`tests/cluster.py`), fresh for each test (a
+chief finding its variables initialized would not initialize them).
+
+Checked: the step with an infinite loss is rolled back, bit for bit, to the
+trusted snapshot (every variable, shard, slot and the global step equal to
+what they were after the step before it), every step that is not rolled
+back is the Momentum update computed in numpy from the recorded values, and
+each device shadow sits on its variable's ps task.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+from absl.testing import parameterized
+import numpy as np
+
+from snapstore._tf import tf
+from tests import cluster as cluster_lib
+from tests import helpers
+from tests import ps_estimator as chief
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_KEYS = [
+  "global_step",
+  "net/b",
+  "net/b/Momentum",
+  "net/w/part_0",
+  "net/w/part_0/Momentum",
+  "net/w/part_1",
+  "net/w/part_1/Momentum",
+]
+
+
+def _momentum_step(values, x, y):
+  """The values after one Momentum step on batch (x, y), in numpy (float32)."""
+  w = np.concatenate([values["net/w/part_0"], values["net/w/part_1"]])
+  residual = x.dot(w) + values["net/b"] - y
+  grads = {
+    "w": np.float32(2.0 / len(x)) * x.T.dot(residual),
+    "b": np.float32(2.0 / len(x)) * residual.sum(),
+  }
+  grads["net/w/part_0"], grads["net/w/part_1"] = np.split(grads.pop("w"), 2)
+  grads["net/b"] = grads.pop("b")
+  out = {"global_step": values["global_step"] + 1}
+  for name, grad in grads.items():
+    accum = values[name + "/Momentum"] * np.float32(chief.MOMENTUM) + grad
+    out[name + "/Momentum"] = accum
+    out[name] = values[name] - np.float32(chief.LEARNING_RATE) * accum
+  return out
+
+
+@unittest.skipUnless(
+  hasattr(tf, "estimator"), "tf.estimator is gone from TensorFlow 2.16 on"
+)
+class PsEstimatorTest(tf.test.TestCase, parameterized.TestCase):
+  def _train(self, mode):
+    """Runs the chief against two fresh ps tasks; returns (report, steps)."""
+    try:
+      cluster = cluster_lib.LoopbackCluster({"ps": 2}, unserved={"chief": 1})
+    except cluster_lib.ClusterError as e:
+      self.skipTest("loopback tf.train.Server processes did not start: %s" % e)
+    self.addCleanup(cluster.close)
+    out_dir = self.get_temp_dir()
+    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    run = subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "tests.ps_estimator",
+        json.dumps(cluster.spec),
+        mode,
+        out_dir,
+      ],
+      cwd=_ROOT,
+      env=env,
+      stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      timeout=120,  # never hang the suite
+    )
+    self.assertEqual(
+      run.returncode,
+      0,
+      "the chief failed:\n" + run.stderr.decode(errors="replace")[-3000:],
+    )
+    with open(os.path.join(out_dir, "report.json")) as f:
+      report = json.load(f)
+    with np.load(os.path.join(out_dir, "steps.npz")) as recorded:
+      steps = {}
+      for name in recorded.files:
+        step, var = name.split("/", 1)
+        steps.setdefault(step, {})[var] = recorded[name]
+    return report, steps
+
+  @parameterized.named_parameters(("device", "device"), ("host", "host"))
+  def test_rolls_back_bit_exactly_on_the_ps_tasks(self, mode):
+    report, steps = self._train(mode)
+    self.assertEqual(report["strategy"], "ParameterServerStrategyV1")
+    self.assertEqual(report["keys"], _KEYS)
+    self.assertEqual(report["rollbacks"], 1)
+    # Every variable on a ps task, round-robin; the shards on both tasks.
+    devices = report["devices"]
+    self.assertEqual(sorted(devices), _KEYS)
+    self.assertEqual(
+      set(devices.values()), {"/job:ps/task:0", "/job:ps/task:1"}
+    )
+    self.assertNotEqual(devices["net/w/part_0"], devices["net/w/part_1"])
+    if mode == "device":  # two slots and the scratch per variable
+      self.assertLen(report["shadows"], 3 * len(_KEYS))
+      for shadow, device in report["shadows"].items():
+        self.assertEqual(device, devices[shadow.rsplit("/", 2)[0]], shadow)
+    else:
+      self.assertEqual(report["shadows"], {})
+
+    x, y = chief.data()
+    self.assertLen(steps, chief.BATCHES + 1)  # the start and 16 steps
+    before = steps["start"]
+    for step in range(chief.BATCHES):
+      after = steps[str(step)]
+      if step == chief.BAD_BATCH:
+        # Rolled back to the trusted snapshot: the one taken before step 4
+        # (every 2 steps), trusted after step 4's finite loss.
+        helpers.assert_state(after, steps[str(step - 2)], "rollback")
+        helpers.assert_state_differs(after, before)
+      else:
+        rows = slice(step * chief.BATCH, (step + 1) * chief.BATCH)
+        expected = _momentum_step(before, x[rows], y[rows])
+        self.assertEqual(sorted(after), sorted(expected))
+        for name in expected:
+          self.assertAllClose(
+            after[name], expected[name], rtol=1e-5, atol=1e-6, msg=name
+          )
+      before = after
+    self.assertEqual(steps[str(chief.BATCHES - 1)]["global_step"], 14)
