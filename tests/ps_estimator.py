@@ -1,12 +1,15 @@
 """An Estimator's chief under `ParameterServerStrategy` v1, with a SnapshotHook.
 
-Run as `python -m tests.ps_estimator SPEC MODE OUT_DIR` (SPEC: the cluster
-as JSON, with one "chief" task and "ps" tasks served elsewhere, e.g. by
-`tests/cluster.py`): it trains with `tf.estimator.train_and_evaluate`, as a
-chief does under a `TF_CONFIG` (the distribute coordinator starts the
-chief's server and configures the strategy), with a `SnapshotHook` of a
-`MODE` store and a hook after it that records every variable after each
-step. It writes `OUT_DIR/steps.npz` (`<step>/<variable name>`: the values
+Run as `python -m tests.ps_estimator SPEC MODE OUT_DIR [TASK [HOOKS]]`
+(SPEC: the cluster as JSON, with one "chief" task and "ps" tasks served
+elsewhere, e.g. by `tests/cluster.py`; TASK "chief" (default) or "worker",
+task 0): it trains with `tf.estimator.train_and_evaluate`, as a task does
+under a `TF_CONFIG` (the distribute coordinator starts the task's server
+and configures the strategy), with a `SnapshotHook` of a `MODE` store and a
+hook after it that records every variable after each step. HOOKS says where
+they go: "train_spec" (default: every task runs them) or "chief_only"
+(`EstimatorSpec(training_chief_hooks=...)` from model_fn). A worker's data
+has no bad batch. It writes `OUT_DIR/steps.npz` (`<step>/<variable name>`: the values
 after that step, rollback included; `start/<name>`: before the first) and
 `OUT_DIR/report.json` (the hook's rollbacks, the store's keys, where each
 variable and shadow sits). Used by tests/test_ps_estimator.py.
@@ -26,18 +29,19 @@ MOMENTUM = 0.9
 TRUE_W = [1.0, -2.0, 0.5, 0.25, -1.0, 3.0]
 
 
-def data():
+def data(bad=True):
   """The training set: (x, y), batch i being rows [8 i, 8 i + 8)."""
   rng = np.random.RandomState(1)
   x = rng.randn(BATCH * BATCHES, 6).astype(np.float32)
-  x[BAD_BATCH * BATCH] = 1e30
+  if bad:
+    x[BAD_BATCH * BATCH] = 1e30
   y = x.dot(np.asarray(TRUE_W, np.float32)).astype(np.float32)
   return x, y
 
 
-def main(spec, mode, out_dir):
+def main(spec, mode, out_dir, task="chief", hooks="train_spec"):
   os.environ["TF_CONFIG"] = json.dumps(
-    {"cluster": spec, "task": {"type": "chief", "index": 0}}
+    {"cluster": spec, "task": {"type": task, "index": 0}}
   )
   import snapstore  # pylint: disable=g-import-not-at-top
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
@@ -60,10 +64,15 @@ def main(spec, mode, out_dir):
     train_op = tf.train.MomentumOptimizer(LEARNING_RATE, MOMENTUM).minimize(
       loss, global_step=tf.train.get_global_step()
     )
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    return tf.estimator.EstimatorSpec(
+      mode,
+      loss=loss,
+      train_op=train_op,
+      training_chief_hooks=[snap, recorder] if hooks == "chief_only" else None,
+    )
 
   def input_fn():
-    x, y = data()
+    x, y = data(bad=task == "chief")
     return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(BATCH)
 
   snap = snapstore.SnapshotHook(
@@ -87,10 +96,14 @@ def main(spec, mode, out_dir):
   tf.estimator.train_and_evaluate(
     estimator,
     tf.estimator.TrainSpec(
-      input_fn, max_steps=BATCHES, hooks=[snap, recorder]
+      input_fn,
+      max_steps=BATCHES,
+      hooks=[snap, recorder] if hooks == "train_spec" else None,
     ),
     tf.estimator.EvalSpec(input_fn, steps=1),
   )
+  if snap.store is None:  # the hooks did not run on this task
+    return
   np.savez(os.path.join(out_dir, "steps.npz"), **recorder.values)
   report = dict(
     recorder.report,
@@ -137,6 +150,6 @@ def recorder_hook(tf, snapstore):
 
 
 if __name__ == "__main__":
-  main(json.loads(sys.argv[1]), sys.argv[2], sys.argv[3])
+  main(json.loads(sys.argv[1]), *sys.argv[2:])
   sys.stdout.flush()
   os._exit(0)  # the chief's tf.train.Server cannot be stopped in TF 1.15

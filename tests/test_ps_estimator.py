@@ -61,40 +61,54 @@ def _momentum_step(values, x, y):
   return out
 
 
+def _stop(proc):
+  if proc.poll() is None:
+    proc.kill()
+    proc.wait()
+  if proc.stderr is not None:
+    proc.stderr.close()
+
+
 @unittest.skipUnless(
   hasattr(tf, "estimator"), "tf.estimator is gone from TensorFlow 2.16 on"
 )
 class PsEstimatorTest(tf.test.TestCase, parameterized.TestCase):
-  def _train(self, mode):
-    """Runs the chief against two fresh ps tasks; returns (report, steps)."""
+  def _cluster(self, unserved):
+    """Two fresh ps tasks, in a spec that also names `unserved` tasks."""
     try:
-      cluster = cluster_lib.LoopbackCluster({"ps": 2}, unserved={"chief": 1})
+      cluster = cluster_lib.LoopbackCluster({"ps": 2}, unserved=unserved)
     except cluster_lib.ClusterError as e:
       self.skipTest("loopback tf.train.Server processes did not start: %s" % e)
     self.addCleanup(cluster.close)
-    out_dir = self.get_temp_dir()
+    return cluster
+
+  def _start(self, spec, mode, task="chief", hooks="train_spec"):
+    """Starts `task` of `spec` (tests/ps_estimator.py); returns (process, dir)."""
+    out_dir = os.path.join(self.get_temp_dir(), task)
+    os.makedirs(out_dir, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    run = subprocess.run(
-      [
-        sys.executable,
-        "-m",
-        "tests.ps_estimator",
-        json.dumps(cluster.spec),
-        mode,
-        out_dir,
-      ],
+    args = [json.dumps(spec), mode, out_dir, task, hooks]
+    proc = subprocess.Popen(
+      [sys.executable, "-m", "tests.ps_estimator"] + args,
       cwd=_ROOT,
       env=env,
       stdin=subprocess.DEVNULL,
-      stdout=subprocess.PIPE,
+      stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE,
-      timeout=120,  # never hang the suite
     )
-    self.assertEqual(
-      run.returncode,
-      0,
-      "the chief failed:\n" + run.stderr.decode(errors="replace")[-3000:],
-    )
+    self.addCleanup(_stop, proc)
+    return proc, out_dir
+
+  def _finish(self, proc, timeout=120):
+    """Waits for `proc` (never past `timeout`); returns (status, stderr)."""
+    try:
+      _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      _stop(proc)
+      self.fail("a task did not finish within %d s" % timeout)
+    return proc.returncode, err.decode(errors="replace")
+
+  def _report(self, out_dir):
     with open(os.path.join(out_dir, "report.json")) as f:
       report = json.load(f)
     with np.load(os.path.join(out_dir, "steps.npz")) as recorded:
@@ -103,6 +117,14 @@ class PsEstimatorTest(tf.test.TestCase, parameterized.TestCase):
         step, var = name.split("/", 1)
         steps.setdefault(step, {})[var] = recorded[name]
     return report, steps
+
+  def _train(self, mode):
+    """Runs the chief against two fresh ps tasks; returns (report, steps)."""
+    cluster = self._cluster({"chief": 1})
+    proc, out_dir = self._start(cluster.spec, mode)
+    status, err = self._finish(proc)
+    self.assertEqual(status, 0, "the chief failed:\n" + err[-3000:])
+    return self._report(out_dir)
 
   @parameterized.named_parameters(("device", "device"), ("host", "host"))
   def test_rolls_back_bit_exactly_on_the_ps_tasks(self, mode):
@@ -144,3 +166,39 @@ class PsEstimatorTest(tf.test.TestCase, parameterized.TestCase):
           )
       before = after
     self.assertEqual(steps[str(chief.BATCHES - 1)]["global_step"], 14)
+
+  def test_refused_on_a_worker_that_is_not_the_chief(self):
+    # Every worker's store keeps its shadows in the same ps variables: a
+    # worker's snapshots would overwrite the chief's.
+    cluster = self._cluster({"chief": 1, "worker": 1})
+    proc, _ = self._start(cluster.spec, "device", task="worker")
+    status, err = self._finish(proc, timeout=60)
+    self.assertNotEqual(status, 0)
+    for fragment in (
+      "SnapshotHook runs on task worker:0",
+      "not the chief",
+      "overwrite the chief's",
+      "EstimatorSpec(training_chief_hooks=[hook])",
+    ):
+      self.assertIn(fragment, err)
+
+  def test_chief_only_hook_with_a_worker_training_alongside(self):
+    # The fix the refusal names: the hook in the chief's hooks only. The
+    # worker trains asynchronously on clean data; the chief rolls back its
+    # bad step. (Not bit-exact: the worker's updates land in between.)
+    cluster = self._cluster({"chief": 1, "worker": 1})
+    chief_proc, out_dir = self._start(
+      cluster.spec, "device", hooks="chief_only"
+    )
+    worker_proc, worker_dir = self._start(
+      cluster.spec, "device", task="worker", hooks="chief_only"
+    )
+    for proc, task in ((chief_proc, "chief"), (worker_proc, "worker")):
+      status, err = self._finish(proc)
+      self.assertEqual(status, 0, "the %s failed:\n%s" % (task, err[-3000:]))
+    self.assertFalse(os.path.exists(os.path.join(worker_dir, "report.json")))
+    report, steps = self._report(out_dir)
+    self.assertEqual(report["keys"], _KEYS)
+    self.assertEqual(report["rollbacks"], 1)
+    for name, value in steps[str(len(steps) - 2)].items():
+      self.assertTrue(np.all(np.isfinite(value)), name)

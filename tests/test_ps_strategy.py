@@ -19,6 +19,8 @@ reads each variable once on its task in one run, and snapshot, restore,
 `evaluate_with` and an in-step snapshot are bit-exact.
 """
 
+import re
+
 from absl.testing import parameterized
 import numpy as np
 
@@ -324,3 +326,70 @@ class PsStrategyTest(PsStrategyTestBase):
     )
     store.restore("before_step", session=sess)
     helpers.assert_state(model.values(sess), before)
+
+
+class ChiefOnlyHookTest(tf.test.TestCase, parameterized.TestCase):
+  """SnapshotHook's refusal on a task that is not the chief (no servers
+  needed: the strategy only reads the cluster spec)."""
+
+  _SPEC = {
+    "chief": ["127.0.0.1:1"],
+    "worker": ["127.0.0.1:2", "127.0.0.1:3"],
+    "ps": ["127.0.0.1:4"],
+  }
+
+  def setUp(self):
+    super(ChiefOnlyHookTest, self).setUp()
+    if _V1 is None:
+      self.skipTest(PsStrategyTestBase.skip_reason or "no PS strategy v1")
+
+  def _begin(self, task_type, task_id):
+    strategy = _V1(
+      tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(self._SPEC), task_type=task_type, task_id=task_id
+      )
+    )
+    built = []
+
+    def build():
+      built.append(snapstore.SnapshotStore(scope="net", max_to_keep=2))
+      return built[-1]
+
+    hook = snapstore.SnapshotHook(build, every_n_steps=1)
+    with tf.Graph().as_default(), strategy.scope():
+      with tf.variable_scope("net"):
+        tf.get_variable("w", [2])
+      hook.begin()
+    return hook, built
+
+  @parameterized.named_parameters(("worker_0", 0), ("worker_1", 1))
+  def test_refused_on_a_worker(self, task_id):
+    with helpers.assert_raises_naming(
+      self,
+      ValueError,
+      "SnapshotHook runs on task worker:%d" % task_id,
+      "not the chief",
+      "overwrite the chief's",
+      re.escape("EstimatorSpec(training_chief_hooks=[hook])"),
+    ):
+      self._begin("worker", task_id)
+
+  def test_refusal_builds_nothing(self):
+    hook = snapstore.SnapshotHook(
+      lambda: self.fail("the store was built"), every_n_steps=1
+    )
+    strategy = _V1(
+      tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(self._SPEC), task_type="worker", task_id=0
+      )
+    )
+    with tf.Graph().as_default(), strategy.scope():
+      with self.assertRaisesRegex(ValueError, "not the chief"):
+        hook.begin()
+    self.assertIsNone(hook.store)
+
+  def test_runs_on_the_chief(self):
+    hook, built = self._begin("chief", 0)
+    self.assertLen(built, 1)
+    self.assertIs(hook.store, built[0])
+    self.assertEqual(hook.store.keys, ("w",))
