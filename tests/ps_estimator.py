@@ -1,6 +1,6 @@
 """An Estimator's chief under `ParameterServerStrategy` v1, with a SnapshotHook.
 
-Run as `python -m tests.ps_estimator SPEC MODE OUT_DIR [TASK [HOOKS]]`
+Run as `python -m tests.ps_estimator SPEC MODE OUT_DIR [TASK [HOOKS [MEET]]]`
 (SPEC: the cluster as JSON, with one "chief" task and "ps" tasks served
 elsewhere, e.g. by `tests/cluster.py`; TASK "chief" (default) or "worker",
 task 0): it trains with `tf.estimator.train_and_evaluate`, as a task does
@@ -9,7 +9,8 @@ and configures the strategy), with a `SnapshotHook` of a `MODE` store and a
 hook after it that records every variable after each step. HOOKS says where
 they go: "train_spec" (default: every task runs them) or "chief_only"
 (`EstimatorSpec(training_chief_hooks=...)` from model_fn). A worker's data
-has no bad batch. It writes `OUT_DIR/steps.npz` (`<step>/<variable name>`: the values
+has no bad batch. With a directory MEET as 6th argument, the chief and a
+worker meet there before they train (`meeting_hook`). It writes `OUT_DIR/steps.npz` (`<step>/<variable name>`: the values
 after that step, rollback included; `start/<name>`: before the first) and
 `OUT_DIR/report.json` (the hook's rollbacks, the store's keys, where each
 variable and shadow sits). Used by tests/test_ps_estimator.py.
@@ -18,6 +19,7 @@ variable and shadow sits). Used by tests/test_ps_estimator.py.
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -39,7 +41,7 @@ def data(bad=True):
   return x, y
 
 
-def main(spec, mode, out_dir, task="chief", hooks="train_spec"):
+def main(spec, mode, out_dir, task="chief", hooks="train_spec", meet=None):
   os.environ["TF_CONFIG"] = json.dumps(
     {"cluster": spec, "task": {"type": task, "index": 0}}
   )
@@ -97,8 +99,9 @@ def main(spec, mode, out_dir, task="chief", hooks="train_spec"):
     estimator,
     tf.estimator.TrainSpec(
       input_fn,
-      max_steps=BATCHES,
-      hooks=[snap, recorder] if hooks == "train_spec" else None,
+      max_steps=None,  # until the data ends, however far others took it
+      hooks=([snap, recorder] if hooks == "train_spec" else [])
+      + ([meeting_hook(tf, task, meet)] if meet else []),
     ),
     tf.estimator.EvalSpec(input_fn, steps=1),
   )
@@ -114,6 +117,31 @@ def main(spec, mode, out_dir, task="chief", hooks="train_spec"):
   )
   with open(os.path.join(out_dir, "report.json"), "w") as f:
     json.dump(report, f)
+
+
+def meeting_hook(tf, task, where):
+  """A hook that makes the chief and the worker train at the same time.
+
+  Once its session is ready, the chief writes `where/chief` and waits (at
+  most 60 s) for `where/worker`, which the worker writes once its session is
+  ready: a test starts the worker after `where/chief` appears, so that the
+  worker finds the variables initialized at its first check (otherwise it
+  sleeps 30 s before the next).
+  """
+
+  class Meeting(tf.train.SessionRunHook):
+    def after_create_session(self, session, coord):
+      del session, coord
+      with open(os.path.join(where, task), "w"):
+        pass
+      if task == "chief":
+        deadline = time.time() + 60
+        while time.time() < deadline:
+          if os.path.exists(os.path.join(where, "worker")):
+            return
+          time.sleep(0.05)
+
+  return Meeting()
 
 
 def recorder_hook(tf, snapstore):

@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import unittest
 
 from absl.testing import parameterized
@@ -82,12 +83,14 @@ class PsEstimatorTest(tf.test.TestCase, parameterized.TestCase):
     self.addCleanup(cluster.close)
     return cluster
 
-  def _start(self, spec, mode, task="chief", hooks="train_spec"):
+  def _start(self, spec, mode, task="chief", hooks="train_spec", meet=None):
     """Starts `task` of `spec` (tests/ps_estimator.py); returns (process, dir)."""
     out_dir = os.path.join(self.get_temp_dir(), task)
     os.makedirs(out_dir, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    args = [json.dumps(spec), mode, out_dir, task, hooks]
+    args = [json.dumps(spec), mode, out_dir, task, hooks] + (
+      [meet] if meet else []
+    )
     proc = subprocess.Popen(
       [sys.executable, "-m", "tests.ps_estimator"] + args,
       cwd=_ROOT,
@@ -187,11 +190,18 @@ class PsEstimatorTest(tf.test.TestCase, parameterized.TestCase):
     # worker trains asynchronously on clean data; the chief rolls back its
     # bad step. (Not bit-exact: the worker's updates land in between.)
     cluster = self._cluster({"chief": 1, "worker": 1})
+    meet = os.path.join(self.get_temp_dir(), "meet")
+    os.makedirs(meet)
     chief_proc, out_dir = self._start(
-      cluster.spec, "device", hooks="chief_only"
+      cluster.spec, "device", hooks="chief_only", meet=meet
     )
+    deadline = time.time() + 60  # the chief has initialized the variables
+    while not os.path.exists(os.path.join(meet, "chief")):
+      self.assertIsNone(chief_proc.poll(), "the chief exited early")
+      self.assertLess(time.time(), deadline, "the chief did not start")
+      time.sleep(0.05)
     worker_proc, worker_dir = self._start(
-      cluster.spec, "device", task="worker", hooks="chief_only"
+      cluster.spec, "device", task="worker", hooks="chief_only", meet=meet
     )
     for proc, task in ((chief_proc, "chief"), (worker_proc, "worker")):
       status, err = self._finish(proc)
