@@ -19,6 +19,7 @@ reads each variable once on its task in one run, and snapshot, restore,
 `evaluate_with` and an in-step snapshot are bit-exact.
 """
 
+import contextlib
 import re
 
 from absl.testing import parameterized
@@ -39,6 +40,11 @@ _V1 = getattr(
 _CASES = [("one_replica", 1), ("two_replicas", 2)]
 
 
+@contextlib.contextmanager
+def _nothing():
+  yield
+
+
 def strategy_for(spec, replicas):
   """A PS v1 strategy for worker 0 of `spec`, with `replicas` replicas."""
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -53,14 +59,22 @@ def strategy_for(spec, replicas):
 class Model(object):
   """A sharded dense layer, Adam and a counter, made in the strategy's scope."""
 
-  def __init__(self, spec, scope, replicas, **store_options):
+  def __init__(
+    self,
+    spec,
+    scope,
+    replicas,
+    use_resource=None,
+    store_in_scope=False,
+    **store_options
+  ):
     self.strategy = strategy_for(spec, replicas)
     self.graph = tf.Graph()
     with self.graph.as_default():
       self.x = tf.placeholder(tf.float32, [None, 6])
       self.y = tf.placeholder(tf.float32, [None, 3])
       with self.strategy.scope():
-        with tf.variable_scope(scope):
+        with tf.variable_scope(scope, use_resource=use_resource):
           self.w = tf.get_variable(
             "w", [6, 3], partitioner=tf.fixed_size_partitioner(2)
           )
@@ -78,9 +92,11 @@ class Model(object):
           self.strategy.extended.call_for_each_replica(self._step)
         )
       self.out = self._forward()
-      self.store = snapstore.SnapshotStore(
-        scope=scope, optimizer=self.opt, max_to_keep=2, **store_options
-      )
+      with self.strategy.scope() if store_in_scope else _nothing():
+        # In the scope, as an Estimator's hook builds it.
+        self.store = snapstore.SnapshotStore(
+          scope=scope, optimizer=self.opt, max_to_keep=2, **store_options
+        )
       self.init = tf.global_variables_initializer()
     self.variables = self.store.variables
 
@@ -160,8 +176,8 @@ class PsStrategyTestBase(tf.test.TestCase, parameterized.TestCase):
     # Variables on the ps tasks outlive sessions: each test uses its own names.
     self.scope = "ps1_" + self.id().rsplit(".", 1)[-1]
 
-  def _model(self, replicas, **store_options):
-    return Model(self.cluster.spec, self.scope, replicas, **store_options)
+  def _model(self, replicas, **options):
+    return Model(self.cluster.spec, self.scope, replicas, **options)
 
   def _session(self, model):
     sess = model.session(self.cluster.target("worker", 0))
@@ -171,9 +187,16 @@ class PsStrategyTestBase(tf.test.TestCase, parameterized.TestCase):
 
 
 class PsStrategyTest(PsStrategyTestBase):
-  @parameterized.named_parameters(*_CASES)
-  def test_variables_are_what_the_strategy_makes(self, replicas):
-    model = self._model(replicas)
+  @parameterized.named_parameters(
+    *[
+      ("%s_asked_%s" % (name, kind), replicas, use_resource)
+      for name, replicas in _CASES
+      for kind, use_resource in helpers.VARIABLE_KINDS
+    ]
+  )
+  def test_variables_are_what_the_strategy_makes(self, replicas, use_resource):
+    # The scope makes resource variables even when ref ones are asked for.
+    model = self._model(replicas, use_resource=use_resource)
     self.assertEqual(
       model.store.keys,
       (
@@ -203,9 +226,17 @@ class PsStrategyTest(PsStrategyTestBase):
       traced_runs._task(model.variables["w/part_1"].device),  # pylint: disable=protected-access
     )
 
-  @parameterized.named_parameters(*_CASES)
-  def test_every_shadow_and_copy_on_its_variables_ps_task(self, replicas):
-    model = self._model(replicas)
+  @parameterized.named_parameters(
+    *[
+      ("%s%s" % (name, "_store_in_scope" if in_scope else ""), replicas, in_scope)
+      for name, replicas in _CASES
+      for in_scope in (False, True)
+    ]
+  )
+  def test_every_shadow_and_copy_on_its_variables_ps_task(
+    self, replicas, in_scope
+  ):
+    model = self._model(replicas, store_in_scope=in_scope)
     store = model.store
     shadows = model.graph.get_collection(snapstore.SHADOW_VARIABLES)
     self.assertLen(shadows, 3 * len(store.keys))  # two slots and the scratch
@@ -213,6 +244,8 @@ class PsStrategyTest(PsStrategyTestBase):
     for shadow in shadows:
       primary = primaries[shadow.op.name.rsplit("/", 2)[0]]
       self.assertEqual(shadow.device, primary.device, shadow.name)
+      # A plain variable, whatever the scope: the store's, not the strategy's.
+      self.assertNotEqual(type(shadow).__name__, "AggregatingVariable")
     sess = self._session(model)
     traced = traced_runs.TracingSession(sess)
     for copy in (store.slots.snapshot_op(1), store.slots.restore_op(1)):
