@@ -41,7 +41,9 @@ def data(bad=True):
   return x, y
 
 
-def main(spec, mode, out_dir, task="chief", hooks="train_spec", meet=None):
+def main(
+  spec, store_mode, out_dir, task="chief", hooks="train_spec", meet=None
+):
   os.environ["TF_CONFIG"] = json.dumps(
     {"cluster": spec, "task": {"type": task, "index": 0}}
   )
@@ -66,24 +68,39 @@ def main(spec, mode, out_dir, task="chief", hooks="train_spec", meet=None):
     train_op = tf.train.MomentumOptimizer(LEARNING_RATE, MOMENTUM).minimize(
       loss, global_step=tf.train.get_global_step()
     )
+    chief_hooks = None
+    if hooks == "chief_only":  # as README "Distributed training" shows
+      made["snap"] = snapstore.SnapshotHook(
+        lambda: snapstore.SnapshotStore(
+          collection=tf.GraphKeys.GLOBAL_VARIABLES,
+          mode=store_mode,
+          max_to_keep=2,
+        ),
+        every_n_steps=2,
+        loss=loss,
+      )
+      chief_hooks = [made["snap"], recorder]
     return tf.estimator.EstimatorSpec(
-      mode,
-      loss=loss,
-      train_op=train_op,
-      training_chief_hooks=[snap, recorder] if hooks == "chief_only" else None,
+      mode, loss=loss, train_op=train_op, training_chief_hooks=chief_hooks
     )
 
   def input_fn():
     x, y = data(bad=task == "chief")
     return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(BATCH)
 
-  snap = snapstore.SnapshotHook(
-    lambda: snapstore.SnapshotStore(
-      collection=tf.GraphKeys.GLOBAL_VARIABLES, mode=mode, max_to_keep=2
-    ),
-    every_n_steps=2,
-    loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[-1],
-  )
+  # In the TrainSpec (every task runs it): the store and the loss are found
+  # in the graph model_fn builds.
+  made = {
+    "snap": snapstore.SnapshotHook(
+      lambda: snapstore.SnapshotStore(
+        collection=tf.GraphKeys.GLOBAL_VARIABLES,
+        mode=store_mode,
+        max_to_keep=2,
+      ),
+      every_n_steps=2,
+      loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[-1],
+    )
+  }
   recorder = recorder_hook(tf, snapstore)
   strategy = tf.distribute.experimental.ParameterServerStrategy()
   config = tf.estimator.RunConfig(
@@ -100,11 +117,12 @@ def main(spec, mode, out_dir, task="chief", hooks="train_spec", meet=None):
     tf.estimator.TrainSpec(
       input_fn,
       max_steps=None,  # until the data ends, however far others took it
-      hooks=([snap, recorder] if hooks == "train_spec" else [])
+      hooks=([made["snap"], recorder] if hooks == "train_spec" else [])
       + ([meeting_hook(tf, task, meet)] if meet else []),
     ),
     tf.estimator.EvalSpec(input_fn, steps=1),
   )
+  snap = made["snap"]
   if snap.store is None:  # the hooks did not run on this task
     return
   np.savez(os.path.join(out_dir, "steps.npz"), **recorder.values)

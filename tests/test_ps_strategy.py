@@ -66,7 +66,7 @@ class Model(object):
     replicas,
     use_resource=None,
     store_in_scope=False,
-    **store_options
+    **store_options,
   ):
     self.strategy = strategy_for(spec, replicas)
     self.graph = tf.Graph()
@@ -228,7 +228,11 @@ class PsStrategyTest(PsStrategyTestBase):
 
   @parameterized.named_parameters(
     *[
-      ("%s%s" % (name, "_store_in_scope" if in_scope else ""), replicas, in_scope)
+      (
+        "%s%s" % (name, "_store_in_scope" if in_scope else ""),
+        replicas,
+        in_scope,
+      )
       for name, replicas in _CASES
       for in_scope in (False, True)
     ]
