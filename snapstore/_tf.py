@@ -176,6 +176,11 @@ from tensorflow.python.client import session as tf_session
 # MirroredVariable, a SyncOnReadVariable), which TF 1.15 does not export.
 from tensorflow.python.distribute import values as distribute_values
 
+# ParameterServerStrategyExtended: the `extended` of
+# tf.compat.v1.distribute.experimental.ParameterServerStrategy (and of
+# CentralStorageStrategy, on one machine), which neither stack exports.
+from tensorflow.python.distribute import parameter_server_strategy
+
 # VariableDef, which shadows are made from (as import_meta_graph makes them).
 from tensorflow.core.framework import variable_pb2
 

@@ -4,6 +4,9 @@
       c.spec                   # {"ps": ["127.0.0.1:40001", ...], "worker": [...]}
       c.target("worker", 0)    # "grpc://127.0.0.1:..." for tf.Session
 
+`unserved={"chief": 1}` puts tasks in the spec that no process serves: the
+test starts them itself (an Estimator's chief starts its own server).
+
 Ports are chosen free at run time; if a task cannot bind its port (taken in
 between), the cluster is started again on new ports. Each task process exits
 when its stdin closes: when `close()` closes it, and also when the test process
@@ -37,13 +40,13 @@ class LoopbackCluster(object):
     ClusterError: The servers did not start after `attempts` tries.
   """
 
-  def __init__(self, tasks, start_timeout=60, attempts=3):
+  def __init__(self, tasks, start_timeout=60, attempts=3, unserved=None):
     self._procs = []
     self.spec = None
     problem = None
     for _ in range(attempts):
       try:
-        self._start(tasks, start_timeout)
+        self._start(tasks, start_timeout, unserved or {})
         return
       except ClusterError as e:
         problem = e
@@ -95,11 +98,12 @@ class LoopbackCluster(object):
     self._procs[index] = self._spawn(job, task)
     self._wait_ready(timeout, [self._procs[index]])
 
-  def _start(self, tasks, timeout):
-    ports = free_ports(sum(tasks.values()))
+  def _start(self, tasks, timeout, unserved):
+    every = dict(unserved, **tasks)
+    ports = free_ports(sum(every.values()))
     self.spec = {}
-    for job in sorted(tasks):
-      self.spec[job] = ["127.0.0.1:%d" % ports.pop() for _ in range(tasks[job])]
+    for job in sorted(every):
+      self.spec[job] = ["127.0.0.1:%d" % ports.pop() for _ in range(every[job])]
     self._tasks = [
       (job, task) for job in sorted(tasks) for task in range(tasks[job])
     ]

@@ -38,6 +38,7 @@ graph engine gives them the eager engine's semantics
 """
 
 from snapstore._tf import distribute_values
+from snapstore._tf import parameter_server_strategy
 from snapstore._tf import ops
 from snapstore._tf import tf
 
@@ -90,6 +91,46 @@ def check_one_worker(variables):
           workers(variable),
         )
       )
+
+
+def check_chief_of_ps(what):
+  """Refuses `what` on a task of a `ParameterServerStrategy` v1 cluster that
+  is not the chief, when it runs in that strategy's scope (an Estimator
+  runs its hooks' `begin()` there).
+
+  Every task builds the same graph, so every task's store keeps its
+  shadows in the same variables on the ps tasks (between-graph replication,
+  README "Parameter servers and between-graph replication"): a snapshot
+  taken on another task overwrites the chief's, and a rollback there
+  rewrites the variables every task trains.
+
+  Raises:
+    ValueError: On a task that is not the chief.
+  """
+  if not tf.distribute.has_strategy():
+    return
+  extended = tf.distribute.get_strategy().extended
+  if not isinstance(
+    extended, parameter_server_strategy.ParameterServerStrategyExtended
+  ):
+    return
+  if extended.should_checkpoint:  # the chief, or one machine
+    return
+  raise ValueError(
+    "%s runs on task %s:%s of a ParameterServerStrategy cluster, which is "
+    "not the chief. Only the chief may take snapshots and roll back: every "
+    "task's store keeps its shadows in the same variables on the ps tasks, "
+    "so this task's snapshots would overwrite the chief's and its rollbacks "
+    "would rewrite the variables every worker trains. Give the hook to the "
+    "chief only: return it from model_fn in "
+    "EstimatorSpec(training_chief_hooks=[hook]), or pass it in the chief's "
+    "hooks alone."
+    % (
+      what,
+      extended._task_type,  # pylint: disable=protected-access
+      extended._task_id,  # pylint: disable=protected-access
+    )
+  )
 
 
 def workers(variable):

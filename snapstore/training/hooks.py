@@ -89,6 +89,7 @@ from snapstore._tf import tf
 from snapstore._tf import uses_keras_3
 from snapstore.core import attached
 from snapstore.core import checks
+from snapstore.core import distributed
 from snapstore import errors
 from snapstore.store import SnapshotStore
 from snapstore.graph import in_step
@@ -320,7 +321,9 @@ class SnapshotHook(_Protocol, tf.train.SessionRunHook):
       `in_step`), or non-positive values; `in_step` without `loss`, or with
       `every_n_steps` or `every_n_secs`. In `begin()`: an `in_step` tag that
       no train op of the store snapshots under, one built without
-      `if_finite`, or with another tensor than `loss`.
+      `if_finite`, or with another tensor than `loss`; a task that is not
+      the chief of a `ParameterServerStrategy` v1 cluster (its snapshots
+      would overwrite the chief's: give the hook to the chief only).
     TypeError: A store that is neither a `SnapshotStore` nor callable, a bad
       `loss`, `on_rollback` or `in_step` tag.
   """
@@ -374,6 +377,7 @@ class SnapshotHook(_Protocol, tf.train.SessionRunHook):
     self._checked = False  # whether this run is one the hook checks
 
   def begin(self):
+    distributed.check_chief_of_ps("SnapshotHook")
     graph = tf.get_default_graph()
     store = self._store_for(self._store_arg, graph, self._store_arg)
     self._loss = _resolve_loss(self._loss_arg, graph)
