@@ -151,18 +151,23 @@ def setup_rows(data):
 
 
 def training_rows(data):
-  """bench_training: each variant's overhead over the bare step (median)."""
-  return [
-    (
-      "%s: overhead (median us/step)" % r["variant"],
-      "%s (%s)"
-      % (
-        _fmt(100 * r["overhead"], "+.1f") + "%",
-        _fmt(r["median_us_per_step"], ".0f"),
-      ),
-    )
-    for r in data["rows"]
-  ]
+  """bench_training: each variant's overhead over the bare step (median),
+  per model (older runs: one model, `rows` at the top)."""
+  models = data.get("models") or {"demo": data}
+  rows = []
+  for model, got in models.items():
+    for r in got["rows"]:
+      rows.append(
+        (
+          "%s model, %s: overhead (median us/step)" % (model, r["variant"]),
+          "%s (%s)"
+          % (
+            _fmt(100 * r["overhead"], "+.1f") + "%",
+            _fmt(r["median_us_per_step"], ".0f"),
+          ),
+        )
+      )
+  return rows
 
 
 def disk_rows(data):

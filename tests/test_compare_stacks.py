@@ -60,6 +60,12 @@ def test_each_stack_in_its_column_and_missing_ones_as_dashes(tmp_path, capsys):
     }
   ]
   _write(str(tmp_path), "bench_scale_tf221.json", scale)
+  row = {"variant": "in-step", "overhead": 0.041, "median_us_per_step": 589.4}
+  _write(
+    str(tmp_path),
+    "bench_training_tf115.json",
+    {"models": {"demo": {"rows": [row]}}},
+  )
   assert compare_stacks.main([str(tmp_path)]) == 0
   out = capsys.readouterr().out
   assert (
@@ -81,6 +87,10 @@ def test_each_stack_in_its_column_and_missing_ones_as_dashes(tmp_path, capsys):
   assert (
     "| resource 1000 packed | - | 10.30 s, 18.3 ops/var; first 1.200 / "
     "1.250 s; slots 1-3 0.006 / 0.008 s |" in out
+  )
+  assert (
+    "| demo model, in-step: overhead (median us/step) | +4.1% (589) | - |"
+    in out
   )
   assert "bench_setup" not in out  # no stack has it
 
