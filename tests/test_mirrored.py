@@ -357,6 +357,134 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
           self.assertTrue(copies.is_resource(part), part)
 
 
+def _np_rate(dtype, tau=None, decay=None, n=None):
+  """The "ema" form's rate as `averages._rate*` computes it, in numpy."""
+  f32 = np.float32
+  if decay is not None:
+    d = f32(decay)
+    if n is not None:
+      d = np.minimum(d, (f32(1) + f32(n)) / (f32(10) + f32(n)))
+    return dtype(f32(1) - d)
+  rate = dtype(tau)
+  if n is not None:
+    warmup = (f32(1) + f32(n)) / (f32(10) + f32(n))
+    rate = np.maximum(rate, dtype(f32(1) - warmup))
+  return rate
+
+
+class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
+  """MovingAverage over mirrored and sync-on-read variables: every replica's
+  component averaged from its own values (components made to differ on
+  purpose), bit for bit against numpy."""
+
+  def _setup(self, **kwargs):
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      self.strategy = _strategy()
+      self.net = _Net(self.strategy)
+      self.store = snapstore.SnapshotStore(
+        var_list=self.net.variables, mode="device", max_to_keep=2
+      )
+      if kwargs.get("num_updates") is not None:  # the warm-up's step count
+        kwargs["num_updates"] = tf.constant(kwargs["num_updates"], tf.int64)
+      self.ema = snapstore.MovingAverage(self.store, **kwargs)
+    self.sess = tf.Session(graph=self.graph, config=CONFIG)
+    self.addCleanup(self.sess.close)
+    helpers.init(self.sess)
+    return self.net, self.store, self.ema, self.sess
+
+  @parameterized.named_parameters(
+    ("ema_tau", "ema", dict(tau=0.3, tau_non_trainable=0.5)),
+    ("ema_decay", "ema", dict(decay=0.75)),
+    ("ema_decay_warmup", "ema", dict(decay=0.9, num_updates=3)),
+    ("lerp", "lerp", dict(tau=0.3, tau_non_trainable=0.5)),
+    ("hard_copy", "ema", dict(tau=1.0)),
+  )
+  def test_each_component_is_averaged_from_its_own_values(self, form, rates):
+    rates = dict(rates)
+    n = rates.pop("num_updates", None)
+    net, store, ema, sess = self._setup(form=form, num_updates=n, **rates)
+    trainable = {id(v) for v in net.mirrored}
+    # The averages start at the values the components had at initialization.
+    averages = net.components(sess)
+    for seed in range(3):
+      values = net.randomize(sess, seed=20 + seed, differ=True, normal=True)
+      sess.run(ema.update_op)
+      for v in net.variables:
+        for part in v.values:
+          dtype = v.dtype.base_dtype.as_numpy_dtype
+          avg, x = averages[part], values[part]
+          tau = rates.get("tau")
+          if id(v) not in trainable and "tau_non_trainable" in rates:
+            tau = rates["tau_non_trainable"]
+          if not v.dtype.base_dtype.is_floating or tau == 1.0:
+            new = x.copy()
+          elif form == "lerp":
+            new = dtype(1 - tau) * avg + dtype(tau) * x
+          else:
+            rate = _np_rate(dtype, tau, rates.get("decay"), n)
+            new = avg - (avg - x) * rate
+          averages[part] = new
+    arrays = sess.run(
+      {
+        part: shadow
+        for v, shadows in zip(
+          store.variables.values(),
+          store.slots.component_shadows(ema.slot).values(),
+        )
+        for part, shadow in zip(v.values, shadows)
+      }
+    )
+    for part, value in arrays.items():
+      helpers.assert_bit_equal(value, averages[part], part.name)
+    # The components differ, so a mix of replicas would not pass.
+    for v in net.mirrored:
+      helpers.assert_bits_differ(
+        averages[v.values[0]], averages[v.values[1]], v.name
+      )
+    # Restoring the average writes each component's own average back.
+    store.restore(ema.tag, session=sess)
+    got = net.components(sess)
+    for part, value in averages.items():
+      helpers.assert_bit_equal(got[part], value, part.name)
+
+  def test_component_shadows_are_on_their_components_devices(self):
+    net, store, _, _ = self._setup(tau=0.5)
+    shadows = store.slots.component_shadows(0)
+    self.assertEqual(list(shadows), list(store.variables))
+    for v, parts in zip(store.variables.values(), shadows.values()):
+      self.assertLen(parts, 2)
+      for part, shadow in zip(v.values, parts):
+        self.assertEqual(shadow.device, part.device)
+        self.assertEqual(shadow.op.name, part.op.name + "/snapstore/slot_0")
+    # shadows() (one variable per key) stays refused, naming this way.
+    with self.graph.as_default(), helpers.assert_raises_naming(
+      self, errors.ModeError, r"store\.slots\.component_shadows\(slot\)"
+    ):
+      store.slots.shadows(0)
+
+  def test_built_inside_strategy_run_is_refused(self):
+    with tf.Graph().as_default():
+      strategy = _strategy()
+      run = getattr(strategy, "run", None) or strategy.experimental_run_v2
+      with strategy.scope():
+        w = tf.get_variable("w", [2])
+      store = snapstore.SnapshotStore(var_list=[w], mode="device")
+
+      def replica():
+        snapstore.MovingAverage(store, tau=0.5)
+        return tf.constant(0)
+
+      with strategy.scope(), helpers.assert_raises_naming(
+        self,
+        ValueError,
+        r"MovingAverage was built inside strategy.run \(replica context\)",
+        "Build it after strategy.run returns",
+      ):
+        run(replica)
+      self.assertEqual(store.slots.pinned(), [])  # nothing pinned
+
+
 class GuardTest(tf.test.TestCase, parameterized.TestCase):
   """A guard over a model trained under the strategy, with Adam's state."""
 
