@@ -485,6 +485,135 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(store.slots.pinned(), [])  # nothing pinned
 
 
+class LookaheadTest(tf.test.TestCase, parameterized.TestCase):
+  """Lookahead around SGD, minimized inside strategy.run: every replica's
+  fast and slow weights, bit for bit against numpy, with components made to
+  differ (a mix of replicas would show).
+
+  The step is exact in numpy: the gradient of the loss `sum(w * c)` is
+  summed over the two replicas, which gives `2 * c` exactly (`c` if the
+  loss reduction is MEAN: each loss is scaled by 1/2 first); SGD with a
+  learning rate of 0.5 then writes `w - 0.5 * (2 * c)`.
+  """
+
+  K = 2
+  ALPHA = 0.5
+
+  def _setup(self, inner="sgd"):
+    self.graph = graph = tf.Graph()
+    rng = np.random.RandomState(30)
+    with graph.as_default():
+      strategy = _strategy()
+      run = getattr(strategy, "run", None) or strategy.experimental_run_v2
+      self.c = {
+        "w": rng.normal(size=[3, 4]).astype(np.float32),
+        "b": rng.normal(size=[5]).astype(np.float64),
+      }
+      with strategy.scope():
+        self.w = tf.get_variable("w", [3, 4], tf.float32)
+        self.b = tf.get_variable("b", [5], tf.float64)
+        inner_opt = (
+          tf.train.GradientDescentOptimizer(0.5)
+          if inner == "sgd"
+          else tf.train.AdamOptimizer(0.1)
+        )
+        self.opt = snapstore.Lookahead(inner_opt, k=self.K, alpha=self.ALPHA)
+
+        def replica():
+          loss = tf.reduce_sum(self.w * self.c["w"]) + tf.cast(
+            tf.reduce_sum(self.b * self.c["b"]), tf.float32
+          )
+          # The gradients are summed over the replicas; the loss is scaled
+          # by 1/2 first if the strategy's loss reduction is MEAN.
+          self.scale = (
+            1
+            if tf.distribute.get_loss_reduction() == tf.distribute.ReduceOp.MEAN
+            else 2
+          )
+          return self.opt.minimize(loss)
+
+        self.train_op = strategy.group(run(replica))
+      self.loads = {}
+      for v in (self.w, self.b):
+        for part in v.values:
+          p = tf.placeholder(v.dtype.base_dtype, v.shape)
+          self.loads[part] = (p, part.assign(p, read_value=False))
+      self.fetch_w = tf.identity(self.w.values[1])
+    self.sess = tf.Session(graph=graph, config=CONFIG)
+    self.addCleanup(self.sess.close)
+    helpers.init(self.sess)
+    self.parts = list(self.w.values) + list(self.b.values)
+
+  def _load(self, values):
+    self.sess.run(
+      [op for _, op in self.loads.values()],
+      {self.loads[p][0]: a for p, a in values.items()},
+    )
+
+  def test_every_component_synchronizes_with_its_own_slow_weights(self):
+    self._setup()
+    sess, rng = self.sess, np.random.RandomState(31)
+    fast = {}
+    for part in self.parts:  # components that differ
+      dtype = part.dtype.base_dtype.as_numpy_dtype
+      fast[part] = rng.normal(size=part.shape.as_list()).astype(dtype)
+    self._load(fast)
+    slow = {p: v.copy() for p, v in fast.items()}  # taken at the first step
+    for step in range(1, 2 * self.K + 2):
+      sess.run(self.train_op)
+      for part in self.parts:
+        dtype = part.dtype.base_dtype.as_numpy_dtype
+        c = self.c["w" if part.shape.ndims == 2 else "b"]
+        fast[part] = fast[part] - dtype(0.5) * (c * dtype(self.scale))
+        if step % self.K == 0:
+          phi = slow[part]
+          slow[part] = phi + dtype(self.ALPHA) * (fast[part] - phi)
+          fast[part] = slow[part].copy()
+      got = dict(zip(self.parts, sess.run(self.parts)))
+      shadows = sess.run(
+        {p: self.opt.get_slot(p, "slow") for p in self.parts}
+      )
+      for part in self.parts:
+        msg = "%s step %d" % (part.name, step)
+        helpers.assert_bit_equal(got[part], fast[part], msg)
+        helpers.assert_bit_equal(shadows[part], slow[part], "slow " + msg)
+    for v in (self.w, self.b):  # the replicas never mixed
+      helpers.assert_bits_differ(
+        fast[v.values[0]], fast[v.values[1]], v.name
+      )
+    # evaluate_with reads each replica's slow weights, then puts fast back.
+    seen = self.opt.evaluate_with(self.fetch_w, session=sess)
+    helpers.assert_bit_equal(seen, slow[self.w.values[1]], "slow w")
+    for part, value in zip(self.parts, sess.run(self.parts)):
+      helpers.assert_bit_equal(value, fast[part], part.name)
+
+  def test_a_store_over_lookahead_and_adam_restores_every_component(self):
+    self._setup(inner="adam")
+    sess = self.sess
+    with self.graph.as_default():
+      store = snapstore.SnapshotStore(
+        var_list=[self.w, self.b], optimizer=self.opt
+      )
+      helpers.init(sess)
+    sess.run(self.train_op)
+    parts = [
+      p for v in store.variables.values() for p in getattr(v, "values", [v])
+    ]
+    names = [p.name for p in parts]
+    self.assertTrue(any("Lookahead_counter" in n for n in names), names)
+    self.assertTrue(any("Lookahead/slot_0" in n for n in names), names)
+    before = sess.run(parts)
+    tag = store.snapshot(session=sess)
+    for _ in range(self.K):  # a synchronization too
+      sess.run(self.train_op)
+    for part, a, b in zip(parts, sess.run(parts), before):
+      if "power" not in part.name:
+        helpers.assert_bits_differ(a, b, part.name)
+    store.restore(tag, session=sess)
+    for part, a, b in zip(parts, sess.run(parts), before):
+      helpers.assert_bit_equal(a, b, part.name)
+
+
 class GuardTest(tf.test.TestCase, parameterized.TestCase):
   """A guard over a model trained under the strategy, with Adam's state."""
 
