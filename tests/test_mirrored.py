@@ -614,10 +614,11 @@ class LookaheadTest(tf.test.TestCase, parameterized.TestCase):
       helpers.assert_bit_equal(a, b, part.name)
 
 
-class GuardTest(tf.test.TestCase, parameterized.TestCase):
-  """A guard over a model trained under the strategy, with Adam's state."""
+class _Trained(tf.test.TestCase, parameterized.TestCase):
+  """A model trained under the strategy, with Adam's state and the global
+  step, and a store over them."""
 
-  def _setup(self, mode):
+  def _setup(self, mode, max_to_keep=None):
     graph = tf.Graph()
     with graph.as_default():
       strategy = _strategy()
@@ -646,6 +647,7 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         optimizer=opt,
         include_global_step=True,
         mode=mode,
+        max_to_keep=max_to_keep,
         **options,
       )
     self.addCleanup(self.store.close)
@@ -653,6 +655,10 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
     self.addCleanup(self.sess.close)
     helpers.init(self.sess)
     self.parts = [p for v in self.store.variables.values() for p in v.values]
+
+
+class GuardTest(_Trained):
+  """A guard over a model trained under the strategy, with Adam's state."""
 
   @parameterized.named_parameters(*[(m, m) for m in ("device", "host", "disk")])
   def test_a_nan_step_is_rolled_back_in_every_replica(self, mode):
@@ -677,6 +683,58 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLen(guard.failures, 1)
     for part, a, b in zip(self.parts, sess.run(self.parts), before):
       helpers.assert_bit_equal(a, b, part.name)
+
+
+class _Recorder(tf.train.SessionRunHook):
+  """Records every component of `parts` before every run (listed before the
+  snapshot hook, so it sees the variables each step starts from)."""
+
+  def __init__(self, parts):
+    self.parts = parts
+    self.before = []
+
+  def before_run(self, run_context):
+    self.before.append(run_context.session.run(self.parts))
+
+
+class SnapshotHookTest(_Trained):
+  """SnapshotHook in a MonitoredTrainingSession training under the strategy:
+  a step whose loss is NaN is rolled back in every component."""
+
+  @parameterized.named_parameters(*[(m, m) for m in ("device", "host", "disk")])
+  def test_a_nan_step_is_rolled_back_in_every_component(self, mode):
+    self._setup(mode, max_to_keep=2)
+    self.sess.close()  # the MonitoredTrainingSession's own session instead
+    store = self.store
+    hook = snapstore.SnapshotHook(store, every_n_steps=1, loss=self.loss)
+    recorder = _Recorder(self.parts)
+    ones, nans = np.ones([2, 3]), np.full([2, 3], np.nan)
+    feeds = [ones, ones, nans, ones]
+    with store.graph.as_default(), tf.train.MonitoredTrainingSession(
+      hooks=[recorder, hook], config=CONFIG
+    ) as sess:
+      raw = sess._tf_sess()  # pylint: disable=protected-access
+      for i, x in enumerate(feeds):
+        sess.run(self.train_op, {self.x: x})
+        if i == 2:
+          # The snapshot taken before step 2 is dropped (its step's loss is
+          # NaN): back to the one before step 1, in every component.
+          now = raw.run(self.parts)
+          for part, a, b, c in zip(
+            self.parts, now, recorder.before[1], recorder.before[2]
+          ):
+            helpers.assert_bit_equal(a, b, "step 2 " + part.name)
+            if "power" not in part.name:  # step 1 changed it
+              helpers.assert_bits_differ(c, b, "step 1 " + part.name)
+      after = raw.run(self.parts)
+    self.assertEqual(hook.rollbacks, 1)
+    self.assertEqual(hook.snapshots, 4)
+    for part, value in zip(self.parts, after):
+      self.assertTrue(np.all(np.isfinite(value)), part.name)
+    # The replicas are identical, bit for bit.
+    for v in store.variables.values():
+      first, second = (after[self.parts.index(p)] for p in v.values)
+      helpers.assert_bit_equal(first, second, v.name)
 
 
 class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
