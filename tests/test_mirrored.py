@@ -15,6 +15,7 @@ variables_only` checks it), so there is no ref-variable case.
 import json
 import os
 import tempfile
+import unittest
 from unittest import mock
 
 from absl.testing import parameterized
@@ -735,6 +736,83 @@ class SnapshotHookTest(_Trained):
     for v in store.variables.values():
       first, second = (after[self.parts.index(p)] for p in v.values)
       helpers.assert_bit_equal(first, second, v.name)
+
+
+class _PartsRecorder(tf.train.SessionRunHook):
+  """Records every component of the global variables before every run
+  (listed before the snapshot hook: what each step starts from)."""
+
+  def begin(self):
+    self.parts = [
+      p
+      for v in tf.global_variables()
+      for p in getattr(v, "values", [v])
+    ]
+    self.before = []
+
+  def before_run(self, run_context):
+    self.before.append(run_context.session.run(self.parts))
+
+
+def _estimator_model_fn(features, labels, mode):
+  with tf.variable_scope("net"):
+    w = tf.get_variable("w", [3], initializer=tf.zeros_initializer())
+  loss = tf.reduce_mean(tf.square(tf.tensordot(features["x"], w, 1) - labels))
+  train_op = tf.train.MomentumOptimizer(0.01, 0.9).minimize(
+    loss, global_step=tf.train.get_global_step()
+  )
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _estimator_input_fn():
+  rng = np.random.RandomState(1)
+  x = rng.randn(16 * 8, 3).astype(np.float32)
+  x[5 * 8] = 1e30  # batch 5's squared error overflows: an infinite loss
+  y = x.dot([1.0, -2.0, 0.5]).astype(np.float32)
+  return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(8)
+
+
+@unittest.skipUnless(
+  hasattr(tf, "estimator"), "tf.estimator is gone from TensorFlow 2.16 on"
+)
+class EstimatorTest(tf.test.TestCase):
+  """SnapshotHook in Estimator.train with train_distribute=MirroredStrategy."""
+
+  def test_rolls_back_every_component_inside_estimator_train(self):
+    hook = snapstore.SnapshotHook(
+      lambda: snapstore.SnapshotStore(
+        collection=tf.GraphKeys.GLOBAL_VARIABLES, max_to_keep=2
+      ),
+      every_n_steps=2,
+      loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[-1],
+    )
+    recorder = _PartsRecorder()
+    config = tf.estimator.RunConfig(
+      log_step_count_steps=None,
+      save_summary_steps=None,
+      train_distribute=_strategy(),
+      session_config=CONFIG,
+    )
+    estimator = tf.estimator.Estimator(
+      _estimator_model_fn, model_dir=self.get_temp_dir(), config=config
+    )
+    estimator.train(_estimator_input_fn, hooks=[recorder, hook])
+    self.assertEqual(hook.rollbacks, 1)
+    self.assertEqual(
+      hook.store.keys, ("global_step", "net/w", "net/w/Momentum")
+    )
+    for v in hook.store.variables.values():
+      self.assertLen(v.values, 2, v.name)  # mirrored: one per replica
+    # Each step takes a batch per replica: step 2 has batch 5, whose loss
+    # is infinite. The snapshot before it is dropped: step 3 starts from
+    # the one taken before step 0, in every component.
+    names = [p.name for p in recorder.parts]
+    for name, a, b, c in zip(
+      names, recorder.before[3], recorder.before[0], recorder.before[2]
+    ):
+      helpers.assert_bit_equal(a, b, "step 3 " + name)
+      helpers.assert_bits_differ(c, b, "step 2 " + name)
+    self.assertEqual(estimator.get_variable_value("global_step"), 5)
 
 
 class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):
