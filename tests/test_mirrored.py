@@ -571,17 +571,13 @@ class LookaheadTest(tf.test.TestCase, parameterized.TestCase):
           slow[part] = phi + dtype(self.ALPHA) * (fast[part] - phi)
           fast[part] = slow[part].copy()
       got = dict(zip(self.parts, sess.run(self.parts)))
-      shadows = sess.run(
-        {p: self.opt.get_slot(p, "slow") for p in self.parts}
-      )
+      shadows = sess.run({p: self.opt.get_slot(p, "slow") for p in self.parts})
       for part in self.parts:
         msg = "%s step %d" % (part.name, step)
         helpers.assert_bit_equal(got[part], fast[part], msg)
         helpers.assert_bit_equal(shadows[part], slow[part], "slow " + msg)
     for v in (self.w, self.b):  # the replicas never mixed
-      helpers.assert_bits_differ(
-        fast[v.values[0]], fast[v.values[1]], v.name
-      )
+      helpers.assert_bits_differ(fast[v.values[0]], fast[v.values[1]], v.name)
     # evaluate_with reads each replica's slow weights, then puts fast back.
     seen = self.opt.evaluate_with(self.fetch_w, session=sess)
     helpers.assert_bit_equal(seen, slow[self.w.values[1]], "slow w")
@@ -744,9 +740,7 @@ class _PartsRecorder(tf.train.SessionRunHook):
 
   def begin(self):
     self.parts = [
-      p
-      for v in tf.global_variables()
-      for p in getattr(v, "values", [v])
+      p for v in tf.global_variables() for p in getattr(v, "values", [v])
     ]
     self.before = []
 

@@ -592,7 +592,9 @@ def _count(counter):
   if not distributed.is_distributed(counter):
     return copies.assign_add(counter, np.int64(1))
   return tf.group(
-    *[copies.assign_add(c, np.int64(1)) for c in distributed.components(counter)]
+    *[
+      copies.assign_add(c, np.int64(1)) for c in distributed.components(counter)
+    ]
   )
 
 

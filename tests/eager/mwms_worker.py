@@ -91,19 +91,7 @@ def _stores(strategy, index, out, arrays, facts, np, tf):
       aggregation=tf.VariableAggregation.SUM,
       name="count",
     )
-  loss_fn = keras.losses.MeanSquaredError(
-    reduction="sum_over_batch_size" if common.KERAS_3 else "none"
-  )
-
-  @tf.function
-  def step(x, y):
-    def replica(x, y):
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-      grads = tape.gradient(loss, model.trainable_variables)
-      opt.apply_gradients(zip(grads, model.trainable_variables))
-
-    strategy.run(replica, args=(x, y))
+  step = common.replicated_step(strategy, model, opt, loss=common.keras_mse())
 
   data = common.batches(2, seed=1 + index)  # each worker its own data
   # A device store built on worker 0 alone: refused, not a hang; worker 1

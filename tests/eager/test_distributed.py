@@ -109,20 +109,7 @@ def test_a_keras_model_in_strategy_scope_rolls_back_exactly(strategy):
     opt.build(model.trainable_variables)
   store = snapstore.SnapshotStore(var_list=model, optimizer=opt)
   variables = list(store.variables.values())
-  loss_fn = keras.losses.MeanSquaredError(
-    reduction="sum_over_batch_size" if common.KERAS_3 else "none"
-  )
-
-  @tf.function
-  def step(x, y):
-    def replica(x, y):
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-      grads = tape.gradient(loss, model.trainable_variables)
-      opt.apply_gradients(zip(grads, model.trainable_variables))
-      return loss
-
-    return strategy.run(replica, args=(x, y))
+  step = common.replicated_step(strategy, model, opt, loss=common.keras_mse())
 
   data = common.batches(3)
   store.snapshot("start")
@@ -248,17 +235,7 @@ def test_a_guard_rolls_every_replica_back_from_a_nan_step(
   )
   variables = list(store.variables.values())
 
-  @tf.function
-  def step(x, y):
-    def replica(x, y):
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-      grads = tape.gradient(loss, model.trainable_variables)
-      opt.apply_gradients(zip(grads, model.trainable_variables))
-      return loss
-
-    losses = strategy.run(replica, args=(x, y))
-    return strategy.reduce("SUM", losses, axis=None)
+  step = common.replicated_step(strategy, model, opt, reduce=True)
 
   (x, y), (bad, y2) = common.batches(2, seed=4)
   step(x, y)
