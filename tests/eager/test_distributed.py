@@ -148,6 +148,43 @@ def test_in_step_snapshot_from_replica_context(strategy):
   assert [a.tobytes() for a in _components(w)] == [a.tobytes() for a in before]
 
 
+def test_in_step_if_finite_decides_alike_on_every_replica(strategy):
+  # A loss that is NaN on replica 0 only (each replica checks its own): if
+  # replica 1 alone committed, the slot's components would hold the starts
+  # of different steps, and a restore would make the replicas differ.
+  w, _ = _make(strategy)
+  store = snapstore.SnapshotStore(var_list=[w])
+  snap = store.slots.snapshot_in_step()
+
+  @tf.function
+  def step(nan_on_first):
+    def replica():
+      start = snap.begin()
+      first = tf.equal(
+        tf.distribute.get_replica_context().replica_id_in_sync_group, 0
+      )
+      loss = tf.where(
+        tf.logical_and(nan_on_first, first),
+        tf.constant(np.nan, tf.float32),
+        tf.constant(1.0, tf.float32),
+      )
+      w.assign_add(tf.ones([2, 3]))
+      return start.commit(if_finite=loss)
+
+    return strategy.run(replica)
+
+  first_start = _components(w)
+  with strategy.scope():
+    written = step(tf.constant(False))
+    assert [bool(x) for x in written.values] == [True, True]
+    written = step(tf.constant(True))  # neither replica writes
+  assert [bool(x) for x in written.values] == [False, False]
+  shadow = store.slots.shadows(0)["w"]
+  common.assert_bits_equal(first_start, _components(shadow))
+  store.restore("before_step")
+  common.assert_bits_equal(first_start, _components(w))
+
+
 @pytest.mark.parametrize("mode", common.MODES)
 def test_evaluate_with_keeps_components_that_differ(strategy, mode, tmp_path):
   _, count = _make(strategy)
