@@ -464,6 +464,47 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
     ):
       store.slots.shadows(0)
 
+  def test_running_mean_of_each_component_and_a_mirrored_num_updates(self):
+    # RunningMean (slot 0) and an EMA warmed up by the strategy's global
+    # step (slot 1) over components that differ.
+    graph = tf.Graph()
+    with graph.as_default():
+      strategy = _strategy()
+      with strategy.scope():
+        w = tf.get_variable("w", [3])
+        step = tf.train.get_or_create_global_step()
+      store = snapstore.SnapshotStore(var_list=[w], max_to_keep=2)
+      swa = snapstore.RunningMean(store, slot=0)
+      ema = snapstore.MovingAverage(store, decay=0.9, num_updates=step, slot=1)
+      value = tf.placeholder(tf.float32, [3])
+      loads = [part.assign(value) for part in w.values]
+    sess = tf.Session(graph=graph, config=CONFIG)
+    self.addCleanup(sess.close)
+    helpers.init(sess)
+    rng = np.random.RandomState(40)
+    values = [rng.normal(size=[2, 3]).astype(np.float32) for _ in range(3)]
+    average = [None, None]
+    ema_average = sess.run(list(w.values))
+    rate = np.float32(1) - np.minimum(
+      np.float32(0.9), np.float32(1) / np.float32(10)
+    )
+    for n, both in enumerate(values):
+      for load, x in zip(loads, both):
+        sess.run(load, {value: x})
+      sess.run([swa.update_op, ema.update_op])
+      for i, x in enumerate(both):
+        if n == 0:
+          average[i] = x.copy()
+        else:
+          average[i] = average[i] + (x - average[i]) / np.float32(n + 1)
+        ema_average[i] = ema_average[i] - (ema_average[i] - x) * rate
+    means = sess.run(store.slots.component_shadows(0)["w"])
+    emas = sess.run(store.slots.component_shadows(1)["w"])
+    for i in range(2):
+      helpers.assert_bit_equal(means[i], average[i], "mean %d" % i)
+      helpers.assert_bit_equal(emas[i], ema_average[i], "ema %d" % i)
+    self.assertEqual(sess.run(swa.count), 3)
+
   def test_built_inside_strategy_run_is_refused(self):
     with tf.Graph().as_default():
       strategy = _strategy()
