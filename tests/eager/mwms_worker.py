@@ -231,9 +231,7 @@ def _averages(strategy, index, arrays, facts, np, tf):
 
 def _shadow_state(store):
   """Every local component of every shadow of slot 0, in key order."""
-  return [
-    c for s in store.slots.shadows(0).values() for c in _components(s)
-  ]
+  return [c for s in store.slots.shadows(0).values() for c in _components(s)]
 
 
 def _evaluated(store, tag):
