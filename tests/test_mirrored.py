@@ -464,6 +464,22 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
     ):
       store.slots.shadows(0)
 
+  def test_component_shadows_of_a_packed_store_are_refused(self):
+    _, store, _ = MirroredTest._setup(self, "device", pack=True)
+    with self.graph.as_default(), helpers.assert_raises_naming(
+      self,
+      errors.ModeError,
+      r"^component_shadows\(\) needs a shadow variable per variable; this "
+      r"store packs",
+      "pack=False",
+    ):
+      store.slots.component_shadows(0)
+    with self.graph.as_default(), helpers.assert_raises_naming(
+      self, errors.ModeError, r"^component_shadows\(\) needs"
+    ):
+      snapstore.MovingAverage(store, tau=0.5)
+    self.assertEqual(store.slots.pinned(), [])  # nothing pinned
+
   def test_running_mean_of_each_component_and_a_mirrored_num_updates(self):
     # RunningMean (slot 0) and an EMA warmed up by the strategy's global
     # step (slot 1) over components that differ.

@@ -148,6 +148,19 @@ def test_in_step_snapshot_from_replica_context(strategy):
   assert [a.tobytes() for a in _components(w)] == [a.tobytes() for a in before]
 
 
+def test_component_shadows_are_the_shadows_components(strategy):
+  w, count = _make(strategy)
+  store = snapstore.SnapshotStore(var_list=[w, count])
+  shadows = store.slots.shadows(0)
+  parts = store.slots.component_shadows(0)
+  assert list(parts) == list(shadows) == ["count", "w"]
+  for key, shadow in shadows.items():
+    assert len(parts[key]) == 2
+    assert all(a is b for a, b in zip(parts[key], shadow.values))
+    for part, target in zip(store.variables[key].values, parts[key]):
+      assert part.device == target.device
+
+
 def test_in_step_if_finite_decides_alike_on_every_replica(strategy):
   # A loss that is NaN on replica 0 only (each replica checks its own): if
   # replica 1 alone committed, the slot's components would hold the starts
