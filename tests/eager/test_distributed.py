@@ -161,10 +161,26 @@ def test_component_shadows_are_the_shadows_components(strategy):
       assert part.device == target.device
 
 
-def test_in_step_if_finite_decides_alike_on_every_replica(strategy):
+class _OwnKeysStrategy(tf.distribute.MirroredStrategy):
+  """A MirroredStrategy whose collectives no other test's strategy shares.
+
+  TensorFlow numbers the collective ops of every MirroredStrategy from the
+  same group and instance keys, and the process's collective executor
+  keeps what it learned of each key: in the whole eager suite, this test's
+  all-reduce (shape [1]) got the key an earlier module's strategy had used
+  for a gradient all-reduce (shape [57]), "Shape mismatch in the collective
+  instance 100", which aborts every later collective of the process.
+  `_collective_key_base` is TF's own knob for this, "only set in tests".
+  """
+
+  _collective_key_base = 10000
+
+
+def test_in_step_if_finite_decides_alike_on_every_replica():
   # A loss that is NaN on replica 0 only (each replica checks its own): if
   # replica 1 alone committed, the slot's components would hold the starts
   # of different steps, and a restore would make the replicas differ.
+  strategy = _OwnKeysStrategy(["/cpu:0", "/cpu:1"])
   w, _ = _make(strategy)
   store = snapstore.SnapshotStore(var_list=[w])
   snap = store.slots.snapshot_in_step()
