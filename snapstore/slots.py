@@ -103,6 +103,21 @@ class Slots(object):
     values = self._set.shadows(self._check_slot(slot))
     return collections.OrderedDict(zip(self._h.varset.keys, values))
 
+  def component_shadows(self, slot=0):
+    """An OrderedDict from key to the shadows of its variable's components.
+
+    For each variable, a list with the shadow of each component in slot
+    `slot`: one per replica for a `tf.distribute` variable (in the order of
+    `variable.values`, each on its component's device), a single one for
+    an ordinary variable. Unlike `shadows()`, it works for a graph-mode
+    store over distributed variables, whose shadows are per component.
+
+    Raises:
+      ModeError: The store packs variables (`pack=True`).
+    """
+    values = self._set.component_shadows(self._check_slot(slot))
+    return collections.OrderedDict(zip(self._h.varset.keys, values))
+
   def past(self, outputs, slot=0):
     """Tensors computing `outputs` from slot `slot` instead of the variables.
 

@@ -15,6 +15,7 @@ variables_only` checks it), so there is no ref-variable case.
 import json
 import os
 import tempfile
+import unittest
 from unittest import mock
 
 from absl.testing import parameterized
@@ -357,10 +358,321 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
           self.assertTrue(copies.is_resource(part), part)
 
 
-class GuardTest(tf.test.TestCase, parameterized.TestCase):
-  """A guard over a model trained under the strategy, with Adam's state."""
+def _np_rate(dtype, tau=None, decay=None, n=None):
+  """The "ema" form's rate as `averages._rate*` computes it, in numpy."""
+  f32 = np.float32
+  if decay is not None:
+    d = f32(decay)
+    if n is not None:
+      d = np.minimum(d, (f32(1) + f32(n)) / (f32(10) + f32(n)))
+    return dtype(f32(1) - d)
+  rate = dtype(tau)
+  if n is not None:
+    warmup = (f32(1) + f32(n)) / (f32(10) + f32(n))
+    rate = np.maximum(rate, dtype(f32(1) - warmup))
+  return rate
 
-  def _setup(self, mode):
+
+class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
+  """MovingAverage over mirrored and sync-on-read variables: every replica's
+  component averaged from its own values (components made to differ on
+  purpose), bit for bit against numpy."""
+
+  def _setup(self, **kwargs):
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      self.strategy = _strategy()
+      self.net = _Net(self.strategy)
+      self.store = snapstore.SnapshotStore(
+        var_list=self.net.variables, mode="device", max_to_keep=2
+      )
+      if kwargs.get("num_updates") is not None:  # the warm-up's step count
+        kwargs["num_updates"] = tf.constant(kwargs["num_updates"], tf.int64)
+      self.ema = snapstore.MovingAverage(self.store, **kwargs)
+    self.sess = tf.Session(graph=self.graph, config=CONFIG)
+    self.addCleanup(self.sess.close)
+    helpers.init(self.sess)
+    return self.net, self.store, self.ema, self.sess
+
+  @parameterized.named_parameters(
+    ("ema_tau", "ema", dict(tau=0.3, tau_non_trainable=0.5)),
+    ("ema_decay", "ema", dict(decay=0.75)),
+    ("ema_decay_warmup", "ema", dict(decay=0.9, num_updates=3)),
+    ("lerp", "lerp", dict(tau=0.3, tau_non_trainable=0.5)),
+    ("hard_copy", "ema", dict(tau=1.0)),
+  )
+  def test_each_component_is_averaged_from_its_own_values(self, form, rates):
+    rates = dict(rates)
+    n = rates.pop("num_updates", None)
+    net, store, ema, sess = self._setup(form=form, num_updates=n, **rates)
+    trainable = {id(v) for v in net.mirrored}
+    # The averages start at the values the components had at initialization.
+    averages = net.components(sess)
+    for seed in range(3):
+      values = net.randomize(sess, seed=20 + seed, differ=True, normal=True)
+      sess.run(ema.update_op)
+      for v in net.variables:
+        for part in v.values:
+          dtype = v.dtype.base_dtype.as_numpy_dtype
+          avg, x = averages[part], values[part]
+          tau = rates.get("tau")
+          if id(v) not in trainable and "tau_non_trainable" in rates:
+            tau = rates["tau_non_trainable"]
+          if not v.dtype.base_dtype.is_floating or tau == 1.0:
+            new = x.copy()
+          elif form == "lerp":
+            new = dtype(1 - tau) * avg + dtype(tau) * x
+          else:
+            rate = _np_rate(dtype, tau, rates.get("decay"), n)
+            new = avg - (avg - x) * rate
+          averages[part] = new
+    arrays = sess.run(
+      {
+        part: shadow
+        for v, shadows in zip(
+          store.variables.values(),
+          store.slots.component_shadows(ema.slot).values(),
+        )
+        for part, shadow in zip(v.values, shadows)
+      }
+    )
+    for part, value in arrays.items():
+      helpers.assert_bit_equal(value, averages[part], part.name)
+    # The components differ, so a mix of replicas would not pass.
+    for v in net.mirrored:
+      helpers.assert_bits_differ(
+        averages[v.values[0]], averages[v.values[1]], v.name
+      )
+    # Restoring the average writes each component's own average back.
+    store.restore(ema.tag, session=sess)
+    got = net.components(sess)
+    for part, value in averages.items():
+      helpers.assert_bit_equal(got[part], value, part.name)
+
+  def test_component_shadows_are_on_their_components_devices(self):
+    net, store, _, _ = self._setup(tau=0.5)
+    shadows = store.slots.component_shadows(0)
+    self.assertEqual(list(shadows), list(store.variables))
+    for v, parts in zip(store.variables.values(), shadows.values()):
+      self.assertLen(parts, 2)
+      for part, shadow in zip(v.values, parts):
+        self.assertEqual(shadow.device, part.device)
+        self.assertEqual(shadow.op.name, part.op.name + "/snapstore/slot_0")
+    # shadows() (one variable per key) stays refused, naming this way.
+    with self.graph.as_default(), helpers.assert_raises_naming(
+      self, errors.ModeError, r"store\.slots\.component_shadows\(slot\)"
+    ):
+      store.slots.shadows(0)
+
+  def test_component_shadows_of_a_packed_store_are_refused(self):
+    _, store, _ = MirroredTest._setup(self, "device", pack=True)
+    with self.graph.as_default(), helpers.assert_raises_naming(
+      self,
+      errors.ModeError,
+      r"^component_shadows\(\) needs a shadow variable per variable; this "
+      r"store packs",
+      "pack=False",
+    ):
+      store.slots.component_shadows(0)
+    with self.graph.as_default(), helpers.assert_raises_naming(
+      self, errors.ModeError, r"^component_shadows\(\) needs"
+    ):
+      snapstore.MovingAverage(store, tau=0.5)
+    self.assertEqual(store.slots.pinned(), [])  # nothing pinned
+
+  def test_running_mean_of_each_component_and_a_mirrored_num_updates(self):
+    # RunningMean (slot 0) and an EMA warmed up by the strategy's global
+    # step (slot 1) over components that differ.
+    graph = tf.Graph()
+    with graph.as_default():
+      strategy = _strategy()
+      with strategy.scope():
+        w = tf.get_variable("w", [3])
+        step = tf.train.get_or_create_global_step()
+      store = snapstore.SnapshotStore(var_list=[w], max_to_keep=2)
+      swa = snapstore.RunningMean(store, slot=0)
+      ema = snapstore.MovingAverage(store, decay=0.9, num_updates=step, slot=1)
+      value = tf.placeholder(tf.float32, [3])
+      loads = [part.assign(value) for part in w.values]
+    sess = tf.Session(graph=graph, config=CONFIG)
+    self.addCleanup(sess.close)
+    helpers.init(sess)
+    rng = np.random.RandomState(40)
+    values = [rng.normal(size=[2, 3]).astype(np.float32) for _ in range(3)]
+    average = [None, None]
+    ema_average = sess.run(list(w.values))
+    rate = np.float32(1) - np.minimum(
+      np.float32(0.9), np.float32(1) / np.float32(10)
+    )
+    for n, both in enumerate(values):
+      for load, x in zip(loads, both):
+        sess.run(load, {value: x})
+      sess.run([swa.update_op, ema.update_op])
+      for i, x in enumerate(both):
+        if n == 0:
+          average[i] = x.copy()
+        else:
+          average[i] = average[i] + (x - average[i]) / np.float32(n + 1)
+        ema_average[i] = ema_average[i] - (ema_average[i] - x) * rate
+    means = sess.run(store.slots.component_shadows(0)["w"])
+    emas = sess.run(store.slots.component_shadows(1)["w"])
+    for i in range(2):
+      helpers.assert_bit_equal(means[i], average[i], "mean %d" % i)
+      helpers.assert_bit_equal(emas[i], ema_average[i], "ema %d" % i)
+    self.assertEqual(sess.run(swa.count), 3)
+
+  def test_built_inside_strategy_run_is_refused(self):
+    with tf.Graph().as_default():
+      strategy = _strategy()
+      run = getattr(strategy, "run", None) or strategy.experimental_run_v2
+      with strategy.scope():
+        w = tf.get_variable("w", [2])
+      store = snapstore.SnapshotStore(var_list=[w], mode="device")
+
+      def replica():
+        snapstore.MovingAverage(store, tau=0.5)
+        return tf.constant(0)
+
+      with strategy.scope(), helpers.assert_raises_naming(
+        self,
+        ValueError,
+        r"MovingAverage was built inside strategy.run \(replica context\)",
+        "Build it after strategy.run returns",
+      ):
+        run(replica)
+      self.assertEqual(store.slots.pinned(), [])  # nothing pinned
+
+
+class LookaheadTest(tf.test.TestCase, parameterized.TestCase):
+  """Lookahead around SGD, minimized inside strategy.run: every replica's
+  fast and slow weights, bit for bit against numpy, with components made to
+  differ (a mix of replicas would show).
+
+  The step is exact in numpy: the gradient of the loss `sum(w * c)` is
+  summed over the two replicas, which gives `2 * c` exactly (`c` if the
+  loss reduction is MEAN: each loss is scaled by 1/2 first); SGD with a
+  learning rate of 0.5 then writes `w - 0.5 * (2 * c)`.
+  """
+
+  K = 2
+  ALPHA = 0.5
+
+  def _setup(self, inner="sgd"):
+    self.graph = graph = tf.Graph()
+    rng = np.random.RandomState(30)
+    with graph.as_default():
+      strategy = _strategy()
+      run = getattr(strategy, "run", None) or strategy.experimental_run_v2
+      self.c = {
+        "w": rng.normal(size=[3, 4]).astype(np.float32),
+        "b": rng.normal(size=[5]).astype(np.float64),
+      }
+      with strategy.scope():
+        self.w = tf.get_variable("w", [3, 4], tf.float32)
+        self.b = tf.get_variable("b", [5], tf.float64)
+        inner_opt = (
+          tf.train.GradientDescentOptimizer(0.5)
+          if inner == "sgd"
+          else tf.train.AdamOptimizer(0.1)
+        )
+        self.opt = snapstore.Lookahead(inner_opt, k=self.K, alpha=self.ALPHA)
+
+        def replica():
+          loss = tf.reduce_sum(self.w * self.c["w"]) + tf.cast(
+            tf.reduce_sum(self.b * self.c["b"]), tf.float32
+          )
+          # The gradients are summed over the replicas; the loss is scaled
+          # by 1/2 first if the strategy's loss reduction is MEAN.
+          self.scale = (
+            1
+            if tf.distribute.get_loss_reduction() == tf.distribute.ReduceOp.MEAN
+            else 2
+          )
+          return self.opt.minimize(loss)
+
+        self.train_op = strategy.group(run(replica))
+      self.loads = {}
+      for v in (self.w, self.b):
+        for part in v.values:
+          p = tf.placeholder(v.dtype.base_dtype, v.shape)
+          self.loads[part] = (p, part.assign(p, read_value=False))
+      self.fetch_w = tf.identity(self.w.values[1])
+    self.sess = tf.Session(graph=graph, config=CONFIG)
+    self.addCleanup(self.sess.close)
+    helpers.init(self.sess)
+    self.parts = list(self.w.values) + list(self.b.values)
+
+  def _load(self, values):
+    self.sess.run(
+      [op for _, op in self.loads.values()],
+      {self.loads[p][0]: a for p, a in values.items()},
+    )
+
+  def test_every_component_synchronizes_with_its_own_slow_weights(self):
+    self._setup()
+    sess, rng = self.sess, np.random.RandomState(31)
+    fast = {}
+    for part in self.parts:  # components that differ
+      dtype = part.dtype.base_dtype.as_numpy_dtype
+      fast[part] = rng.normal(size=part.shape.as_list()).astype(dtype)
+    self._load(fast)
+    slow = {p: v.copy() for p, v in fast.items()}  # taken at the first step
+    for step in range(1, 2 * self.K + 2):
+      sess.run(self.train_op)
+      for part in self.parts:
+        dtype = part.dtype.base_dtype.as_numpy_dtype
+        c = self.c["w" if part.shape.ndims == 2 else "b"]
+        fast[part] = fast[part] - dtype(0.5) * (c * dtype(self.scale))
+        if step % self.K == 0:
+          phi = slow[part]
+          slow[part] = phi + dtype(self.ALPHA) * (fast[part] - phi)
+          fast[part] = slow[part].copy()
+      got = dict(zip(self.parts, sess.run(self.parts)))
+      shadows = sess.run({p: self.opt.get_slot(p, "slow") for p in self.parts})
+      for part in self.parts:
+        msg = "%s step %d" % (part.name, step)
+        helpers.assert_bit_equal(got[part], fast[part], msg)
+        helpers.assert_bit_equal(shadows[part], slow[part], "slow " + msg)
+    for v in (self.w, self.b):  # the replicas never mixed
+      helpers.assert_bits_differ(fast[v.values[0]], fast[v.values[1]], v.name)
+    # evaluate_with reads each replica's slow weights, then puts fast back.
+    seen = self.opt.evaluate_with(self.fetch_w, session=sess)
+    helpers.assert_bit_equal(seen, slow[self.w.values[1]], "slow w")
+    for part, value in zip(self.parts, sess.run(self.parts)):
+      helpers.assert_bit_equal(value, fast[part], part.name)
+
+  def test_a_store_over_lookahead_and_adam_restores_every_component(self):
+    self._setup(inner="adam")
+    sess = self.sess
+    with self.graph.as_default():
+      store = snapstore.SnapshotStore(
+        var_list=[self.w, self.b], optimizer=self.opt
+      )
+      helpers.init(sess)
+    sess.run(self.train_op)
+    parts = [
+      p for v in store.variables.values() for p in getattr(v, "values", [v])
+    ]
+    names = [p.name for p in parts]
+    self.assertTrue(any("Lookahead_counter" in n for n in names), names)
+    self.assertTrue(any("Lookahead/slot_0" in n for n in names), names)
+    before = sess.run(parts)
+    tag = store.snapshot(session=sess)
+    for _ in range(self.K):  # a synchronization too
+      sess.run(self.train_op)
+    for part, a, b in zip(parts, sess.run(parts), before):
+      if "power" not in part.name:
+        helpers.assert_bits_differ(a, b, part.name)
+    store.restore(tag, session=sess)
+    for part, a, b in zip(parts, sess.run(parts), before):
+      helpers.assert_bit_equal(a, b, part.name)
+
+
+class _Trained(tf.test.TestCase, parameterized.TestCase):
+  """A model trained under the strategy, with Adam's state and the global
+  step, and a store over them."""
+
+  def _setup(self, mode, max_to_keep=None):
     graph = tf.Graph()
     with graph.as_default():
       strategy = _strategy()
@@ -389,6 +701,7 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         optimizer=opt,
         include_global_step=True,
         mode=mode,
+        max_to_keep=max_to_keep,
         **options,
       )
     self.addCleanup(self.store.close)
@@ -396,6 +709,10 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
     self.addCleanup(self.sess.close)
     helpers.init(self.sess)
     self.parts = [p for v in self.store.variables.values() for p in v.values]
+
+
+class GuardTest(_Trained):
+  """A guard over a model trained under the strategy, with Adam's state."""
 
   @parameterized.named_parameters(*[(m, m) for m in ("device", "host", "disk")])
   def test_a_nan_step_is_rolled_back_in_every_replica(self, mode):
@@ -420,6 +737,133 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLen(guard.failures, 1)
     for part, a, b in zip(self.parts, sess.run(self.parts), before):
       helpers.assert_bit_equal(a, b, part.name)
+
+
+class _Recorder(tf.train.SessionRunHook):
+  """Records every component of `parts` before every run (listed before the
+  snapshot hook, so it sees the variables each step starts from)."""
+
+  def __init__(self, parts):
+    self.parts = parts
+    self.before = []
+
+  def before_run(self, run_context):
+    self.before.append(run_context.session.run(self.parts))
+
+
+class SnapshotHookTest(_Trained):
+  """SnapshotHook in a MonitoredTrainingSession training under the strategy:
+  a step whose loss is NaN is rolled back in every component."""
+
+  @parameterized.named_parameters(*[(m, m) for m in ("device", "host", "disk")])
+  def test_a_nan_step_is_rolled_back_in_every_component(self, mode):
+    self._setup(mode, max_to_keep=2)
+    self.sess.close()  # the MonitoredTrainingSession's own session instead
+    store = self.store
+    hook = snapstore.SnapshotHook(store, every_n_steps=1, loss=self.loss)
+    recorder = _Recorder(self.parts)
+    ones, nans = np.ones([2, 3]), np.full([2, 3], np.nan)
+    feeds = [ones, ones, nans, ones]
+    with store.graph.as_default(), tf.train.MonitoredTrainingSession(
+      hooks=[recorder, hook], config=CONFIG
+    ) as sess:
+      raw = sess._tf_sess()  # pylint: disable=protected-access
+      for i, x in enumerate(feeds):
+        sess.run(self.train_op, {self.x: x})
+        if i == 2:
+          # The snapshot taken before step 2 is dropped (its step's loss is
+          # NaN): back to the one before step 1, in every component.
+          now = raw.run(self.parts)
+          for part, a, b, c in zip(
+            self.parts, now, recorder.before[1], recorder.before[2]
+          ):
+            helpers.assert_bit_equal(a, b, "step 2 " + part.name)
+            if "power" not in part.name:  # step 1 changed it
+              helpers.assert_bits_differ(c, b, "step 1 " + part.name)
+      after = raw.run(self.parts)
+    self.assertEqual(hook.rollbacks, 1)
+    self.assertEqual(hook.snapshots, 4)
+    for part, value in zip(self.parts, after):
+      self.assertTrue(np.all(np.isfinite(value)), part.name)
+    # The replicas are identical, bit for bit.
+    for v in store.variables.values():
+      first, second = (after[self.parts.index(p)] for p in v.values)
+      helpers.assert_bit_equal(first, second, v.name)
+
+
+class _PartsRecorder(tf.train.SessionRunHook):
+  """Records every component of the global variables before every run
+  (listed before the snapshot hook: what each step starts from)."""
+
+  def begin(self):
+    self.parts = [
+      p for v in tf.global_variables() for p in getattr(v, "values", [v])
+    ]
+    self.before = []
+
+  def before_run(self, run_context):
+    self.before.append(run_context.session.run(self.parts))
+
+
+def _estimator_model_fn(features, labels, mode):
+  with tf.variable_scope("net"):
+    w = tf.get_variable("w", [3], initializer=tf.zeros_initializer())
+  loss = tf.reduce_mean(tf.square(tf.tensordot(features["x"], w, 1) - labels))
+  train_op = tf.train.MomentumOptimizer(0.01, 0.9).minimize(
+    loss, global_step=tf.train.get_global_step()
+  )
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _estimator_input_fn():
+  rng = np.random.RandomState(1)
+  x = rng.randn(16 * 8, 3).astype(np.float32)
+  x[5 * 8] = 1e30  # batch 5's squared error overflows: an infinite loss
+  y = x.dot([1.0, -2.0, 0.5]).astype(np.float32)
+  return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(8)
+
+
+@unittest.skipUnless(
+  hasattr(tf, "estimator"), "tf.estimator is gone from TensorFlow 2.16 on"
+)
+class EstimatorTest(tf.test.TestCase):
+  """SnapshotHook in Estimator.train with train_distribute=MirroredStrategy."""
+
+  def test_rolls_back_every_component_inside_estimator_train(self):
+    hook = snapstore.SnapshotHook(
+      lambda: snapstore.SnapshotStore(
+        collection=tf.GraphKeys.GLOBAL_VARIABLES, max_to_keep=2
+      ),
+      every_n_steps=2,
+      loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[-1],
+    )
+    recorder = _PartsRecorder()
+    config = tf.estimator.RunConfig(
+      log_step_count_steps=None,
+      save_summary_steps=None,
+      train_distribute=_strategy(),
+      session_config=CONFIG,
+    )
+    estimator = tf.estimator.Estimator(
+      _estimator_model_fn, model_dir=self.get_temp_dir(), config=config
+    )
+    estimator.train(_estimator_input_fn, hooks=[recorder, hook])
+    self.assertEqual(hook.rollbacks, 1)
+    self.assertEqual(
+      hook.store.keys, ("global_step", "net/w", "net/w/Momentum")
+    )
+    for v in hook.store.variables.values():
+      self.assertLen(v.values, 2, v.name)  # mirrored: one per replica
+    # Each step takes a batch per replica: step 2 has batch 5, whose loss
+    # is infinite. The snapshot before it is dropped: step 3 starts from
+    # the one taken before step 0, in every component.
+    names = [p.name for p in recorder.parts]
+    for name, a, b, c in zip(
+      names, recorder.before[3], recorder.before[0], recorder.before[2]
+    ):
+      helpers.assert_bit_equal(a, b, "step 3 " + name)
+      helpers.assert_bits_differ(c, b, "step 2 " + name)
+    self.assertEqual(estimator.get_variable_value("global_step"), 5)
 
 
 class SnapshotBeforeTest(tf.test.TestCase, parameterized.TestCase):

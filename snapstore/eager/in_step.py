@@ -71,7 +71,7 @@ class InStepSnapshot(object):
         value = distributed.local(var).value()
         pairs.append((distributed.local(shadow), value))
         reads[id(var)] = value
-      return Start(pairs, reads)
+      return Start(pairs, reads, replica=True)
     for var, shadow in zip(self._variables, self._shadows):
       parts = distributed.components(var)
       for part, target in zip(parts, distributed.components(shadow)):
@@ -94,11 +94,14 @@ class Start(object):
     pairs: (shadow, value) or (shadow component, value, device) to write.
     reads: {id(variable): value} of the variables read whole (one
       component, or in replica context this replica's), for `value_of`.
+    replica: Read in replica context (inside `strategy.run`): `commit`'s
+      `if_finite` is then decided by every replica together.
   """
 
-  def __init__(self, pairs, reads):
+  def __init__(self, pairs, reads, replica=False):
     self._pairs = pairs
     self._reads = reads
+    self._replica = replica
 
   def value_of(self, variable):
     """The value `begin` read of `variable`, or None (not covered, or read
@@ -108,6 +111,13 @@ class Start(object):
   @_not_converted
   def commit(self, if_finite=None):
     """Writes the values into the slot; with `if_finite`, only if it is finite.
+
+    Inside `strategy.run`, every replica decides alike: the slot is
+    written in every replica or in none, none when `if_finite` is not
+    finite on any replica (of any worker). Each replica checks its own
+    loss, and one deciding alone would leave the slot's components at the
+    starts of different steps: a restore would make the replicas differ.
+    It costs one all-reduce of a flag per commit.
 
     Args:
       if_finite: None, or a float tensor (typically the step's loss).
@@ -137,4 +147,10 @@ class Start(object):
         % condition.dtype.name
       )
     finite = tf.reduce_all(tf.math.is_finite(condition))
+    if self._replica:
+      # How many replicas saw a value that is not finite.
+      failed = tf2.distribute.get_replica_context().all_reduce(
+        tf2.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32)
+      )
+      finite = tf.equal(failed, 0.0)
     return tf.cond(finite, write, lambda: tf.constant(False))

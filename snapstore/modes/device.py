@@ -40,7 +40,8 @@ are kept and restored and nothing crosses devices. `arrays()` gives one array
 per variable, as a host snapshot reads it; arrays written into a slot
 (`load_arrays`) reach the components as a host restore writes them. Its
 shadows are not one distributed variable, so `shadows()` and `past()` are
-refused.
+refused; `component_shadows()` gives them per component (what
+`MovingAverage` and `Lookahead` update, each component from its own).
 """
 
 import functools
@@ -255,15 +256,44 @@ class DeviceMode(slot_book.SlotBook):
       raise errors.ModeError(
         "%s() needs a shadow variable per variable; %s %s a tf.distribute "
         "variable, whose shadows in a graph-mode store are one per replica "
-        "component, not a distributed variable. Snapshot and restore it with "
-        "store.snapshot() and store.restore(), or use the eager engine, "
-        "whose shadows of a distributed variable are distributed."
+        "component, not a distributed variable. Get them with "
+        "store.slots.component_shadows(slot) (a list per key, as "
+        "snapstore.MovingAverage and Lookahead use them), evaluate at a "
+        "snapshot with store.evaluate_with(fetches, tag=...), snapshot and "
+        "restore with store.snapshot() and store.restore(); or use the "
+        "eager engine, whose shadows of a distributed variable are "
+        "distributed."
         % (
           what,
           errors.names(self._distributed),
           "is" if len(self._distributed) == 1 else "are",
         )
       )
+    self._check_unpacked(what)
+    return list(self._slots[slot])
+
+  def component_shadows(self, slot, what="component_shadows"):
+    """The shadow variables of each variable in `slot`, one per component.
+
+    A list per variable of the store: the shadow of each of its components
+    (`distributed.components`, in the strategy's device order), so a single
+    one for an ordinary variable.
+
+    Raises:
+      ModeError: The store packs variables: they have no shadow of their own.
+    """
+    self._check_unpacked(what)
+    # Units (one per shadow) are in `packing.plan`'s order; each names the
+    # primary it stands for.
+    shadow_of = {}
+    for unit, shadow in zip(self._units, self._slots[slot]):
+      shadow_of[unit.indices[0]] = shadow
+    per_owner = [[] for _ in self._varset.variables]
+    for i, owner in enumerate(self._owners):
+      per_owner[owner].append(shadow_of[i])
+    return per_owner
+
+  def _check_unpacked(self, what):
     groups = [u for u in self._units if u.packed]
     if groups:
       raise errors.ModeError(
@@ -277,7 +307,6 @@ class DeviceMode(slot_book.SlotBook):
           len(groups),
         )
       )
-    return list(self._slots[slot])
 
   # -- CopyMode ------------------------------------------------------------------
 

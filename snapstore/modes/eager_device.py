@@ -101,6 +101,11 @@ class EagerDeviceMode(slot_book.SlotBook):
     del what
     return list(self._slots[slot])
 
+  def component_shadows(self, slot, what="component_shadows"):
+    """Per variable, its shadow's components (see `DeviceMode`'s)."""
+    del what
+    return [distributed.components(s) for s in self._slots[slot]]
+
   # -- CopyMode ------------------------------------------------------------------
 
   @property

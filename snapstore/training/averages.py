@@ -85,6 +85,7 @@ from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
 from snapstore.core import copies
+from snapstore.core import distributed
 from snapstore.core import variables
 from snapstore.eager import copies as eager_copies
 from snapstore.eager import distributed as eager_distributed
@@ -108,13 +109,31 @@ class _SlotAverage(object):
     self._eager = is_eager(store)
     if self._eager:
       eager_device.check_not_traced(what)
+    else:
+      _check_cross_replica(what)
     self._store = store
     self._slot = slot
     # Every check first (shadows() refuses a packed store): a refused average
     # must leave no pinned tag behind.
-    shadows = slots.shadows(slot).values()
+    variables_ = list(store.variables.values())
+    if self._eager:  # a distributed variable's shadow is distributed
+      self._pairs = list(zip(variables_, slots.shadows(slot).values()))
+    else:
+      # A graph-mode shadow per component (a distributed variable's are
+      # plain variables, `snapstore.core.distributed`): each component is
+      # averaged from its own value on its own device, as TF's EMA does
+      # under a strategy (`extended.update` per component); replicas never
+      # mix. `_parts` keeps the variable each component belongs to (the
+      # variable is in TRAINABLE_VARIABLES, not its components).
+      self._parts = [
+        (var, part, shadow)
+        for var, shadows in zip(
+          variables_, slots.component_shadows(slot).values()
+        )
+        for part, shadow in zip(distributed.components(var), shadows)
+      ]
+      self._pairs = [(part, shadow) for _, part, shadow in self._parts]
     self._tag = slots.pin(slot, tag)
-    self._pairs = list(zip(store.variables.values(), shadows))
 
   @property
   def store(self):
@@ -308,12 +327,12 @@ class MovingAverage(_SlotAverage):
         warmup = (1.0 + n) / (10.0 + n)
       rates = {}  # (kind, value, dtype) -> rate tensor, made once per rate
       updates = []
-      for var, shadow in self._pairs:
+      for owner, var, shadow in self._parts:
         dtype = var.dtype.base_dtype
         if not dtype.is_floating:
           updates.append(_copy(var, shadow))
           continue
-        if tau_non_trainable is not None and id(var) not in trainable:
+        if tau_non_trainable is not None and id(owner) not in trainable:
           key = ("tau", tau_non_trainable, dtype)
         elif decay is not None:
           key = ("decay", decay, dtype)
@@ -449,6 +468,25 @@ class RunningMean(_SlotAverage):
         delta = (copies.read(var) - mean) / tf.cast(n + 1, dtype)
         updates.append(copies.assign_add(shadow, delta))
     return tf.group(*updates)
+
+
+def _check_cross_replica(what):
+  """Refuses building a graph-mode average inside `strategy.run`.
+
+  Its update op updates every replica's component itself; built in replica
+  context, each replica would build (and pin) one.
+
+  Raises:
+    ValueError: Called in replica context.
+  """
+  if eager_distributed.in_replica_context():
+    raise ValueError(
+      "%s was built inside strategy.run (replica context): its update op "
+      "updates every replica's component itself, so each replica would "
+      "build one. Build it after strategy.run returns, in cross-replica "
+      "context, under tf.control_dependencies([train_op]) to order it "
+      "after the step." % what
+    )
 
 
 def _copy(var, shadow):

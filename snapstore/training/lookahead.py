@@ -62,6 +62,7 @@ from snapstore._tf import tf
 from snapstore._tf import tf2
 from snapstore.core import checks
 from snapstore.core import copies
+from snapstore.core import distributed
 from snapstore.eager import copies as eager_copies
 from snapstore.eager import distributed as eager_distributed
 from snapstore.modes import eager_device
@@ -153,6 +154,13 @@ class Lookahead(WrapperOptimizer):
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Builds the Lookahead train op: an inner step, and a synchronization every k.
 
+    Under a `tf.distribute` strategy (graph mode, `MirroredStrategy`), call
+    it (or `minimize`) inside `strategy.run` as with any
+    `tf.train.Optimizer`: one train op is built for every replica (in a
+    `merge_call`, as TensorFlow's optimizers build their update), with the
+    slow weights one shadow per replica component, each synchronized from
+    its own replica's fast weights on its own device.
+
     Args:
       grads_and_vars: As for `tf.train.Optimizer.apply_gradients`.
       global_step: Incremented by the inner optimizer's step.
@@ -166,6 +174,39 @@ class Lookahead(WrapperOptimizer):
         this graph.
     """
     grads_and_vars = tuple(grads_and_vars)
+    if eager_distributed.in_replica_context():
+      # As tf.train.Optimizer.apply_gradients under a strategy: the
+      # replicas' gradients meet in one merge_call, which builds the step
+      # once, in cross-replica context, for every replica.
+      self._trained_variables(grads_and_vars)  # every check before merging
+      return tf.distribute.get_replica_context().merge_call(
+        self._cross_replica_apply,
+        args=(
+          tuple((g, v) for g, v in grads_and_vars if g is not None),
+          global_step,
+          name,
+        ),
+      )
+    return self._build(
+      grads_and_vars,
+      name,
+      lambda: self._optimizer.apply_gradients(
+        grads_and_vars, global_step=global_step
+      ),
+    )
+
+  def _cross_replica_apply(self, strategy, grads_and_vars, global_step, name):
+    """`apply_gradients` in the `merge_call` of a strategy's replicas."""
+    return self._build(
+      grads_and_vars,
+      name,
+      # What the inner optimizer's own apply_gradients merges into.
+      lambda: self._optimizer._distributed_apply(  # pylint: disable=protected-access
+        strategy, grads_and_vars, global_step=global_step
+      ),
+    )
+
+  def _build(self, grads_and_vars, name, inner_apply):
     fast = self._trained_variables(grads_and_vars)
     graph = fast[0].graph
     store = SnapshotStore(
@@ -176,10 +217,21 @@ class Lookahead(WrapperOptimizer):
       saveable=True,
     )
     store.slots.pin(0, SLOW)
-    fast = list(store.variables.values())
-    slow = list(store.slots.shadows(0).values())
+    # (fast, slow) per component: a distributed variable's replicas each
+    # with their own slow weights, on their own device (replicas never mix).
+    pairs = [
+      pair
+      for theta, phis in zip(
+        store.variables.values(), store.slots.component_shadows(0).values()
+      )
+      for pair in zip(distributed.components(theta), phis)
+    ]
+    fast = [theta for theta, _ in pairs]
+    slow = [phi for _, phi in pairs]
     counter = self._own_variable(
-      np.int64(0), self._name + "_counter", min(fast, key=lambda v: v.name)
+      np.int64(0),
+      self._name + "_counter",
+      distributed.anchor(min(store.variables.values(), key=lambda v: v.name)),
     )
     self._set_state(
       graph, _State(store, counter, {id(f): s for f, s in zip(fast, slow)})
@@ -187,17 +239,15 @@ class Lookahead(WrapperOptimizer):
 
     with tf.name_scope(name, self._name) as scope:
       start = tf.cond(
-        tf.equal(counter, 0),
+        tf.equal(_value(counter), 0),
         lambda: copies.copy(fast, slow, "take_start"),
         tf.no_op,
         name="start",
       )
       with tf.control_dependencies([start]):
-        inner_step = self._optimizer.apply_gradients(
-          grads_and_vars, global_step=global_step
-        )
+        inner_step = inner_apply()
       with tf.control_dependencies([inner_step]):
-        with tf.control_dependencies([copies.assign_add(counter, np.int64(1))]):
+        with tf.control_dependencies([_count(counter)]):
           count = copies.read(counter)
         synced = tf.cond(
           tf.equal(tf.math.floormod(count, self._k), 0),
@@ -248,6 +298,11 @@ class Lookahead(WrapperOptimizer):
   # -- tf.train.Optimizer's view of the state ------------------------------------------
 
   def get_slot(self, var, name):
+    """A slot of `var`; for "slow", its slow weights.
+
+    A `tf.distribute` variable's slow weights are one variable per
+    component: ask with the component (`var.values[i]`).
+    """
     if name == SLOW:
       state = self._states.get(var.graph)
       return state.slow_of.get(id(var)) if state is not None else None
@@ -257,7 +312,11 @@ class Lookahead(WrapperOptimizer):
     return sorted(set(self._optimizer.get_slot_names()) | {SLOW})
 
   def _own_variables(self, state):
-    return [state.counter] + list(state.store.slots.shadows(0).values())
+    return [state.counter] + [
+      phi
+      for phis in state.store.slots.component_shadows(0).values()
+      for phi in phis
+    ]
 
 
 # -- the eager engine: Lookahead next to a Keras optimizer -----------------------
@@ -517,6 +576,26 @@ def _fast_variables(var_list):
         "var_list." % (var,)
       )
   return var_list
+
+
+def _value(counter):
+  """The step counter's value (a distributed one's first component)."""
+  if distributed.is_distributed(counter):
+    return copies.read(counter)
+  return counter
+
+
+def _count(counter):
+  """An op adding 1 to the step counter: to every component of a
+  distributed one (made in a strategy's scope), each on its device, so that
+  they stay equal."""
+  if not distributed.is_distributed(counter):
+    return copies.assign_add(counter, np.int64(1))
+  return tf.group(
+    *[
+      copies.assign_add(c, np.int64(1)) for c in distributed.components(counter)
+    ]
+  )
 
 
 def _component_pairs(fast, slow):

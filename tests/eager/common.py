@@ -66,6 +66,64 @@ def batches(n, seed=1, nan_at=()):
   return out
 
 
+def mse(y, prediction):
+  """The mean squared error, a scalar."""
+  return tf.reduce_mean(tf.square(prediction - y))
+
+
+def keras_mse():
+  """Keras's mean squared error, reduced to a scalar (Keras 3 reduces it
+  itself; Keras 2's "none" gives one per example, averaged here)."""
+  loss = keras.losses.MeanSquaredError(
+    reduction="sum_over_batch_size" if KERAS_3 else "none"
+  )
+  return lambda y, prediction: tf.reduce_mean(loss(y, prediction))
+
+
+def replicated_step(
+  strategy, model, optimizer, loss=mse, reduce=False, in_step=None
+):
+  """A `tf.function` train step `step(x, y)` run on every replica.
+
+  Each replica computes `loss(y, model(x))` under a GradientTape and calls
+  `optimizer.apply_gradients` inside `strategy.run` (the optimizer
+  all-reduces the gradients).
+
+  Args:
+    strategy: The `tf.distribute` strategy the model was made under.
+    model: The Keras model.
+    optimizer: Its Keras optimizer.
+    loss: `loss(y, prediction)`, a scalar tensor.
+    reduce: Return the SUM of the replicas' losses instead of the
+      per-replica losses.
+    in_step: An `InStepSnapshot` (`store.slots.snapshot_in_step()`): each
+      replica begins it at the top of its step and commits it after the
+      update, if its loss is finite.
+
+  Returns:
+    The step function.
+  """
+
+  @tf.function
+  def step(x, y):
+    def replica(x, y):
+      start = in_step.begin() if in_step is not None else None
+      with tf.GradientTape() as tape:
+        value = loss(y, model(x, training=True))
+      grads = tape.gradient(value, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      if start is not None:
+        start.commit(if_finite=value)
+      return value
+
+    losses = strategy.run(replica, args=(x, y))
+    if reduce:
+      return strategy.reduce("SUM", losses, axis=None)
+    return losses
+
+  return step
+
+
 def state_variables(model, optimizer):
   """Every variable a bit-exact rollback must restore, unwrapped."""
   out = []

@@ -12,6 +12,11 @@ then prints "ok". Scenarios:
   evaluate_with at the snapshot; a restore on worker 0 alone and restores of
   different tags on the two workers, both refused with nothing written, and
   training and a coordinated restore working after them.
+- `averages`: an in-step snapshot (`snapshot_in_step()` inside
+  `strategy.run`, a step whose loss is NaN on worker 0's data only), then
+  `MovingAverage.update()` and `Lookahead.update()` after steps; each
+  worker records its components before and after each update for the test
+  to check against numpy.
 - `fit`: Keras `fit` with `SnapshotCallback(every_n_batches=1)` over the same
   batches on both workers (sharding off), one of them NaN.
 
@@ -47,6 +52,8 @@ def main(ports, index, scenario, out):
     _stores(strategy, index, out, arrays, facts, np, tf)
   elif scenario == "fit":
     _fit(strategy, index, arrays, facts, np, tf)
+  elif scenario == "averages":
+    _averages(strategy, index, arrays, facts, np, tf)
   else:
     raise ValueError("unknown scenario %r" % scenario)
   # Both workers finish together: the coordination service's leader
@@ -91,19 +98,7 @@ def _stores(strategy, index, out, arrays, facts, np, tf):
       aggregation=tf.VariableAggregation.SUM,
       name="count",
     )
-  loss_fn = keras.losses.MeanSquaredError(
-    reduction="sum_over_batch_size" if common.KERAS_3 else "none"
-  )
-
-  @tf.function
-  def step(x, y):
-    def replica(x, y):
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-      grads = tape.gradient(loss, model.trainable_variables)
-      opt.apply_gradients(zip(grads, model.trainable_variables))
-
-    strategy.run(replica, args=(x, y))
+  step = common.replicated_step(strategy, model, opt, loss=common.keras_mse())
 
   data = common.batches(2, seed=1 + index)  # each worker its own data
   # A device store built on worker 0 alone: refused, not a hang; worker 1
@@ -160,6 +155,83 @@ def _stores(strategy, index, out, arrays, facts, np, tf):
       for i, a in enumerate(_components(v)):
         arrays["%s/%s/%d" % (mode, key, i)] = a
     store.close()
+
+
+def _averages(strategy, index, arrays, facts, np, tf):
+  import snapstore  # pylint: disable=g-import-not-at-top
+  from tests.eager import common  # pylint: disable=g-import-not-at-top
+
+  keras = common.keras
+  with strategy.scope():
+    model = common.small_model()
+    opt = keras.optimizers.SGD(0.05)
+    opt.build(model.trainable_variables)
+  data = common.batches(3, seed=1 + index)  # each worker its own data
+
+  # The in-step snapshot: each replica copies its own components at the
+  # top of its step, if the loss is finite on every replica of every worker.
+  store = snapstore.SnapshotStore(var_list=model, optimizer=opt, name="in")
+  snap = store.slots.snapshot_in_step()
+  step = common.replicated_step(strategy, model, opt, in_step=snap)
+  start = _state(store)
+  step(*data[0])
+  facts["in_step/slot_is_start"] = _same(start, _shadow_state(store))
+  second = _state(store)
+  facts["in_step/step_changed"] = not _same(start, second)
+  x, y = data[1]
+  if index == 0:  # NaN on worker 0 only: neither worker's slot is written
+    x = x.copy()
+    x[0, 0] = np.nan
+  step(x, y)
+  # The slot still holds the start of the newest step whose loss was
+  # finite everywhere: the first.
+  facts["in_step/nan_kept_slot"] = _same(start, _shadow_state(store))
+  store.restore("before_step")  # coordinated: both workers
+  facts["in_step/restored"] = _same(start, _state(store))
+  for i, a in enumerate(_state(store)):
+    arrays["in_step/%d" % i] = a
+  store.close()
+
+  # MovingAverage and Lookahead, updated after each step (cross-replica).
+  ema_store = snapstore.SnapshotStore(var_list=model, name="ema")
+  ema = snapstore.MovingAverage(ema_store, tau=0.25)
+  lookahead = snapstore.Lookahead(opt, k=2, alpha=0.5, var_list=model)
+  step = common.replicated_step(strategy, model, opt)
+  keys = list(ema_store.variables)
+  for i, a in enumerate(_shadow_state(ema_store)):
+    arrays["ema/start/%d" % i] = a
+  for i, a in enumerate(_shadow_state(lookahead.store())):
+    arrays["slow/start/%d" % i] = a
+  for n in range(4):
+    step(*data[n % len(data)])
+    for i, a in enumerate(_state(ema_store)):
+      arrays["ema/value/%d/%d" % (n, i)] = a
+    ema.update()
+    for i, a in enumerate(_shadow_state(ema_store)):
+      arrays["ema/average/%d/%d" % (n, i)] = a
+    fast = [
+      c for v in lookahead.store().variables.values() for c in _components(v)
+    ]
+    for i, a in enumerate(fast):
+      arrays["lookahead/fast/%d/%d" % (n, i)] = a
+    lookahead.update()
+    for i, a in enumerate(_state(lookahead.store())):
+      arrays["lookahead/after/%d/%d" % (n, i)] = a
+    for i, a in enumerate(_shadow_state(lookahead.store())):
+      arrays["lookahead/slow/%d/%d" % (n, i)] = a
+  facts["ema/keys"] = keys
+  # Batch-norm statistics hold each worker's own values (sync-on-read in
+  # tf-keras; in Keras 3 mirrored, but each replica assigns its own batch's
+  # statistics to its component): only the trainable weights, written from
+  # all-reduced gradients, are equal across workers.
+  facts["ema/trainable"] = [
+    bool(v.trainable) for v in ema_store.variables.values()
+  ]
+
+
+def _shadow_state(store):
+  """Every local component of every shadow of slot 0, in key order."""
+  return [c for s in store.slots.shadows(0).values() for c in _components(s)]
 
 
 def _evaluated(store, tag):

@@ -109,20 +109,7 @@ def test_a_keras_model_in_strategy_scope_rolls_back_exactly(strategy):
     opt.build(model.trainable_variables)
   store = snapstore.SnapshotStore(var_list=model, optimizer=opt)
   variables = list(store.variables.values())
-  loss_fn = keras.losses.MeanSquaredError(
-    reduction="sum_over_batch_size" if common.KERAS_3 else "none"
-  )
-
-  @tf.function
-  def step(x, y):
-    def replica(x, y):
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-      grads = tape.gradient(loss, model.trainable_variables)
-      opt.apply_gradients(zip(grads, model.trainable_variables))
-      return loss
-
-    return strategy.run(replica, args=(x, y))
+  step = common.replicated_step(strategy, model, opt, loss=common.keras_mse())
 
   data = common.batches(3)
   store.snapshot("start")
@@ -159,6 +146,72 @@ def test_in_step_snapshot_from_replica_context(strategy):
   ]
   store.restore("before_step")
   assert [a.tobytes() for a in _components(w)] == [a.tobytes() for a in before]
+
+
+def test_component_shadows_are_the_shadows_components(strategy):
+  w, count = _make(strategy)
+  store = snapstore.SnapshotStore(var_list=[w, count])
+  shadows = store.slots.shadows(0)
+  parts = store.slots.component_shadows(0)
+  assert list(parts) == list(shadows) == ["count", "w"]
+  for key, shadow in shadows.items():
+    assert len(parts[key]) == 2
+    assert all(a is b for a, b in zip(parts[key], shadow.values))
+    for part, target in zip(store.variables[key].values, parts[key]):
+      assert part.device == target.device
+
+
+class _OwnKeysStrategy(tf.distribute.MirroredStrategy):
+  """A MirroredStrategy whose collectives no other test's strategy shares.
+
+  TensorFlow numbers the collective ops of every MirroredStrategy from the
+  same group and instance keys, and the process's collective executor
+  keeps what it learned of each key: in the whole eager suite, this test's
+  all-reduce (shape [1]) got the key an earlier module's strategy had used
+  for a gradient all-reduce (shape [57]), "Shape mismatch in the collective
+  instance 100", which aborts every later collective of the process.
+  `_collective_key_base` is TF's own knob for this, "only set in tests".
+  """
+
+  _collective_key_base = 10000
+
+
+def test_in_step_if_finite_decides_alike_on_every_replica():
+  # A loss that is NaN on replica 0 only (each replica checks its own): if
+  # replica 1 alone committed, the slot's components would hold the starts
+  # of different steps, and a restore would make the replicas differ.
+  strategy = _OwnKeysStrategy(["/cpu:0", "/cpu:1"])
+  w, _ = _make(strategy)
+  store = snapstore.SnapshotStore(var_list=[w])
+  snap = store.slots.snapshot_in_step()
+
+  @tf.function
+  def step(nan_on_first):
+    def replica():
+      start = snap.begin()
+      first = tf.equal(
+        tf.distribute.get_replica_context().replica_id_in_sync_group, 0
+      )
+      loss = tf.where(
+        tf.logical_and(nan_on_first, first),
+        tf.constant(np.nan, tf.float32),
+        tf.constant(1.0, tf.float32),
+      )
+      w.assign_add(tf.ones([2, 3]))
+      return start.commit(if_finite=loss)
+
+    return strategy.run(replica)
+
+  first_start = _components(w)
+  with strategy.scope():
+    written = step(tf.constant(False))
+    assert [bool(x) for x in written.values] == [True, True]
+    written = step(tf.constant(True))  # neither replica writes
+  assert [bool(x) for x in written.values] == [False, False]
+  shadow = store.slots.shadows(0)["w"]
+  common.assert_bits_equal(first_start, _components(shadow))
+  store.restore("before_step")
+  common.assert_bits_equal(first_start, _components(w))
 
 
 @pytest.mark.parametrize("mode", common.MODES)
@@ -248,17 +301,7 @@ def test_a_guard_rolls_every_replica_back_from_a_nan_step(
   )
   variables = list(store.variables.values())
 
-  @tf.function
-  def step(x, y):
-    def replica(x, y):
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-      grads = tape.gradient(loss, model.trainable_variables)
-      opt.apply_gradients(zip(grads, model.trainable_variables))
-      return loss
-
-    losses = strategy.run(replica, args=(x, y))
-    return strategy.reduce("SUM", losses, axis=None)
+  step = common.replicated_step(strategy, model, opt, reduce=True)
 
   (x, y), (bad, y2) = common.batches(2, seed=4)
   step(x, y)

@@ -94,6 +94,11 @@ def stores(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def averaged(tmp_path_factory):
+  return _run("averages", str(tmp_path_factory.mktemp("averages")))
+
+
+@pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
   if common.KERAS_3:
     pytest.skip(
@@ -177,6 +182,82 @@ def test_a_nan_batch_in_fit_is_rolled_back_identically(fitted):
     assert worker["finite"] and worker["at_start_of_rolled_back_batch"]
   keys = sorted(arrays[0])
   assert keys and keys == sorted(arrays[1])
+  common.assert_bits_equal(
+    [arrays[0][k] for k in keys], [arrays[1][k] for k in keys]
+  )
+
+
+def test_in_step_snapshot_on_both_workers(averaged):
+  facts, arrays = averaged
+  for worker in facts:
+    # Each replica copied its own components at the top of the step.
+    assert worker["in_step/slot_is_start"]
+    assert worker["in_step/step_changed"]
+    # The loss was NaN on worker 0's data only: neither worker wrote its
+    # slot (a worker deciding alone would restore another step's start).
+    assert worker["in_step/nan_kept_slot"]
+    assert worker["in_step/restored"]
+  keys = sorted(k for k in arrays[0] if k.startswith("in_step/"))
+  assert keys
+  common.assert_bits_equal(
+    [arrays[0][k] for k in keys], [arrays[1][k] for k in keys]
+  )
+
+
+def test_moving_average_on_both_workers_equals_numpy(averaged):
+  facts, arrays = averaged
+  tau = 0.25
+  for worker, held in zip(facts, arrays):
+    count = len(worker["ema/keys"])
+    average = [held["ema/start/%d" % i] for i in range(count)]
+    for n in range(4):
+      for i in range(count):
+        value = held["ema/value/%d/%d" % (n, i)]
+        if value.dtype.kind == "f":
+          rate = value.dtype.type(tau)
+          average[i] = average[i] - (average[i] - value) * rate
+        else:
+          average[i] = value.copy()
+        common.assert_bits_equal(
+          [average[i]], [held["ema/average/%d/%d" % (n, i)]]
+        )
+  # The workers' trainable weights stay identical: their averages too.
+  # (Batch-norm statistics hold each worker's own batches' values, and so
+  # do their averages: each component is averaged from its own.)
+  trainable = facts[0]["ema/trainable"]
+  assert trainable == facts[1]["ema/trainable"] and any(trainable)
+  keys = [
+    "ema/average/%d/%d" % (n, i)
+    for n in range(4)
+    for i, same in enumerate(trainable)
+    if same
+  ]
+  common.assert_bits_equal(
+    [arrays[0][k] for k in keys], [arrays[1][k] for k in keys]
+  )
+
+
+def test_lookahead_on_both_workers_equals_numpy(averaged):
+  _, arrays = averaged
+  for held in arrays:
+    count = len([k for k in held if k.startswith("slow/start/")])
+    slow = [held["slow/start/%d" % i] for i in range(count)]
+    for n in range(4):
+      for i in range(count):
+        fast = held["lookahead/fast/%d/%d" % (n, i)]
+        after = fast
+        if (n + 1) % 2 == 0:  # k = 2: synchronized
+          alpha = fast.dtype.type(0.5)
+          slow[i] = slow[i] + alpha * (fast - slow[i])
+          after = slow[i]
+        common.assert_bits_equal(
+          [slow[i], after],
+          [
+            held["lookahead/slow/%d/%d" % (n, i)],
+            held["lookahead/after/%d/%d" % (n, i)],
+          ],
+        )
+  keys = sorted(k for k in arrays[0] if k.startswith("lookahead/"))
   common.assert_bits_equal(
     [arrays[0][k] for k in keys], [arrays[1][k] for k in keys]
   )
