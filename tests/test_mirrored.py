@@ -373,6 +373,69 @@ def _np_rate(dtype, tau=None, decay=None, n=None):
   return rate
 
 
+class ReplicasThatDifferTest(tf.test.TestCase, parameterized.TestCase):
+  """A non-trainable mirrored variable of aggregation NONE, whose replicas
+  each write their own (TF 2.4 on, in replica context: Keras 3's batch-norm
+  statistics), made to differ here by writing a component directly."""
+
+  def _setup(self, mode):
+    graph = tf.Graph()
+    with graph.as_default():
+      strategy = _strategy()
+      with strategy.scope():
+        stats = tf.get_variable(
+          "stats",
+          [3],
+          tf.float32,
+          trainable=False,
+          initializer=tf.zeros_initializer(),
+        )
+      options = {"mode": mode}
+      if mode == "disk":
+        options.update(
+          spill_path=os.path.join(tempfile.mkdtemp(), "spill.h5"),
+          memory_budget=0,
+        )
+      store = snapstore.SnapshotStore(var_list=[stats], **options)
+      self.addCleanup(store.close)
+      differ = stats.values[1].assign(tf.fill([3], 2.0))
+      same = [p.assign(tf.fill([3], 1.0)) for p in stats.values]
+    sess = tf.Session(graph=graph, config=CONFIG)
+    self.addCleanup(sess.close)
+    helpers.init(sess)
+    return stats, store, sess, differ, same
+
+  @parameterized.named_parameters(("host", "host"), ("disk", "disk"))
+  def test_a_host_snapshot_of_them_is_refused(self, mode):
+    # One value per variable, written into every replica: a restore would
+    # give the second replica the first one's. Refused, nothing taken.
+    stats, store, sess, differ, same = self._setup(mode)
+    sess.run(differ)
+    with self.assertRaisesRegex(
+      ValueError,
+      r"The replicas of 'stats' hold different values: .*Nothing was "
+      r"snapshotted. Fix: mode=\"device\"",
+    ):
+      store.snapshot("differ", session=sess)
+    self.assertEqual(store.tags(), [])
+    sess.run(same)  # equal again: host snapshots work
+    store.snapshot("same", session=sess)
+    sess.run(differ)
+    store.restore("same", session=sess)
+    for part in stats.values:
+      helpers.assert_bit_equal(sess.run(part), np.ones([3], np.float32))
+
+  def test_device_mode_copies_them_as_they_are(self):
+    stats, store, sess, differ, same = self._setup("device")
+    sess.run(differ)
+    store.snapshot("differ", session=sess)
+    sess.run(same)
+    store.restore("differ", session=sess)
+    got = [sess.run(p) for p in stats.values]
+    helpers.assert_bit_equal(got[0], np.zeros([3], np.float32))
+    helpers.assert_bit_equal(got[1], np.full([3], 2.0, np.float32))
+
+
 class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
   """MovingAverage over mirrored and sync-on-read variables: every replica's
   component averaged from its own values (components made to differ on

@@ -21,7 +21,9 @@ graph engine gives them the eager engine's semantics
 - **Host reads** (a host snapshot, `arrays()` of any mode) give one value per
   variable: a mirrored variable's first component (the replicas are equal:
   the strategy writes every update to all of them; device mode does not need
-  to assume it), a sync-on-read one's aggregate computed as TensorFlow reads
+  to assume it; a non-trainable one of aggregation NONE, which replicas may
+  write each their own, is checked at each host snapshot, `may_differ`), a
+  sync-on-read one's aggregate computed as TensorFlow reads
   it in cross-replica context (`AddN` of the components for SUM, divided by
   their number for MEAN; the first component for ONLY_FIRST_REPLICA and
   NONE).
@@ -204,6 +206,61 @@ def spread(variable, value):
         zero = -zero  # x + (-0.0) is x for every x, -0.0 included
       values.append(zero)
   return values
+
+
+def may_differ(variable):
+  """True for a mirrored variable whose replicas may hold different values.
+
+  TensorFlow 2.4 on lets a replica write a mirrored variable of aggregation
+  NONE in replica context, and then writes that replica's component alone:
+  Keras 3's batch-norm statistics (each replica's from its own part of the
+  batch) and seed states. Such variables are non-trainable; trainable ones
+  are written by the optimizer's cross-replica update, which writes every
+  component alike (a host read assumes so).
+  """
+  return (
+    is_distributed(variable)
+    and not _sync_on_read(variable)
+    and not variable.trainable
+    and variable.aggregation == tf.VariableAggregation.NONE
+    and len(components(variable)) > 1
+  )
+
+
+def differs(variable):
+  """A bool tensor: whether a component's bits differ from the first's
+  (each compared on its own device)."""
+  parts = components(variable)
+  first = _bits(parts[0].value())
+  flags = []
+  for part in parts[1:]:
+    with ops.colocate_with(part):
+      flags.append(tf.reduce_any(tf.not_equal(_bits(part.value()), first)))
+  return tf.reduce_any(tf.stack(flags))
+
+
+def differing_message(keys):
+  """The error of a host read of replicas that differ (`may_differ`)."""
+  return (
+    "The replicas of %s hold different values: each replica writes its "
+    "own (a non-trainable mirrored variable of aggregation NONE, such as "
+    "Keras 3 BatchNormalization's moving statistics, each from its "
+    "replica's part of the batch). Host and disk mode keep one value per "
+    "variable and write it into every replica, so a restore would give all "
+    "replicas the first one's. Nothing was snapshotted. Fix: "
+    'mode="device" (a shadow per replica, each copied as it is), or keep '
+    "the replicas equal (BatchNormalization(synchronized=True))."
+    % ", ".join(repr(k) for k in keys)
+  )
+
+
+def _bits(value):
+  """`value` as integers of its width, so that equal means equal bits (NaN
+  equals NaN, -0.0 differs from 0.0)."""
+  if not value.dtype.is_floating:
+    return value
+  width = {2: tf.int16, 4: tf.int32, 8: tf.int64}[value.dtype.size]
+  return tf.bitcast(value, width)
 
 
 def _sync_on_read(variable):

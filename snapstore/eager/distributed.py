@@ -15,7 +15,9 @@ replica device (`v.values`). The eager engine treats it so:
   bits, nothing crosses devices, and replicas that were identical stay so.
 - **Host snapshots** read a mirrored variable's first component (the
   replicas are equal: the strategy writes every update to all of them, which
-  device mode does not need to assume) and a sync-on-read one as TensorFlow
+  device mode does not need to assume; a non-trainable one of aggregation
+  NONE, which replicas may write each their own, is checked at every
+  snapshot: `core.distributed.may_differ`) and a sync-on-read one as TensorFlow
   reads it in cross-replica context (its aggregate: the sum of a counter's
   components, ...); under a multi-worker strategy, this worker's aggregate
   of its own components (`snapstore/eager/multi_worker.py`). A **host restore** writes a mirrored value to every

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 
 from snapstore.core import buffers
+from snapstore.core import distributed
 from snapstore.eager import copies
 from snapstore.modes import host_book
 from snapstore.modes import disk
@@ -35,6 +36,21 @@ class EagerHostMode(host_book.HostBook):
   def __init__(self, varset, max_to_keep, name):
     super(EagerHostMode, self).__init__(varset, max_to_keep, name)
     self._read = copies.reader(varset.variables, "read")
+    # Mirrored variables whose replicas may differ (each replica writes its
+    # own): checked before each snapshot, which keeps one value for all.
+    self._checked = [
+      (key, v)
+      for key, v in zip(varset.keys, varset.variables)
+      if distributed.may_differ(v)
+    ]
+    self._differ = (
+      copies.traced(
+        lambda: [distributed.differs(v) for _, v in self._checked],
+        "check_replicas",
+      )
+      if self._checked
+      else None
+    )
     self._read()  # its first run optimizes it: at build, not in the loop
     self._write = copies.assigner(varset.variables, varset.specs, "restore")
     # evaluate_with sets the current values aside as tensors, component by
@@ -84,6 +100,7 @@ class EagerHostMode(host_book.HostBook):
     """Copies of the variables' values, in store-owned aligned arrays (`into`,
     arrays of a dropped snapshot, or new ones)."""
     out = []
+    self._check_replicas()
     values = self._read()  # first: a failed read leaves `into` as it was
     for i, (value, spec) in enumerate(zip(values, self._varset.specs)):
       if into is not None:
@@ -95,6 +112,20 @@ class EagerHostMode(host_book.HostBook):
       np.copyto(array, np.asarray(memoryview(value)))
       out.append(array)
     return out
+
+  def _check_replicas(self):
+    """Refuses a snapshot of replicas that hold different values.
+
+    Raises:
+      ValueError: A mirrored variable's replicas differ.
+    """
+    if self._differ is None:
+      return
+    differing = [
+      key for (key, _), flag in zip(self._checked, self._differ()) if flag
+    ]
+    if differing:
+      raise ValueError(distributed.differing_message(differing))
 
 
 def _unshared(arrays):

@@ -55,6 +55,14 @@ class HostMode(host_book.HostBook):
       # device (see `snapstore.core.distributed`).
       with ops.colocate_with(distributed.anchor(var)):
         self._copies.append(tf.raw_ops.Snapshot(input=value))
+    # Mirrored variables whose replicas may differ (each replica writes its
+    # own): checked before each snapshot, which keeps one value for all.
+    self._checked = [
+      (key, v)
+      for key, v in zip(varset.keys, varset.variables)
+      if distributed.may_differ(v)
+    ]
+    self._differ = [distributed.differs(v) for _, v in self._checked]
     self._fetches = attached.PerObject(
       "host_fetches"
     )  # per session: which of the two
@@ -99,6 +107,11 @@ class HostMode(host_book.HostBook):
     self._load(token, session)
 
   def _fetch(self, session):
+    if self._differ:
+      flags = self._run(session, self._differ)
+      differing = [key for (key, _), flag in zip(self._checked, flags) if flag]
+      if differing:
+        raise ValueError(distributed.differing_message(differing))
     fetches = self._fetches.get(session)
     if fetches is None:
       fetches = self._copies if _local_cpu_only(session) else self._reads

@@ -340,3 +340,90 @@ def test_updates_inside_strategy_run_are_refused(strategy, which):
   assert [a.tobytes() for a in _components(w)] == [
     a.tobytes() for a in shadow_before
   ]
+
+
+# -- host mode and mirrored variables whose replicas differ --------------------
+
+
+def _differing(strategy):
+  """A non-trainable mirrored variable (aggregation NONE) whose replicas
+  hold different values, as each replica's own write leaves them."""
+  with strategy.scope():
+    w = tf.Variable(
+      np.arange(6, dtype=np.float32).reshape(2, 3), trainable=False, name="w"
+    )
+
+  @tf.function
+  def step():
+    def replica():
+      context = tf.distribute.get_replica_context()
+      rid = tf.cast(context.replica_id_in_sync_group, tf.float32)
+      w.assign_add(tf.fill([2, 3], rid + 1.0))
+
+    strategy.run(replica)
+
+  step()
+  return w
+
+
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_host_snapshot_of_replicas_that_differ_is_refused(
+  strategy, mode, tmp_path
+):
+  # Host mode keeps one value per mirrored variable and writes it into every
+  # component: with replicas that differ, a restore would give the second
+  # replica the first one's values. Refused, and nothing is taken.
+  w = _differing(strategy)
+  store = snapstore.SnapshotStore(
+    var_list=[w], mode=mode, **common.mode_options(mode, tmp_path)
+  )
+  with pytest.raises(
+    ValueError,
+    match=r"replicas of 'w' hold different values: .*Fix: mode=\"device\"",
+  ):
+    store.snapshot("differ")
+  assert store.tags() == []
+  with strategy.scope():
+    w.assign(tf.zeros([2, 3]))  # equal again: host snapshots work
+  store.snapshot("equal")
+  store.close()
+
+
+def test_device_snapshot_of_replicas_that_differ_is_exact(strategy):
+  w = _differing(strategy)
+  store = snapstore.SnapshotStore(var_list=[w], mode="device")
+  before = _components(w)
+  assert before[0].tobytes() != before[1].tobytes()
+  store.snapshot("differ")
+  with strategy.scope():
+    w.assign(tf.zeros([2, 3]))
+  store.restore("differ")
+  assert [a.tobytes() for a in _components(w)] == [a.tobytes() for a in before]
+
+
+@common.needs_keras_3
+def test_keras_3_batch_norm_statistics_differ_per_replica_in_host_mode(
+  strategy,
+):
+  # Keras 3's BatchNormalization updates its moving statistics in each
+  # replica from that replica's half of the batch (aggregation NONE): after
+  # one step of a distributed dataset its replicas differ. Host mode says so
+  # instead of keeping the first replica's for both.
+  with strategy.scope():
+    model = common.small_model()
+    opt = keras.optimizers.Adam(0.01)
+    opt.build(model.trainable_variables)
+  store = snapstore.SnapshotStore(var_list=model, optimizer=opt, mode="host")
+  step = common.replicated_step(strategy, model, opt, loss=common.keras_mse())
+  ((x, y),) = common.batches(1)
+  data = strategy.experimental_distribute_dataset(
+    tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+  )
+  for xs, ys in data:
+    step(xs, ys)
+  stats = store.variables["bn/moving_mean"]
+  parts = _components(stats)
+  assert parts[0].tobytes() != parts[1].tobytes()
+  with pytest.raises(ValueError, match="'bn/moving_mean', 'bn/moving_var"):
+    store.snapshot()
+  assert store.tags() == []
