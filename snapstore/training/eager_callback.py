@@ -304,7 +304,7 @@ class EagerKeeper(_Keeper):
       ValueError: The logs have no `monitor`.
       NonFiniteError: Nothing to roll back to, or too many rollbacks in a row.
     """
-    if isinstance(logs, _REMOTE_VALUE):
+    if self._monitor is not None and isinstance(logs, _REMOTE_VALUE):
       # PS strategy v2: the scheduled step's logs. Waits for that step (so
       # the loop runs one step at a time while a loss is checked).
       logs = logs.fetch()

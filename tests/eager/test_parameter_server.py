@@ -61,4 +61,5 @@ def test_snapshot_callback_in_fit_rolls_back_exactly():
   # without it; in_step=True refused with its message (ps_fit.py's doc).
   out = _run("ps_fit.py")
   assert "every_n_batches rollback: OK" in out
+  assert "monitor=None snapshots: OK" in out
   assert "in_step refused: OK" in out
