@@ -6,7 +6,8 @@ cluster, which must not leak into the other tests): two workers and two
 parameter servers on loopback ports, in-process servers, a
 `ClusterCoordinator`, a variable sharded across both servers and one that is
 not: a store in each mode, then `MovingAverage` and `Lookahead` over them
-(bit for bit against numpy, refused while steps are in flight). Each check
+(bit for bit against numpy, refused while steps are in flight), and
+(tf-keras, Keras 2) `fit` with `SnapshotCallback` on both workers. Each check
 raises on failure; on success the script prints one line per check and
 "ALL OK".
 
@@ -160,6 +161,38 @@ def _averages(strategy, coordinator):
   print("averages: OK")
 
 
+def _fit_two_workers(strategy):
+  """tf-keras fit with SnapshotCallback on both workers' steps.
+
+  Each worker reads its own copy of the dataset, whose batch 2 is NaN, and
+  which worker runs a step is the coordinator's choice: of 8 steps one
+  worker runs at least 4, so 1 or 2 rollbacks (no exact reference here:
+  tests/eager/ps_fit.py has one, with one worker). Every rollback happens
+  with no step running (the callback joins the coordinator), and training
+  ends finite.
+  """
+  from tests.eager import common  # noqa: E402 (Keras, after the cluster)
+
+  keras = common.keras
+  with strategy.scope():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+  x = np.concatenate([b[0] for b in common.batches(2)])  # 4 batches of 8
+  x[16, 0] = np.nan
+  data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8).repeat()
+  callback = snapstore.SnapshotCallback(every_n_batches=1)
+  model.fit(data, epochs=1, steps_per_epoch=8, callbacks=[callback], verbose=0)
+  weights = model.get_weights()
+  if callback.rollbacks not in (1, 2) or not all(
+    np.isfinite(w).all() for w in weights
+  ):
+    raise AssertionError(
+      "rollbacks %d, weights %s" % (callback.rollbacks, weights)
+    )
+  print("fit on two workers: OK (%d rollbacks)" % callback.rollbacks)
+
+
 def main(spill_dir):
   servers, strategy, coordinator = _cluster()
   with strategy.scope():
@@ -224,6 +257,10 @@ def main(spill_dir):
     store.close()
     print("%s: OK" % mode)
   _averages(strategy, coordinator)
+  from tests.eager import common  # noqa: E402 (Keras, after the cluster)
+
+  if not common.KERAS_3:  # Keras 3's fit has no PS support (test's skip)
+    _fit_two_workers(strategy)
   print("ALL OK")
   del servers
 
