@@ -145,6 +145,17 @@ def coordinated_strategies(variables):
   return out
 
 
+def check_no_functions_in_flight_eagerly(strategies, call):
+  """`check_no_functions_in_flight` for a call run eagerly, not traced.
+
+  An update called inside the user's own `tf.function` is ordered by that
+  function (and is traced, perhaps while earlier functions run); only an
+  eager call runs at once, between the workers' writes.
+  """
+  if strategies and tf2.executing_eagerly():
+    check_no_functions_in_flight(strategies, call)
+
+
 def check_no_functions_in_flight(strategies, call):
   """Refuses `call` while functions scheduled on a coordinator may run.
 

@@ -116,6 +116,13 @@ class _SlotAverage(object):
     # Every check first (shadows() refuses a packed store): a refused average
     # must leave no pinned tag behind.
     variables_ = list(store.variables.values())
+    # Parameter-server strategies (v2) whose coordinator may be running
+    # steps that write the variables: an eager update refuses to run then.
+    self._ps_strategies = (
+      eager_distributed.coordinated_strategies(variables_)
+      if self._eager
+      else []
+    )
     if self._eager:  # a distributed variable's shadow is distributed
       self._pairs = list(zip(variables_, slots.shadows(slot).values()))
     else:
@@ -177,7 +184,9 @@ class _SlotAverage(object):
 
     Raises:
       ModeError: A graph-mode store: run `update_op` instead.
-      ValueError: Called inside `strategy.run` (replica context).
+      ValueError: Called inside `strategy.run` (replica context); called
+        eagerly while steps scheduled on a `ClusterCoordinator` may still
+        write the variables (`coordinator.join()` first).
     """
     if not self._eager:
       raise errors.ModeError(
@@ -185,6 +194,9 @@ class _SlotAverage(object):
         "mode. Run update_op in your session (e.g. sess.run(ema.update_op))."
       )
     eager_distributed.check_cross_replica("MovingAverage.update()")
+    eager_distributed.check_no_functions_in_flight_eagerly(
+      self._ps_strategies, "MovingAverage.update"
+    )
     return self._update_fn()
 
   def evaluate_with(self, fetches, feed_dict=None, session=None):

@@ -102,6 +102,27 @@ optimizer and (tf-keras) the compiled loss and metrics are built there from
 the model's outputs, and a first step that still makes variables is refused
 at its trace. The batch hook always reads the counts (the logs hold one
 replica's value).
+
+Under `MultiWorkerMirroredStrategy` every worker runs the same `fit`: the
+logged loss is reduced over all replicas, so every worker's callback rolls
+back at the same batch, and a restore is coordinated
+(`snapstore/eager/multi_worker.py`: each worker restores the same tag, or
+none does).
+
+Parameter servers (`ParameterServerStrategy` v2, tf-keras and TF 2.15's
+Keras 2). `fit` schedules each step on a worker through a
+`ClusterCoordinator` and hands the batch hooks its logs as a `RemoteValue`;
+it refuses batch hooks of a callback that does not take them so
+(`_supports_tf_logs`), which this one does under that strategy. A snapshot
+or a restore while scheduled steps run would copy a mix of states (the
+store refuses it), so the callback calls `coordinator.join()` before each
+snapshot and rollback, and (for `monitor`) fetches each batch's logs, which
+waits for that step: while a loss is checked, fit runs one step at a time,
+on one worker at a time (the price of an exact rollback: a step running
+beside the bad one would start from its NaN). With `monitor=None` the steps
+between snapshots run concurrently. `in_step=True` is refused: concurrent
+steps on several workers read and write the same variables, so a step has
+no start of its own to go back to.
 """
 
 import collections
@@ -191,6 +212,7 @@ class EagerKeeper(_Keeper):
     self._metric_vars = []  # metric variables the store does not cover
     self._metric_copies = {}  # tag -> [(variable, numpy value)]
     self._timer = None
+    self._coordinator = None  # fit's ClusterCoordinator (PS strategy v2)
     self._consecutive = 0
     self.step = 0
     self.snapshots = 0
@@ -213,6 +235,8 @@ class EagerKeeper(_Keeper):
       TypeError: A store function that returns no `SnapshotStore`.
     """
     rate = _learning_rate(model, self._backoff)
+    self._coordinator = _coordinator(model)
+    self._join()
     if self._default:
       optimizer = model.optimizer
       if self.store is None or self._built_for != (model, optimizer):
@@ -249,6 +273,7 @@ class EagerKeeper(_Keeper):
     if not (self._default and self._metric_vars):
       return
     model = self._model
+    self._join()
     self._set_store(_default_store(model), (model, model.optimizer))
     _warm_up(self.store, model)
     self._metric_vars = self._uncovered_metrics()
@@ -258,6 +283,7 @@ class EagerKeeper(_Keeper):
   def before_batch(self):
     """`on_train_batch_begin`: a snapshot when the timer says so."""
     if self._timer.should_trigger_for_step(self.step):
+      self._join()
       self._take()
 
   def _take(self):
@@ -278,6 +304,10 @@ class EagerKeeper(_Keeper):
       ValueError: The logs have no `monitor`.
       NonFiniteError: Nothing to roll back to, or too many rollbacks in a row.
     """
+    if self._monitor is not None and isinstance(logs, _REMOTE_VALUE):
+      # PS strategy v2: the scheduled step's logs. Waits for that step (so
+      # the loop runs one step at a time while a loss is checked).
+      logs = logs.fetch()
     value = monitored_value(self._monitor, logs)
     value = None if value is None else np.asarray(value)
     step, self.step = self.step, self.step + 1
@@ -288,6 +318,7 @@ class EagerKeeper(_Keeper):
     if value is None or np.all(np.isfinite(value)):
       self._consecutive = 0
       return
+    self._join()
     tag, period = self._roll_back(value, step)
     self._restore_metrics(tag, period)
     if self._rate is not None:
@@ -325,6 +356,11 @@ class EagerKeeper(_Keeper):
 
   def _held(self):
     return [(t, p) for t, p in self._tags if t in self.store]
+
+  def _join(self):
+    """Under PS strategy v2: waits until no scheduled step runs (module doc)."""
+    if self._coordinator is not None:
+      self._coordinator.join()
 
   def _roll_back(self, value, step):
     """Restores the newest held snapshot with finite weights: (tag, period).
@@ -434,6 +470,18 @@ class InStepKeeper(_Keeper):
         store of your own built in graph mode or without device slots.
     """
     strategy = model.distribute_strategy
+    if _coordinator(model) is not None:
+      raise ValueError(
+        "SnapshotCallback(in_step=True) cannot run under "
+        "ParameterServerStrategy: fit schedules "
+        "each step on a worker through a ClusterCoordinator, and steps on "
+        "different workers run at the same time, reading and writing the "
+        "same variables on the parameter servers, so a step has no start "
+        "of its own to copy or to go back to (its rollback would undo "
+        "other steps' updates). Use SnapshotCallback(every_n_batches=...): "
+        "it waits for the scheduled steps (coordinator.join()) before each "
+        "snapshot and rollback."
+      )
     rate = _learning_rate(model, self._backoff)
     if isinstance(self._store_arg, SnapshotStore):
       _check_in_step_store(self._store_arg)
@@ -704,6 +752,31 @@ class InStepKeeper(_Keeper):
       # Not under replicas, whose branches write components on several devices.
       keep_cond_as_call(decided)
     return logs
+
+
+_REMOTE_VALUE = getattr(
+  getattr(tf2.distribute.experimental, "coordinator", None),
+  "RemoteValue",
+  (),
+)
+
+
+def uses_coordinator(model):
+  """Whether `fit` schedules `model`'s steps on a `ClusterCoordinator`."""
+  strategy = getattr(model, "distribute_strategy", None)
+  return bool(getattr(strategy, "_should_use_with_coordinator", False))
+
+
+def _coordinator(model):
+  """The `ClusterCoordinator` `fit` schedules `model`'s steps on, or None."""
+  if not uses_coordinator(model):
+    return None
+  # tf-keras's fit makes it (one per strategy) before on_train_begin.
+  coordinator = getattr(model, "_cluster_coordinator", None)
+  if coordinator is None:
+    strategy = model.distribute_strategy
+    coordinator = getattr(strategy, "_cluster_coordinator", None)
+  return coordinator
 
 
 def _wrap_train_step(model, keeper):

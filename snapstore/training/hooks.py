@@ -501,6 +501,13 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
     self._in_step = in_step  # the slot's tag, or None
     self._eager = None  # the eager engine's keeper, kept across fits
 
+  def set_model(self, model):
+    super(SnapshotCallback, self).set_model(model)
+    # tf-keras refuses batch hooks under ParameterServerStrategy (v2) unless
+    # the callback takes the logs as they come, a RemoteValue: this one does
+    # (snapstore/training/eager_callback.py, "Parameter servers").
+    self._supports_tf_logs = eager_callback.uses_coordinator(model)
+
   def on_train_begin(self, logs=None):
     if builds_eagerly():
       if self._eager is None and self._in_step is not None:

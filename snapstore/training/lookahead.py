@@ -399,6 +399,9 @@ class KerasLookahead(object):
     self._store.slots.pin(0, SLOW)
     fast = list(self._store.variables.values())
     slow = list(self._store.slots.shadows(0).values())
+    # Parameter-server strategies (v2) whose coordinator may be running
+    # steps that write the fast weights: an eager update refuses then.
+    self._ps_strategies = eager_distributed.coordinated_strategies(fast)
     with tf2.init_scope(), tf.device(fast[0].device):
       self._counter = tf2.Variable(
         np.int64(0), trainable=False, name=name + "/counter"
@@ -457,13 +460,21 @@ class KerasLookahead(object):
       A bool tensor: whether this step synchronized.
 
     Raises:
-      ValueError: Called inside `strategy.run` (replica context).
+      ValueError: Called inside `strategy.run` (replica context); called
+        eagerly while steps scheduled on a `ClusterCoordinator` may still
+        write the fast weights (`coordinator.join()` first).
     """
     eager_distributed.check_cross_replica("Lookahead.update()")
+    eager_distributed.check_no_functions_in_flight_eagerly(
+      self._ps_strategies, "Lookahead.update"
+    )
     return self._update()
 
   def reset(self):
     """Starts over from the current fast weights: slow = fast, counter = 0."""
+    eager_distributed.check_no_functions_in_flight_eagerly(
+      self._ps_strategies, "Lookahead.reset"
+    )
     self._reset()
 
   def evaluate_with(self, fn):

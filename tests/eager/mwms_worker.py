@@ -17,8 +17,9 @@ then prints "ok". Scenarios:
   `MovingAverage.update()` and `Lookahead.update()` after steps; each
   worker records its components before and after each update for the test
   to check against numpy.
-- `fit`: Keras `fit` with `SnapshotCallback(every_n_batches=1)` over the same
-  batches on both workers (sharding off), one of them NaN.
+- `fit`, `fit_in_step`: Keras `fit` with `SnapshotCallback(every_n_batches=1)`
+  (`in_step=True`) over the same batches on both workers (sharding off), one
+  of them NaN on worker 0; then a reference `fit` without that batch.
 
 A worker process is its own TensorFlow program: it sets TF_CONFIG before
 TensorFlow starts, and the restore check's timeout (`multi_worker.TIMEOUT`)
@@ -50,8 +51,8 @@ def main(ports, index, scenario, out):
   arrays, facts = {}, {"index": index}
   if scenario == "stores":
     _stores(strategy, index, out, arrays, facts, np, tf)
-  elif scenario == "fit":
-    _fit(strategy, index, arrays, facts, np, tf)
+  elif scenario in ("fit", "fit_in_step"):
+    _fit(strategy, index, arrays, facts, np, tf, scenario == "fit_in_step")
   elif scenario == "averages":
     _averages(strategy, index, arrays, facts, np, tf)
   else:
@@ -268,49 +269,75 @@ class _Path(object):
     return self._base + "_" + name
 
 
-def _fit(strategy, index, arrays, facts, np, tf):
+def _fit(strategy, index, arrays, facts, np, tf, in_step=False):
+  """`fit` with the callback over a NaN batch, then the reference `fit`.
+
+  The reference trains the same model (same initial weights) on the same
+  batches without the NaN one: a rollback is exact when the callback's run
+  ends with the same weights and optimizer state, bit for bit.
+  """
   import snapstore  # pylint: disable=g-import-not-at-top
   from tests.eager import common  # pylint: disable=g-import-not-at-top
 
   keras = common.keras
-  with strategy.scope():
-    model = common.small_model()
-    model.compile(keras.optimizers.SGD(0.05), "mse")
-  # The same batches on both workers, but the third one NaN on worker 0 only:
-  # worker 1 sees it through the all-reduced loss.
-  batches = common.batches(5, nan_at=(2,) if index == 0 else ())
-  x = np.concatenate([b[0] for b in batches])
-  y = np.concatenate([b[1] for b in batches])
-  data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-  options = tf.data.Options()
-  options.experimental_distribute.auto_shard_policy = (
-    tf.data.experimental.AutoShardPolicy.OFF
-  )
-  data = data.with_options(options)
-  losses, rollbacks = [], []
 
-  starts = []  # the weights at each batch's start
+  def fitted(x, y, callbacks):
+    with strategy.scope():
+      model = common.small_model()
+      # Adam: its slots and `iterations` must be rolled back too.
+      model.compile(keras.optimizers.Adam(0.01), "mse")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+      tf.data.experimental.AutoShardPolicy.OFF
+    )
+    data = data.with_options(options)
+    model.fit(data, epochs=1, callbacks=callbacks(model), verbose=0)
+    return [
+      np.array(v.numpy(), copy=True)
+      for v in common.state_variables(model, model.optimizer)
+    ]
 
-  class Losses(keras.callbacks.Callback):
-    def on_train_batch_begin(self, batch, logs=None):
-      starts.append([np.array(w, copy=True) for w in model.get_weights()])
-
-    def on_train_batch_end(self, batch, logs=None):
-      losses.append(float(logs["loss"]))
-
+  # Batches of 16, sharding off: each step, each worker's replica takes the
+  # next 8 rows of the whole dataset (the global batch split in two), so
+  # step k trains on rows 8k..8k+7 on both workers; 5 steps use rows 0..39.
+  x = np.concatenate([b[0] for b in common.batches(5)])
+  y = np.concatenate([b[1] for b in common.batches(5)])
+  good = x.copy()
+  if index == 0:  # step 2 NaN on worker 0 only: worker 1 sees it through
+    x[16, 0] = np.nan  # the all-reduced gradients and loss
+  losses, rollbacks, restored = [], [], []
+  options = dict(in_step=True) if in_step else dict(every_n_batches=1)
   callback = snapstore.SnapshotCallback(
-    every_n_batches=1, on_rollback=lambda: rollbacks.append(len(losses) - 1)
+    on_rollback=lambda: (
+      rollbacks.append(len(losses)),
+      restored.append(callback.trusted),
+    ),
+    **options,
   )
-  model.fit(data, epochs=1, callbacks=[Losses(), callback], verbose=0)
+
+  def callbacks(model):
+    del model
+
+    class Losses(keras.callbacks.Callback):
+      def on_train_batch_end(self, batch, logs=None):
+        losses.append(float(logs["loss"]))
+
+    return [Losses(), callback]
+
+  state = fitted(x, y, callbacks)
   facts["losses"] = [repr(x) for x in losses]
   facts["rollbacks"] = rollbacks
-  weights = [np.array(w, copy=True) for w in model.get_weights()]
-  facts["finite"] = all(np.isfinite(w).all() for w in weights)
-  # The NaN batch is the last: the rollback leaves the state at its start.
-  facts["at_start_of_rolled_back_batch"] = bool(rollbacks) and _same(
-    starts[rollbacks[-1]], weights
+  facts["restored"] = restored
+  facts["finite"] = all(np.isfinite(w).all() for w in state)
+  # Without step 2's rows, on both workers: 4 steps (64 rows).
+  reference = fitted(
+    np.delete(good, range(16, 24), axis=0)[:64],
+    np.delete(y, range(16, 24), axis=0)[:64],
+    lambda model: [],
   )
-  for i, w in enumerate(weights):
+  facts["equals_reference"] = _same(reference, state)
+  for i, w in enumerate(state):
     arrays["fit/%d" % i] = w
 
 

@@ -5,8 +5,11 @@ Run by tests/eager/test_parameter_server.py as a script of its own (a
 cluster, which must not leak into the other tests): two workers and two
 parameter servers on loopback ports, in-process servers, a
 `ClusterCoordinator`, a variable sharded across both servers and one that is
-not. Each check raises on failure; on success the script prints one line per
-check and "ALL OK".
+not: a store in each mode, then `MovingAverage` and `Lookahead` over them
+(bit for bit against numpy, refused while steps are in flight), and
+(tf-keras, Keras 2) `fit` with `SnapshotCallback` on both workers. Each check
+raises on failure; on success the script prints one line per check and
+"ALL OK".
 
     python tests/eager/ps_cluster.py <spill directory>
 """
@@ -73,6 +76,123 @@ def _same(expected, actual, what):
     raise AssertionError("%s: %s != %s" % (what, expected, actual))
 
 
+def _averaged(ema, lookahead):
+  return list(ema.store.arrays("ema").values()) + list(
+    lookahead.store().arrays("slow").values()
+  )
+
+
+def _averages(strategy, coordinator):
+  """MovingAverage and Lookahead over a sharded and a plain variable.
+
+  After each join, each shard's average (slow weights) is what numpy
+  computes from the values the shard held, bit for bit; an update while
+  scheduled steps may run is refused.
+  """
+  from tests.eager import common  # noqa: E402 (Keras, after the cluster)
+
+  rng = np.random.RandomState(3)
+  wide = rng.choice([-1, 1], [2, 3]) * 10.0 ** rng.uniform(-3, 3, [2, 3])
+  with strategy.scope():
+    u = tf.Variable(wide.astype(np.float32), name="u")  # in two shards
+    c = tf.Variable(np.array([0.3, -2.0, 7.5], np.float32), name="c")
+  if len(u.variables) != 2:
+    raise AssertionError("u is not sharded: %s" % u)
+  keys = ["u/part_0", "u/part_1", "c"]
+
+  def held():
+    return dict(zip(keys, _parts([u, c])))
+
+  @tf.function
+  def step():
+    u.assign(u * 0.75 + tf.fill([2, 3], 0.125))
+    c.assign(c * -1.5 + 0.25)
+
+  ema = snapstore.MovingAverage(
+    snapstore.SnapshotStore(var_list=[u, c], name="ema"), tau=0.25
+  )
+  lookahead = snapstore.Lookahead(
+    common.keras.optimizers.SGD(0.1), k=2, alpha=0.5, var_list=[u, c]
+  )
+  average = held()
+  slow = held()
+  tau, alpha = np.float32(0.25), np.float32(0.5)
+  for n in range(4):
+    coordinator.schedule(step)
+    coordinator.join()
+    value = held()
+    ema.update()
+    for key in keys:
+      average[key] = average[key] - (average[key] - value[key]) * tau
+    _same(
+      [average[k] for k in keys],
+      [ema.store.arrays("ema")[k] for k in keys],
+      "MovingAverage after update %d" % n,
+    )
+    lookahead.update()
+    if (n + 1) % 2 == 0:  # k = 2: synchronized, fast = slow
+      for key in keys:
+        slow[key] = slow[key] + alpha * (value[key] - slow[key])
+      value = dict(slow)
+    arrays = lookahead.store().arrays("slow")
+    _same([slow[k] for k in keys], [arrays[k] for k in keys], "slow %d" % n)
+    _same([value[k] for k in keys], _parts([u, c]), "fast %d" % n)
+  for what, update in (
+    ("MovingAverage.update", ema.update),
+    ("Lookahead.update", lookahead.update),
+    ("Lookahead.reset", lookahead.reset),
+  ):
+    # (Read before scheduling: a store's arrays() is refused meanwhile.)
+    before = _averaged(ema, lookahead)
+    for _ in range(200):
+      coordinator.schedule(step)
+    try:
+      update()
+    except ValueError as e:
+      if "%s() while functions scheduled" % what not in str(e) or (
+        "coordinator.join() first, then %s()" % what not in str(e)
+      ):
+        raise
+    else:
+      raise AssertionError("%s() with steps in flight" % what)
+    coordinator.join()
+    # Refused before acting: the averages are as they were.
+    _same(before, _averaged(ema, lookahead), "%s refused" % what)
+  print("averages: OK")
+
+
+def _fit_two_workers(strategy):
+  """tf-keras fit with SnapshotCallback on both workers' steps.
+
+  Each worker reads its own copy of the dataset, whose batch 2 is NaN, and
+  which worker runs a step is the coordinator's choice: of 8 steps one
+  worker runs at least 4, so 1 or 2 rollbacks (no exact reference here:
+  tests/eager/ps_fit.py has one, with one worker). Every rollback happens
+  with no step running (the callback joins the coordinator), and training
+  ends finite.
+  """
+  from tests.eager import common  # noqa: E402 (Keras, after the cluster)
+
+  keras = common.keras
+  with strategy.scope():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+  x = np.concatenate([b[0] for b in common.batches(2)])  # 4 batches of 8
+  x[16, 0] = np.nan
+  data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8).repeat()
+  callback = snapstore.SnapshotCallback(every_n_batches=1)
+  model.fit(data, epochs=1, steps_per_epoch=8, callbacks=[callback], verbose=0)
+  weights = model.get_weights()
+  if callback.rollbacks not in (1, 2) or not all(
+    np.isfinite(w).all() for w in weights
+  ):
+    raise AssertionError(
+      "rollbacks %d, weights %s" % (callback.rollbacks, weights)
+    )
+  print("fit on two workers: OK (%d rollbacks)" % callback.rollbacks)
+
+
 def main(spill_dir):
   servers, strategy, coordinator = _cluster()
   with strategy.scope():
@@ -136,6 +256,11 @@ def main(spill_dir):
     coordinator.join()
     store.close()
     print("%s: OK" % mode)
+  _averages(strategy, coordinator)
+  from tests.eager import common  # noqa: E402 (Keras, after the cluster)
+
+  if not common.KERAS_3:  # Keras 3's fit has no PS support (test's skip)
+    _fit_two_workers(strategy)
   print("ALL OK")
   del servers
 
