@@ -239,9 +239,20 @@ def differs(variable):
   return tf.reduce_any(tf.stack(flags))
 
 
-def differing_message(keys):
-  """The error of a host read of replicas that differ (`may_differ`)."""
-  return (
+def check_replicas_equal(keys, flags):
+  """Refuses a host snapshot of replicas that differ (`may_differ`).
+
+  Args:
+    keys: The store's keys of the variables checked.
+    flags: `differs(variable)` of each, evaluated.
+
+  Raises:
+    ValueError: Some of them differ; names them and the fixes.
+  """
+  differing = [key for key, flag in zip(keys, flags) if flag]
+  if not differing:
+    return
+  raise ValueError(
     "The replicas of %s hold different values: each replica writes its "
     "own (a non-trainable mirrored variable of aggregation NONE, such as "
     "Keras 3 BatchNormalization's moving statistics, each from its "
@@ -250,7 +261,7 @@ def differing_message(keys):
     "replicas the first one's. Nothing was snapshotted. Fix: "
     'mode="device" (a shadow per replica, each copied as it is), or keep '
     "the replicas equal (BatchNormalization(synchronized=True))."
-    % ", ".join(repr(k) for k in keys)
+    % ", ".join(repr(k) for k in differing)
   )
 
 

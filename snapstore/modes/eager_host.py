@@ -119,13 +119,10 @@ class EagerHostMode(host_book.HostBook):
     Raises:
       ValueError: A mirrored variable's replicas differ.
     """
-    if self._differ is None:
-      return
-    differing = [
-      key for (key, _), flag in zip(self._checked, self._differ()) if flag
-    ]
-    if differing:
-      raise ValueError(distributed.differing_message(differing))
+    if self._differ is not None:
+      distributed.check_replicas_equal(
+        [key for key, _ in self._checked], self._differ()
+      )
 
 
 def _unshared(arrays):

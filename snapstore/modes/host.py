@@ -107,11 +107,10 @@ class HostMode(host_book.HostBook):
     self._load(token, session)
 
   def _fetch(self, session):
-    if self._differ:
-      flags = self._run(session, self._differ)
-      differing = [key for (key, _), flag in zip(self._checked, flags) if flag]
-      if differing:
-        raise ValueError(distributed.differing_message(differing))
+    if self._differ:  # replicas that may differ: refused if they do
+      distributed.check_replicas_equal(
+        [key for key, _ in self._checked], self._run(session, self._differ)
+      )
     fetches = self._fetches.get(session)
     if fetches is None:
       fetches = self._copies if _local_cpu_only(session) else self._reads
