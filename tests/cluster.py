@@ -159,6 +159,54 @@ class LoopbackCluster(object):
       waiting.close()
 
 
+class ClusterTestMixin(object):
+  """A test class's one `LoopbackCluster`: started in `setUpClass`, closed in
+  `tearDownClass`; each test skipped with the reason if it could not start,
+  checked alive, and given `self.scope`, a name scope of its own (variables
+  on the ps tasks outlive sessions). Put it first in the bases:
+
+      class MyTest(cluster.ClusterTestMixin, tf.test.TestCase):
+        JOBS = {"ps": 2, "worker": 1}
+        SCOPE = "my_"
+  """
+
+  JOBS = None
+  SCOPE = "net_"
+  cluster = None
+  skip_reason = None
+
+  @classmethod
+  def unavailable(cls):
+    """A reason to skip every test before starting the cluster, or None."""
+    return None
+
+  @classmethod
+  def setUpClass(cls):
+    super(ClusterTestMixin, cls).setUpClass()
+    cls.skip_reason = cls.unavailable()
+    if cls.skip_reason:
+      return
+    try:
+      cls.cluster = LoopbackCluster(cls.JOBS)
+    except ClusterError as e:
+      cls.skip_reason = (
+        "loopback tf.train.Server processes did not start: %s" % e
+      )
+
+  @classmethod
+  def tearDownClass(cls):
+    if cls.cluster is not None:
+      cls.cluster.close()
+    super(ClusterTestMixin, cls).tearDownClass()
+
+  def setUp(self):
+    super(ClusterTestMixin, self).setUp()
+    if self.skip_reason:
+      self.skipTest(self.skip_reason)
+    self.assertTrue(self.cluster.alive(), "a server process died")
+    self.scope = self.SCOPE + self.id().rsplit(".", 1)[-1]
+
+
 def free_ports(n):
   """`n` distinct ports free now (bound together, then released)."""
   sockets = []

@@ -190,33 +190,11 @@ class Replica(object):
     return dict(zip(self.variables, sess.run(list(self.variables.values()))))
 
 
-class DistributedTest(tf.test.TestCase, parameterized.TestCase):
-  cluster = None
-  skip_reason = None
-
-  @classmethod
-  def setUpClass(cls):
-    super(DistributedTest, cls).setUpClass()
-    try:
-      cls.cluster = cluster_lib.LoopbackCluster({"ps": 2, "worker": 2})
-    except cluster_lib.ClusterError as e:
-      cls.skip_reason = (
-        "loopback tf.train.Server processes did not start: %s" % e
-      )
-
-  @classmethod
-  def tearDownClass(cls):
-    if cls.cluster is not None:
-      cls.cluster.close()
-    super(DistributedTest, cls).tearDownClass()
-
-  def setUp(self):
-    super(DistributedTest, self).setUp()
-    if self.skip_reason:
-      self.skipTest(self.skip_reason)
-    self.assertTrue(self.cluster.alive(), "a server process died")
-    # Variables on the ps tasks outlive sessions: each test uses its own names.
-    self.scope = "net_" + self.id().rsplit(".", 1)[-1]
+class DistributedTest(
+  cluster_lib.ClusterTestMixin, tf.test.TestCase, parameterized.TestCase
+):
+  JOBS = {"ps": 2, "worker": 2}
+  SCOPE = "net_"
 
   def _replica(self, worker=0, **kwargs):
     return Replica(self.cluster.spec, worker, self.scope, **kwargs)

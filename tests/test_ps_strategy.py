@@ -142,39 +142,20 @@ def _numpy_out(feed, model, values):
   return np.tanh(feed[model.x].dot(w) + values["b"])
 
 
-class PsStrategyTestBase(tf.test.TestCase, parameterized.TestCase):
-  cluster = None
-  skip_reason = None
+class PsStrategyTestBase(
+  cluster_lib.ClusterTestMixin, tf.test.TestCase, parameterized.TestCase
+):
+  JOBS = {"ps": 2, "worker": 1}
+  SCOPE = "ps1_"
 
   @classmethod
-  def setUpClass(cls):
-    super(PsStrategyTestBase, cls).setUpClass()
+  def unavailable(cls):
     if _V1 is None:
-      cls.skip_reason = (
+      return (
         "tf.compat.v1.distribute.experimental.ParameterServerStrategy is "
         "missing from this TensorFlow"
       )
-      return
-    try:
-      cls.cluster = cluster_lib.LoopbackCluster({"ps": 2, "worker": 1})
-    except cluster_lib.ClusterError as e:
-      cls.skip_reason = (
-        "loopback tf.train.Server processes did not start: %s" % e
-      )
-
-  @classmethod
-  def tearDownClass(cls):
-    if cls.cluster is not None:
-      cls.cluster.close()
-    super(PsStrategyTestBase, cls).tearDownClass()
-
-  def setUp(self):
-    super(PsStrategyTestBase, self).setUp()
-    if self.skip_reason:
-      self.skipTest(self.skip_reason)
-    self.assertTrue(self.cluster.alive(), "a server process died")
-    # Variables on the ps tasks outlive sessions: each test uses its own names.
-    self.scope = "ps1_" + self.id().rsplit(".", 1)[-1]
+    return None
 
   def _model(self, replicas, **options):
     return Model(self.cluster.spec, self.scope, replicas, **options)
