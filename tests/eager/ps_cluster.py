@@ -26,11 +26,14 @@ import snapstore  # noqa: E402
 from tests import cluster as cluster_ports  # noqa: E402
 
 
-def _cluster():
-  ports = cluster_ports.free_ports(4)  # distinct: bound together
+def in_process_cluster(workers, max_shard_bytes):
+  """Servers for `workers` workers and two parameter servers on loopback
+  ports, in this process, and a `ParameterServerStrategy` over them that
+  shards variables into parts of at most `max_shard_bytes`."""
+  ports = cluster_ports.free_ports(workers + 2)  # distinct: bound together
   spec = {
-    "worker": ["localhost:%d" % p for p in ports[:2]],
-    "ps": ["localhost:%d" % p for p in ports[2:]],
+    "worker": ["localhost:%d" % p for p in ports[:workers]],
+    "ps": ["localhost:%d" % p for p in ports[workers:]],
   }
   cluster = tf.train.ClusterSpec(spec)
   # In one process, the servers share its CPUs: give each enough threads
@@ -49,13 +52,18 @@ def _cluster():
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
     cluster, rpc_layer="grpc"
   )
-  # Shards of at most 16 bytes: the 2x3 float32 variable in two shards.
   partitioner = tf.distribute.experimental.partitioners.MaxSizePartitioner(
-    max_shard_bytes=16
+    max_shard_bytes=max_shard_bytes
   )
   strategy = tf.distribute.experimental.ParameterServerStrategy(
     resolver, variable_partitioner=partitioner
   )
+  return servers, strategy
+
+
+def _cluster():
+  # Shards of at most 16 bytes: the 2x3 float32 variable in two shards.
+  servers, strategy = in_process_cluster(workers=2, max_shard_bytes=16)
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
     strategy
   )

@@ -30,42 +30,15 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import snapstore  # noqa: E402
-from tests import cluster as cluster_ports  # noqa: E402
 from tests.eager import common  # noqa: E402
+from tests.eager import ps_cluster  # noqa: E402
 
 keras = common.keras
 
 
 def _cluster():
-  ports = cluster_ports.free_ports(3)  # distinct: bound together
-  spec = {
-    "worker": ["localhost:%d" % ports[0]],
-    "ps": ["localhost:%d" % p for p in ports[1:]],
-  }
-  cluster = tf.train.ClusterSpec(spec)
-  # In one process, the servers share its CPUs: enough threads that a
-  # worker's function waiting on a parameter server never starves it.
-  config = tf.compat.v1.ConfigProto(
-    inter_op_parallelism_threads=8, intra_op_parallelism_threads=2
-  )
-  servers = [
-    tf.distribute.Server(
-      cluster, job_name=job, task_index=i, config=config, start=True
-    )
-    for job in ("worker", "ps")
-    for i in range(len(spec[job]))
-  ]
-  resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-    cluster, rpc_layer="grpc"
-  )
   # Shards of at most 64 bytes: the 3x8 float32 kernel in two shards.
-  partitioner = tf.distribute.experimental.partitioners.MaxSizePartitioner(
-    max_shard_bytes=64
-  )
-  strategy = tf.distribute.experimental.ParameterServerStrategy(
-    resolver, variable_partitioner=partitioner
-  )
-  return servers, strategy
+  return ps_cluster.in_process_cluster(workers=1, max_shard_bytes=64)
 
 
 def _model(strategy, weights=None):
