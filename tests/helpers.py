@@ -371,3 +371,29 @@ def assert_state_differs(values, expected):
     np.asarray(values[k]).tobytes() != np.asarray(expected[k]).tobytes()
     for k in expected
   ), "state did not change; the test would not see a restore"
+
+
+def estimator_model_fn(features, labels, mode):
+  """An Estimator's model_fn: `x . w` fit by Momentum to `labels`."""
+  with tf.variable_scope("net"):
+    w = tf.get_variable("w", [3], initializer=tf.zeros_initializer())
+  loss = tf.reduce_mean(tf.square(tf.tensordot(features["x"], w, 1) - labels))
+  train_op = tf.train.MomentumOptimizer(0.01, 0.9).minimize(
+    loss, global_step=tf.train.get_global_step()
+  )
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def estimator_input_fn(bad_batch):
+  """An input_fn of 16 batches of 8 for `estimator_model_fn`; batch
+  `bad_batch` (or None) has an infinite loss."""
+
+  def input_fn():
+    rng = np.random.RandomState(1)
+    x = rng.randn(16 * 8, 3).astype(np.float32)
+    if bad_batch is not None:
+      x[bad_batch * 8] = 1e30  # its squared error overflows: an infinite loss
+    y = x.dot([1.0, -2.0, 0.5]).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(8)
+
+  return input_fn

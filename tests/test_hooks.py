@@ -417,28 +417,6 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
       )
 
 
-def _model_fn(features, labels, mode):
-  with tf.variable_scope("net"):
-    w = tf.get_variable("w", [3], initializer=tf.zeros_initializer())
-  loss = tf.reduce_mean(tf.square(tf.tensordot(features["x"], w, 1) - labels))
-  train_op = tf.train.MomentumOptimizer(0.01, 0.9).minimize(
-    loss, global_step=tf.train.get_global_step()
-  )
-  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
-
-
-def _input_fn(bad_batch):
-  def input_fn():
-    rng = np.random.RandomState(1)
-    x = rng.randn(16 * 8, 3).astype(np.float32)
-    if bad_batch is not None:
-      x[bad_batch * 8] = 1e30  # its squared error overflows: an infinite loss
-    y = x.dot([1.0, -2.0, 0.5]).astype(np.float32)
-    return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(8)
-
-  return input_fn
-
-
 @unittest.skipUnless(
   hasattr(tf, "estimator"), "tf.estimator is gone from TensorFlow 2.16 on"
 )
@@ -456,9 +434,11 @@ class EstimatorTest(tf.test.TestCase):
       log_step_count_steps=None, save_summary_steps=None
     )
     estimator = tf.estimator.Estimator(
-      _model_fn, model_dir=self.get_temp_dir(), config=config
+      helpers.estimator_model_fn,
+      model_dir=self.get_temp_dir(),
+      config=config,
     )
-    estimator.train(_input_fn(bad_batch=5), hooks=[hook])
+    estimator.train(helpers.estimator_input_fn(bad_batch=5), hooks=[hook])
     self.assertEqual(hook.rollbacks, 1)
     self.assertEqual(
       hook.store.keys, ("global_step", "net/w", "net/w/Momentum")
@@ -471,7 +451,9 @@ class EstimatorTest(tf.test.TestCase):
     self.assertEqual(estimator.get_variable_value("global_step"), 14)
     # A second train() call builds a new graph, and the hook a new store.
     first_store = hook.store
-    estimator.train(_input_fn(bad_batch=None), hooks=[hook], steps=2)
+    estimator.train(
+      helpers.estimator_input_fn(bad_batch=None), hooks=[hook], steps=2
+    )
     self.assertIsNot(hook.store, first_store)
     self.assertEqual(hook.rollbacks, 0)
 

@@ -868,24 +868,6 @@ class _PartsRecorder(tf.train.SessionRunHook):
     self.before.append(run_context.session.run(self.parts))
 
 
-def _estimator_model_fn(features, labels, mode):
-  with tf.variable_scope("net"):
-    w = tf.get_variable("w", [3], initializer=tf.zeros_initializer())
-  loss = tf.reduce_mean(tf.square(tf.tensordot(features["x"], w, 1) - labels))
-  train_op = tf.train.MomentumOptimizer(0.01, 0.9).minimize(
-    loss, global_step=tf.train.get_global_step()
-  )
-  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
-
-
-def _estimator_input_fn():
-  rng = np.random.RandomState(1)
-  x = rng.randn(16 * 8, 3).astype(np.float32)
-  x[5 * 8] = 1e30  # batch 5's squared error overflows: an infinite loss
-  y = x.dot([1.0, -2.0, 0.5]).astype(np.float32)
-  return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(8)
-
-
 @unittest.skipUnless(
   hasattr(tf, "estimator"), "tf.estimator is gone from TensorFlow 2.16 on"
 )
@@ -908,9 +890,13 @@ class EstimatorTest(tf.test.TestCase):
       session_config=CONFIG,
     )
     estimator = tf.estimator.Estimator(
-      _estimator_model_fn, model_dir=self.get_temp_dir(), config=config
+      helpers.estimator_model_fn,
+      model_dir=self.get_temp_dir(),
+      config=config,
     )
-    estimator.train(_estimator_input_fn, hooks=[recorder, hook])
+    estimator.train(
+      helpers.estimator_input_fn(bad_batch=5), hooks=[recorder, hook]
+    )
     self.assertEqual(hook.rollbacks, 1)
     self.assertEqual(
       hook.store.keys, ("global_step", "net/w", "net/w/Momentum")
