@@ -747,8 +747,8 @@ class InStepKeeper(_Keeper):
     decided = tf2.cond(finite, commit, roll_back)
     if self._replicas == 1:
       # Lowered, the rollback branch's nodes (about four per variable) pass
-      # through the executor as dead ones at every step: on the tests' Dense
-      # 8 model 1.43x a bare step, against 1.11x kept as a call (bench/README).
+      # through the executor as dead ones at every step: 1-2% of the tests'
+      # Dense-8 model's step, idle (bench/probe_in_step_cond.py).
       # Not under replicas, whose branches write components on several devices.
       keep_cond_as_call(decided)
     return logs

@@ -597,8 +597,8 @@ def _lowering_of_step_conds(model, x, y, callback):
 
 def test_in_step_rollback_branch_runs_as_a_call_not_as_dead_nodes():
   # Lowered to switch/merge, the rollback branch's nodes pass through the
-  # executor as dead ones at every step (a small model's step cost 1.43x
-  # bare, against 1.11x kept as a call): the decision's If stays a call,
+  # executor as dead ones at every step (1-2% of a small model's step,
+  # bench/probe_in_step_cond.py): the decision's If stays a call,
   # and the rollbacks stay exact (the tests above).
   x, y = _data(3)
   model = _compiled(1)
