@@ -33,14 +33,23 @@ demo-tf2: venv-tf2
 	$(PY_TF2) -m snapstore.demo
 
 # The graph-mode suite, then the eager engine's (tests/eager) with each Keras:
-# tf-keras, and Keras 3 (TF_USE_LEGACY_KERAS=0), the two at once.
+# tf-keras, and Keras 3 (TF_USE_LEGACY_KERAS=0). Two processes, one per core,
+# each run every other test (SNAPSTORE_TEST_SHARD, tests/conftest.py), so
+# that a stack's suites stay under CI's 10 minutes.
 EAGER := SNAPSTORE_TEST_ENGINE=eager
+PYTEST := -m pytest -q -p no:cacheprovider
+# Every suite runs even if one fails; the process fails if any did.
+TF2_SUITES = rc=0; $(PY_TF2) $(PYTEST) tests || rc=1; \
+	  $(EAGER) $(PY_TF2) $(PYTEST) tests/eager || rc=1; \
+	  $(EAGER) TF_USE_LEGACY_KERAS=0 .venv-tf2/bin/python $(PYTEST) tests/eager \
+	  || rc=1; exit $$rc
+TF215_SUITES = rc=0; $(PY_TF215) $(PYTEST) tests || rc=1; \
+	  $(EAGER) $(PY_TF215) $(PYTEST) tests/eager || rc=1; exit $$rc
 
 test-tf2: venv-tf2 venv
-	$(PY_TF2) -m pytest tests -q
 	./scripts/run_parallel \
-	  "$(EAGER) $(PY_TF2) -m pytest tests/eager -q -p no:cacheprovider" \
-	  "$(EAGER) TF_USE_LEGACY_KERAS=0 .venv-tf2/bin/python -m pytest tests/eager -q -p no:cacheprovider"
+	  "export SNAPSTORE_TEST_SHARD=0/2; $(TF2_SUITES)" \
+	  "export SNAPSTORE_TEST_SHARD=1/2; $(TF2_SUITES)"
 
 bench-tf2: venv-tf2
 	$(PY_TF2) bench/run_all.py
@@ -49,8 +58,9 @@ venv-tf2:
 	./scripts/bootstrap tf2
 
 test-tf215: venv-tf215 venv
-	$(PY_TF215) -m pytest tests -q
-	$(EAGER) $(PY_TF215) -m pytest tests/eager -q
+	./scripts/run_parallel \
+	  "export SNAPSTORE_TEST_SHARD=0/2; $(TF215_SUITES)" \
+	  "export SNAPSTORE_TEST_SHARD=1/2; $(TF215_SUITES)"
 
 venv-tf215:
 	./scripts/bootstrap tf215

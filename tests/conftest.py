@@ -6,6 +6,10 @@
 A graph run calls `tf.compat.v1.disable_v2_behavior()` first, as a TF1-style
 program does, and leaves out tests/eager; an eager run collects only
 tests/eager (TensorFlow 2.x). The Makefile's test targets run both.
+
+`SNAPSTORE_TEST_SHARD=i/n` runs every n-th test from the i-th (0-based), so
+that n processes run a suite together, one per core (`make test-tf2`):
+  SNAPSTORE_TEST_SHARD=0/2 python -m pytest tests   # and 1/2 beside it
 """
 
 import importlib.util
@@ -24,6 +28,24 @@ if ENGINE not in ("graph", "eager"):
   raise ValueError(
     "SNAPSTORE_TEST_ENGINE must be 'graph' or 'eager', got %r." % ENGINE
   )
+SHARD = os.environ.get("SNAPSTORE_TEST_SHARD", "0/1")
+
+
+def _shard(text):
+  """(i, n) of `SNAPSTORE_TEST_SHARD` ("i/n", 0 <= i < n)."""
+  try:
+    index, count = (int(part) for part in text.split("/"))
+  except ValueError:
+    index, count = -1, 0
+  if not 0 <= index < count:
+    raise ValueError(
+      "SNAPSTORE_TEST_SHARD must be 'i/n' with 0 <= i < n (run the i-th of "
+      "n parts of the suite), got %r." % text
+    )
+  return index, count
+
+
+SHARD_INDEX, SHARD_COUNT = _shard(SHARD)
 _EAGER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eager")
 
 if ENGINE == "graph":
@@ -46,11 +68,14 @@ def pytest_ignore_collect(collection_path, config):
   return True
 
 
-def pytest_collection_modifyitems(items):
-  """Drops `tf.test.TestCase.test_session`, a helper pytest takes for a test.
+def pytest_collection_modifyitems(config, items):
+  """Drops `tf.test.TestCase.test_session`, a helper pytest takes for a test,
+  and the tests of other shards (`SNAPSTORE_TEST_SHARD`).
 
-  TF defines it on every `tf.test.TestCase` and skips it when run ("Not a
-  test."), which showed as one skipped test per test class.
+  TF defines `test_session` on every `tf.test.TestCase` and skips it when run
+  ("Not a test."), which showed as one skipped test per test class. Shards
+  take the tests in turn, in collection order: each gets a part of every
+  file, so slow files spread over them.
   """
   from tensorflow.python.framework import test_util  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
 
@@ -61,3 +86,9 @@ def pytest_collection_modifyitems(items):
     if getattr(getattr(item, "cls", None), "test_session", None) is not helper
     or item.name != "test_session"
   ]
+  if SHARD_COUNT > 1:
+    others = [
+      item for i, item in enumerate(items) if i % SHARD_COUNT != SHARD_INDEX
+    ]
+    items[:] = items[SHARD_INDEX::SHARD_COUNT]
+    config.hook.pytest_deselected(items=others)
