@@ -93,6 +93,14 @@ class CopyMode(abc.ABC):
   def arrays(self, tag, session):
     """The snapshot `tag` as numpy arrays in spec order (never to be written)."""
 
+  def replicas(self, tag):
+    """What snapshot `tag` keeps of replicas that differ, besides its
+    `arrays` (see `snapstore.modes.host_book`), for `array_writer`'s
+    function; None when nothing (always, in modes that copy every replica
+    as it is)."""
+    del tag
+    return None
+
   @abc.abstractmethod
   def delete(self, tag):
     """Drops the snapshot `tag`."""
@@ -146,14 +154,20 @@ class CopyMode(abc.ABC):
     """Waits for background work; raises as `check`."""
 
   def array_writer(self, name):
-    """A function `(arrays, session)` writing arrays into the variables.
+    """A function `(arrays, session, replicas=None)` writing arrays into the
+    variables, and `replicas` (what `replicas(tag)` gave) into theirs.
 
     For snapshots held outside the mode (a spill file's). Its ops are built
     now: call it when the store is built.
     """
     feeder = copies.Feeder(self._varset.specs, name + "_feed")
     op = feeder.assign_to(self._varset.variables, name)
-    return lambda arrays, session: self._feed(session, op, feeder, arrays)
+
+    def run(arrays, session, replicas=None):
+      del replicas  # this mode keeps none (see `replicas`)
+      self._feed(session, op, feeder, arrays)
+
+    return run
 
   def _run(self, session, fetches):
     return sessions.run_cached(session, fetches)

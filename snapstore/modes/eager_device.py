@@ -150,8 +150,8 @@ class EagerDeviceMode(slot_book.SlotBook):
 def _writer(variables, specs, name):
   write = copies.assigner(variables, specs, name)
 
-  def run(arrays, session):
-    del session
+  def run(arrays, session, replicas=None):
+    del session, replicas  # device mode keeps none (`CopyMode.replicas`)
     write(*arrays)
 
   return run
