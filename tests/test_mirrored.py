@@ -879,8 +879,9 @@ class LookaheadTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class _Trained(tf.test.TestCase, parameterized.TestCase):
-  """A model trained under the strategy, with Adam's state and the global
-  step, and a store over them."""
+  """A model trained under the strategy, with Adam's state, the global step
+  and statistics each replica writes its own (as Keras 3 batch norm does:
+  the replicas differ), and a store over them."""
 
   def _setup(self, mode, max_to_keep=None):
     graph = tf.Graph()
@@ -890,12 +891,21 @@ class _Trained(tf.test.TestCase, parameterized.TestCase):
       self.x = tf.placeholder(tf.float32, [2, 3])
       with strategy.scope():
         w = tf.get_variable("w", [3, 2])
+        self.stats = tf.get_variable(
+          "stats", [2], trainable=False, initializer=tf.zeros_initializer()
+        )
         step = tf.train.get_or_create_global_step()
         opt = tf.train.AdamOptimizer(0.1)
 
         def replica(x):
           loss = tf.reduce_sum(tf.matmul(x, w))
-          return opt.minimize(loss, global_step=step), loss
+          # This replica's own component: replica i adds (i + 1) * mean(x).
+          i = tf.distribute.get_replica_context().replica_id_in_sync_group
+          i = i if isinstance(i, int) else int(tf.get_static_value(i))
+          own = self.stats.values[i].assign_add(
+            tf.fill([2], tf.reduce_mean(x) * (i + 1.0)), read_value=False
+          )
+          return tf.group(opt.minimize(loss, global_step=step), own), loss
 
         train, loss = run(replica, args=(self.x,))
         self.train_op = strategy.group(train)
@@ -907,7 +917,7 @@ class _Trained(tf.test.TestCase, parameterized.TestCase):
           memory_budget=0,
         )
       self.store = snapstore.SnapshotStore(
-        var_list=[w],
+        var_list=[w, self.stats],
         optimizer=opt,
         include_global_step=True,
         mode=mode,
@@ -929,12 +939,23 @@ class GuardTest(_Trained):
     self._setup(mode)
     self.assertEqual(
       self.store.keys,
-      ("beta1_power", "beta2_power", "global_step", "w", "w/Adam", "w/Adam_1"),
+      (
+        "beta1_power",
+        "beta2_power",
+        "global_step",
+        "stats",
+        "w",
+        "w/Adam",
+        "w/Adam_1",
+      ),
     )
     ones, nans = np.ones([2, 3]), np.full([2, 3], np.nan)
     sess = self.sess
     sess.run(self.train_op, {self.x: ones})
     before = sess.run(self.parts)
+    first, second = sess.run(self.stats.values)
+    helpers.assert_bit_equal(first, np.full([2], 1.0, np.float32))
+    helpers.assert_bit_equal(second, np.full([2], 2.0, np.float32))
     with snapstore.Guard(
       self.store, watch=self.loss, reraise=False, session=sess
     ) as guard:
@@ -995,10 +1016,15 @@ class SnapshotHookTest(_Trained):
     self.assertEqual(hook.snapshots, 4)
     for part, value in zip(self.parts, after):
       self.assertTrue(np.all(np.isfinite(value)), part.name)
-    # The replicas are identical, bit for bit.
+    # The replicas are identical, bit for bit, but those of the statistics
+    # each replica writes: steps 0 and 3 remain, replica i adding i + 1.
     for v in store.variables.values():
       first, second = (after[self.parts.index(p)] for p in v.values)
-      helpers.assert_bit_equal(first, second, v.name)
+      if v is self.stats:
+        helpers.assert_bit_equal(first, np.full([2], 2.0, np.float32))
+        helpers.assert_bit_equal(second, np.full([2], 4.0, np.float32))
+      else:
+        helpers.assert_bit_equal(first, second, v.name)
 
 
 class _PartsRecorder(tf.train.SessionRunHook):
