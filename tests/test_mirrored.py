@@ -388,7 +388,7 @@ class ReplicasThatDifferTest(tf.test.TestCase, parameterized.TestCase):
     ("disk_spilled", "disk", 0),
   )
 
-  def _setup(self, mode, budget=None, spill_path=None):
+  def _setup(self, mode, budget=None, spill_path=None, **options):
     graph = tf.Graph()
     with graph.as_default():
       strategy = _strategy()
@@ -409,7 +409,9 @@ class ReplicasThatDifferTest(tf.test.TestCase, parameterized.TestCase):
         )
         w = tf.get_variable("w", [2], tf.float64)  # trainable: never differs
       self.variables = [seeds, stats, w]  # in key order
-      options = {"mode": mode}
+      options["mode"] = mode
+      if spill_path and mode != "disk":
+        options["spill_path"] = spill_path
       if mode == "disk":
         options.update(
           spill_path=spill_path or os.path.join(tempfile.mkdtemp(), "spill.h5"),
@@ -574,13 +576,35 @@ class ReplicasThatDifferTest(tf.test.TestCase, parameterized.TestCase):
       for part in v.values:
         helpers.assert_bit_equal(sess.run(part), first[v.op.name], part.name)
 
-  def test_device_mode_copies_them_as_they_are(self):
-    store, sess = self._setup("device")
+  @parameterized.named_parameters(("shadows", False), ("packed", True))
+  def test_device_mode_copies_them_as_they_are(self, pack):
+    store, sess = self._setup("device", pack=pack)
     before = self._randomize(sess, seed=16)
     store.snapshot("differ", session=sess)
     self._randomize(sess, seed=17)
     store.restore("differ", session=sess)
     self._assert_components(sess, before, "restored")
+
+  @parameterized.named_parameters(("shadows", False), ("packed", True))
+  def test_a_device_snapshot_spilled_to_the_file_restores_them(self, pack):
+    # The file keeps the first replica's value, the other replicas stay in
+    # memory beside it: a restore from the file is exact too.
+    path = os.path.join(tempfile.mkdtemp(), "spill.h5")
+    store, sess = self._setup("device", spill_path=path, pack=pack)
+    before = self._randomize(sess, seed=18)
+    store.snapshot("differ", session=sess)
+    store.files.spill("differ", session=sess)
+    for seed in (19, 20):  # on its way to the file, then in it
+      self._randomize(sess, seed=seed)
+      store.restore("differ", session=sess)
+      self._assert_components(sess, before, "restored")
+      store.files.flush()
+    self.assertEqual(store.files.tier("differ"), "file")
+    arrays = store.arrays("differ", session=sess)
+    for key, value in self._first(before).items():
+      helpers.assert_bit_equal(arrays[key], value, key)
+    # The other replica of stats (float32 [8]) and seeds (int64 [2, 2]).
+    self.assertEqual(store.nbytes, store.param_nbytes + 8 * 4 + 4 * 8)
 
 
 class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):

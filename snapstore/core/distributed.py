@@ -240,43 +240,70 @@ def may_differ(variable):
   )
 
 
-def differs(variable):
+def replica_layout(variables):
+  """`[(index, count)]`: for each of `variables` whose replicas may differ
+  (`may_differ`), its position and its number of components after the
+  first, in order: what a snapshot's kept replicas are laid out by
+  (`snapstore.modes.base.kept_replicas`)."""
+  return [
+    (i, len(components(v)) - 1)
+    for i, v in enumerate(variables)
+    if may_differ(v)
+  ]
+
+
+def differs(variable, values=None):
   """A bool tensor: whether a component's bits differ from the first's
-  (each compared on its own device)."""
+  (each compared on its own device).
+
+  Args:
+    variable: A distributed variable.
+    values: One tensor per component, on its device, to compare instead of
+      the components' own values (reads of their shadows), or None.
+  """
   parts = components(variable)
-  first = _bits(parts[0].value())
+  if values is None:
+    values = [part.value() for part in parts]
+  first = _bits(values[0])
   flags = []
-  for part in parts[1:]:
+  for part, value in zip(parts[1:], values[1:]):
     with ops.colocate_with(part):
-      flags.append(tf.reduce_any(tf.not_equal(_bits(part.value()), first)))
+      flags.append(tf.reduce_any(tf.not_equal(_bits(value), first)))
   return tf.reduce_any(tf.stack(flags))
 
 
-def replica_reads(variable):
+def replica_reads(variable, values=None):
   """What a host snapshot reads of a `may_differ` variable besides its
   value (module doc, "Replicas that differ").
 
   Args:
     variable: A variable for which `may_differ` is True.
+    values: As for `differs`: the values to read instead of the
+      components' (a device slot's shadows), or None.
 
   Returns:
-    `(flag, values)`: `differs(variable)`, and one tensor per component
-    after the first, read on that component's device: its value where the
-    flag is set, else an empty vector, so that equal replicas (the usual
+    `(flag, values)`: `differs(variable, values)`, and one tensor per
+    component after the first, on that component's device: its value where
+    the flag is set, else an empty vector, so that equal replicas (the usual
     case) cost a comparison on each device and no transfer.
   """
-  flag = differs(variable)
-  values = []
-  for part in components(variable)[1:]:
+  flag = differs(variable, values)
+  parts = components(variable)
+  if values is None:
+    values = [part.value for part in parts]  # read in the branch
+  else:
+    values = [lambda value=value: tf.identity(value) for value in values]
+  out = []
+  for part, read in zip(parts[1:], values[1:]):
     with ops.colocate_with(part):
-      values.append(
+      out.append(
         tf.cond(
           flag,
-          part.value,
+          read,
           lambda dtype=part.dtype.base_dtype: tf.zeros([0], dtype),
         )
       )
-  return flag, values
+  return flag, out
 
 
 def _bits(value):

@@ -21,8 +21,9 @@ import numpy as np
 from snapstore.core import buffers
 from snapstore.core import distributed
 from snapstore.eager import copies
-from snapstore.modes import host_book
+from snapstore.modes import base
 from snapstore.modes import disk
+from snapstore.modes import host_book
 
 
 class EagerHostMode(host_book.HostBook):
@@ -42,7 +43,7 @@ class EagerHostMode(host_book.HostBook):
     # Mirrored variables whose replicas may differ (each replica writes its
     # own): each snapshot's read also says whether they differ and, where
     # they do, gives their other components (host_book's module doc).
-    replicas = [varset.variables[i] for i, _ in self._may_differ]
+    replicas = [varset.variables[i] for i, _ in self._layout]
     self._read = copies.reader(varset.variables, "read", replicas)
     self._read()  # its first run optimizes it: at build, not in the loop
     self._write = copies.assigner(varset.variables, varset.specs, "restore")
@@ -97,7 +98,9 @@ class EagerHostMode(host_book.HostBook):
     if not replicas:
       self._write(*arrays)
       return
-    self._write_replicas(*arrays, *self._replica_values(arrays, replicas))
+    self._write_replicas(
+      *arrays, *base.replica_values(self._layout, arrays, replicas)
+    )
 
   def _fetch(self, into=None):
     """Copies of the variables' values, in store-owned aligned arrays (`into`,
@@ -106,10 +109,11 @@ class EagerHostMode(host_book.HostBook):
     out = []
     values = self._read()  # first: a failed read leaves `into` as it was
     specs = self._varset.specs
-    n, k = len(specs), len(self._may_differ)
+    n, k = len(specs), len(self._layout)
     replicas = None
     if k:
-      replicas = self._kept_replicas(
+      replicas = base.kept_replicas(
+        self._layout,
         [bool(flag) for flag in values[n : n + k]],
         values[n + k :],
         lambda value: buffers.aligned_copy(np.asarray(memoryview(value))),

@@ -26,15 +26,12 @@ Host memory holds `len(store) * store.param_nbytes` bytes, plus those
 replicas; the device holds nothing extra.
 """
 
-import numpy as np
-
 from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.core import attached
 from snapstore.core import copies
 from snapstore.core import distributed
-from snapstore.core import sessions
-from snapstore.core import variables
+from snapstore.modes import base
 from snapstore.modes import host_book
 
 
@@ -63,29 +60,19 @@ class HostMode(host_book.HostBook):
     # Mirrored variables whose replicas may differ (each replica writes its
     # own): each snapshot also fetches whether they differ and, where they
     # do, their other components (host_book's module doc), in the same run.
-    flags, values, parts = [], [], []
-    for index, _ in self._may_differ:
-      var = varset.variables[index]
-      flag, reads_of_parts = distributed.replica_reads(var)
+    flags, values = [], []
+    for index, _ in self._layout:
+      flag, reads_of_parts = distributed.replica_reads(varset.variables[index])
       flags.append(flag)
       values.extend(reads_of_parts)
-      parts.extend(distributed.components(var)[1:])
     self._reads += flags + values
     self._copies += flags + values
     self._fetches = attached.PerObject(
       "host_fetches"
     )  # per session: which of the two
-    self._feeder = copies.Feeder(varset.specs, "feed")
-    self._load_op = self._feeder.assign_to(varset.variables, "restore")
-    # A restore with kept replicas: the snapshot's arrays, then each kept
-    # replica into its own component.
-    self._replica_feeder = self._replica_load_op = None
-    if parts:
-      self._replica_feeder = copies.Feeder(_specs(parts), "replica_feed")
-      with tf.control_dependencies([self._load_op]):
-        self._replica_load_op = self._replica_feeder.assign_to(
-          parts, "restore_replicas"
-        )
+    # Writes a snapshot's arrays, and its kept replicas each into its own
+    # component.
+    self._load = base.ArrayWriter(varset, "feed", "restore")
     # What `stash` sets aside: the variables, or with distributed ones every
     # component, so that `unstash` gives each replica back its own bits (a
     # host value written back would make a sync-on-read variable's
@@ -95,7 +82,7 @@ class HostMode(host_book.HostBook):
       parts = [p for v in varset.variables for p in distributed.components(v)]
       self._parts = (
         [reads(p) for p in parts],
-        copies.Feeder(_specs(parts), "stash_feed"),
+        copies.Feeder(base.component_specs(parts), "stash_feed"),
       )
       self._parts += (self._parts[1].assign_to(parts, "unstash"),)
     self._initializer = tf.no_op(name="initializer")
@@ -131,35 +118,14 @@ class HostMode(host_book.HostBook):
       fetches = self._copies if _local_cpu_only(session) else self._reads
       self._fetches.set(session, fetches)
     values = self._run(session, fetches)
-    n, k = len(self._varset.variables), len(self._may_differ)
+    n, k = len(self._varset.variables), len(self._layout)
     if not k:
       return values, None
     # The arrays a run fetches are new (module doc): kept as they are.
-    replicas = self._kept_replicas(
-      values[n : n + k], values[n + k :], lambda array: array
+    replicas = base.kept_replicas(
+      self._layout, values[n : n + k], values[n + k :], lambda array: array
     )
     return values[:n], replicas
-
-  def _load(self, arrays, session, replicas=None):
-    if not replicas:
-      self._feed(session, self._load_op, self._feeder, arrays)
-      return
-    replica_values = self._replica_values(arrays, replicas)
-    sessions.run_cached(
-      session,
-      self._replica_load_op,
-      self._feeder.placeholders + self._replica_feeder.placeholders,
-      self._feeder.values(arrays) + self._replica_feeder.values(replica_values),
-    )
-
-
-def _specs(parts):
-  """`VariableSpec`s of component variables, to feed them."""
-  return [
-    variables.VariableSpec(p.op.name, p, tuple(p.shape.as_list()), dtype)
-    for p in parts
-    for dtype in [np.dtype(p.dtype.base_dtype.as_numpy_dtype)]
-  ]
 
 
 def _local_cpu_only(session):

@@ -16,13 +16,13 @@ background. It leaves host memory only after its write is committed. `restore`,
 spilled one is read, checked (names, shapes, dtypes, checksums) and then fed to
 the variables by placeholders and one grouped assign built at construction.
 
-A host snapshot may keep, besides its arrays, the other replicas' values of
-mirrored variables whose replicas differed (`snapstore.modes.host_book`). The
-file holds the arrays (each variable's first replica, as `arrays()` gives
-it); the replicas stay in host memory beside it (statistics vectors, small;
-counted in `nbytes`), so a restore from the file is exact while the store
-lives. A store that adopts the file writes each variable's value into every
-replica.
+A snapshot of mirrored variables whose replicas differ (a device slot's, or
+a host snapshot's kept replicas: `CopyMode.replicas`, see
+`snapstore.core.distributed`) is spilled as one array per variable, the first
+replica's, as `arrays()` gives it; the other replicas' values stay in host
+memory beside it (statistics vectors, small; counted in `nbytes`), so a
+restore from the file is exact while the store lives. A store that adopts
+the file writes each variable's value into every replica.
 
 With a spill file, device and host stores bound only their fast tier by
 `max_to_keep` (eviction drops the oldest snapshot of the fast tier, as without
@@ -54,7 +54,6 @@ from snapstore._tf import tf
 from snapstore.core import checks
 from snapstore import errors
 from snapstore.modes import base
-from snapstore.modes import host_book
 from snapstore.spill import file as spill_file
 from snapstore.spill import layout
 from snapstore.spill import writer
@@ -69,7 +68,7 @@ _FAILED = "failed"
 class _Held(object):
   """A snapshot in host memory on its way to the file, and its write job.
 
-  `replicas` is what the fast tier kept of replicas that differ
+  `replicas` is what the fast tier held of replicas that differ
   (`CopyMode.replicas`): it stays in memory beside the file's copy.
   """
 
@@ -82,7 +81,7 @@ class _Held(object):
 
   @property
   def nbytes(self):
-    return sum(a.nbytes for a in self.arrays) + host_book.replicas_nbytes(
+    return sum(a.nbytes for a in self.arrays) + base.replicas_nbytes(
       self.replicas
     )
 
@@ -268,7 +267,7 @@ class TieredMode(base.CopyMode):
     return (
       self._inner.nbytes
       + sum(h.nbytes for h in self._held.values())
-      + sum(host_book.replicas_nbytes(r) for r in self._file_replicas.values())
+      + sum(base.replicas_nbytes(r) for r in self._file_replicas.values())
     )
 
   def take(self, tag, session, victim=None):
@@ -284,7 +283,7 @@ class TieredMode(base.CopyMode):
       self._inner.restore(tag, session)
     else:
       arrays = self.arrays(tag, session)  # read and checked in full first
-      self._write_arrays(arrays, session, self.replicas(tag))
+      self._write_arrays(arrays, session, self.replicas(tag, session))
 
   def arrays(self, tag, session):
     if tag in self._held:
@@ -296,12 +295,12 @@ class TieredMode(base.CopyMode):
       return values
     return self._inner.arrays(tag, session)
 
-  def replicas(self, tag):
+  def replicas(self, tag, session):
     if tag in self._held:
       return self._held[tag].replicas
     if tag in self._in_file:
       return self._file_replicas.get(tag)
-    return self._inner.replicas(tag)
+    return self._inner.replicas(tag, session)
 
   def delete(self, tag):
     if tag in self._held:
@@ -461,7 +460,7 @@ class TieredMode(base.CopyMode):
       tag,
       info,
       self._inner.arrays(tag, session),
-      self._inner.replicas(tag),
+      self._inner.replicas(tag, session),
     )
     self._inner.delete(tag)
     self._queue(held)

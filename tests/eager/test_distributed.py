@@ -463,6 +463,29 @@ def test_a_guard_rolls_each_replica_back_in_host_mode(
   store.close()
 
 
+def test_a_device_snapshot_spilled_to_the_file_restores_each_replica(
+  strategy, tmp_path
+):
+  # The file keeps the first replica's value; the other replicas stay in
+  # memory beside it, so a restore from the file is exact too.
+  w = _differing(strategy)
+  store = snapstore.SnapshotStore(
+    var_list=[w], mode="device", spill_path=str(tmp_path / "spill.h5")
+  )
+  before = _components(w)
+  store.snapshot("differ")
+  store.files.spill("differ")
+  for again in range(2):  # on its way to the file, then in it
+    with strategy.scope():
+      w.assign(tf.fill([2, 3], 9.0 + again))
+    store.restore("differ")
+    common.assert_bits_equal(before, _components(w))
+    store.files.flush()
+  assert store.files.tier("differ") == "file"
+  common.assert_bits_equal([before[0]], [store.arrays("differ")["w"]])
+  store.close()
+
+
 @pytest.mark.parametrize("mode", ["host", "disk"])
 def test_loaded_arrays_go_to_every_replica(strategy, mode, tmp_path):
   w = _differing(strategy)
