@@ -33,12 +33,14 @@ graph engine gives them the eager engine's semantics
   own device in the same run as the rest, and reads them and keeps them
   beside the snapshot when their bits differ (`replica_reads`; nothing is
   read or kept when they are equal, the usual case); a restore writes each
-  component its own kept value, so every replica ends exactly as it was. They are kept in memory
-  only: host mode's arrays, disk mode's host tier, and beside a snapshot
-  disk mode has spilled (statistics vectors, small), so a restore from the
-  spill file is exact too while the store lives. The file itself holds the
-  first replica's value, and arrays given to `load_arrays` (or read from a
-  file by another store) are written to every replica alike.
+  component its own kept value, so every replica ends exactly as it was.
+  They are kept in memory only: beside host mode's arrays (disk mode's host
+  tier), and beside a snapshot spilled to a spill file (from disk mode, or
+  from a device slot, which reads them from its component shadows the same
+  way): statistics vectors, small, so that a restore from the file is exact
+  too while the store lives. The file itself holds the first replica's
+  value, and arrays given to `load_arrays` (or read from a file by another
+  store) are written to every replica alike.
 - **Host writes** put a mirrored value into every component (then a kept
   replica's own value into its component, as above), and a sync-on-read one
   so that the aggregate read back is the same bits: for SUM the value into
