@@ -197,8 +197,8 @@ class SnapshotStore(object):
 
     Device mode: `num_slots * param_nbytes` on the variables' devices (plus one
     more copy once `evaluate_with` has used the scratch shadows), whether or
-    not the slots hold snapshots. Host mode: the bytes of the held arrays.
-    """
+    not the slots hold snapshots. Host mode: the bytes of the held arrays
+    (and of replicas kept because they differ: `core/distributed.py`)."""
     return self._h.mode.nbytes
 
   # -- snapshots -----------------------------------------------------------------

@@ -374,66 +374,237 @@ def _np_rate(dtype, tau=None, decay=None, n=None):
 
 
 class ReplicasThatDifferTest(tf.test.TestCase, parameterized.TestCase):
-  """A non-trainable mirrored variable of aggregation NONE, whose replicas
+  """Non-trainable mirrored variables of aggregation NONE, whose replicas
   each write their own (TF 2.4 on, in replica context: Keras 3's batch-norm
-  statistics), made to differ here by writing a component directly."""
+  statistics), made to differ here by writing components directly. Every
+  mode restores each replica exactly; host and disk mode keep the other
+  replicas only when they differ."""
 
-  def _setup(self, mode):
+  # (name, mode, memory_budget): disk mode keeping the snapshot in memory,
+  # and spilling it at once.
+  MODES = (
+    ("host", "host", None),
+    ("disk_in_memory", "disk", 1 << 20),
+    ("disk_spilled", "disk", 0),
+  )
+
+  def _setup(self, mode, budget=None, spill_path=None, **options):
     graph = tf.Graph()
     with graph.as_default():
       strategy = _strategy()
       with strategy.scope():
-        stats = tf.get_variable(
+        stats = tf.get_variable(  # room for random bits after the specials
           "stats",
-          [3],
+          [8],
           tf.float32,
           trainable=False,
           initializer=tf.zeros_initializer(),
         )
-      options = {"mode": mode}
+        seeds = tf.get_variable(
+          "seeds",
+          [2, 2],
+          tf.int64,
+          trainable=False,
+          initializer=tf.zeros_initializer(),
+        )
+        w = tf.get_variable("w", [2], tf.float64)  # trainable: never differs
+      self.variables = [seeds, stats, w]  # in key order
+      options["mode"] = mode
+      if spill_path and mode != "disk":
+        options["spill_path"] = spill_path
       if mode == "disk":
         options.update(
-          spill_path=os.path.join(tempfile.mkdtemp(), "spill.h5"),
-          memory_budget=0,
+          spill_path=spill_path or os.path.join(tempfile.mkdtemp(), "spill.h5"),
+          memory_budget=budget,
         )
-      store = snapstore.SnapshotStore(var_list=[stats], **options)
+      store = snapstore.SnapshotStore(var_list=self.variables, **options)
       self.addCleanup(store.close)
-      differ = stats.values[1].assign(tf.fill([3], 2.0))
-      same = [p.assign(tf.fill([3], 1.0)) for p in stats.values]
+      self.parts = [p for v in self.variables for p in v.values]
+      self._placeholders = [
+        tf.placeholder(p.dtype.base_dtype, p.shape) for p in self.parts
+      ]
+      self._load = [
+        p.assign(x, read_value=False)
+        for p, x in zip(self.parts, self._placeholders)
+      ]
     sess = tf.Session(graph=graph, config=CONFIG)
     self.addCleanup(sess.close)
     helpers.init(sess)
-    return stats, store, sess, differ, same
+    return store, sess
+
+  def _randomize(self, sess, seed, differ=("stats", "seeds")):
+    """Loads random bits into every component, the replicas of the
+    variables named in `differ` different; returns {component: array}."""
+    rng = np.random.RandomState(seed)
+    values = {}
+    for v in self.variables:
+      shape, dtype = v.shape.as_list(), v.dtype.base_dtype.as_numpy_dtype
+      first = helpers.random_value(rng, shape, dtype)
+      name = v.op.name
+      for i, part in enumerate(v.values):
+        values[part] = (
+          helpers.random_value(rng, shape, dtype)
+          if i and name in differ
+          else first.copy()
+        )
+      if name in differ:
+        helpers.assert_bits_differ(values[v.values[1]], first, name)
+    sess.run(
+      self._load,
+      {x: values[p] for x, p in zip(self._placeholders, self.parts)},
+    )
+    return values
+
+  def _assert_components(self, sess, expected, msg):
+    for part, value in zip(self.parts, sess.run(self.parts)):
+      helpers.assert_bit_equal(
+        value, expected[part], "%s %s" % (msg, part.name)
+      )
+
+  def _first(self, values):
+    """{key: array}: each variable's first component, what `arrays` gives."""
+    return {v.op.name: values[v.values[0]] for v in self.variables}
+
+  @parameterized.named_parameters(*MODES)
+  def test_a_restore_gives_every_replica_its_own_bits(self, mode, budget):
+    store, sess = self._setup(mode, budget)
+    before = self._randomize(sess, seed=1)
+    store.snapshot("differ", session=sess)
+    if budget == 0:
+      self.assertEqual(store.files.tier("differ"), "host")  # on its way
+    self._randomize(sess, seed=2)
+    store.restore("differ", session=sess)
+    self._assert_components(sess, before, "restored")
+    if budget == 0:
+      store.files.flush()
+      self.assertEqual(store.files.tier("differ"), "file")
+    # Again after another change (from the file, once spilled).
+    self._randomize(sess, seed=3)
+    store.restore("differ", session=sess)
+    self._assert_components(sess, before, "restored again")
+
+  @parameterized.named_parameters(*MODES)
+  def test_arrays_and_npz_give_the_first_replicas_value(self, mode, budget):
+    store, sess = self._setup(mode, budget)
+    before = self._randomize(sess, seed=4)
+    store.snapshot("differ", session=sess)
+    store.files.flush()
+    expected = self._first(before)
+    arrays = store.arrays("differ", session=sess)
+    self.assertEqual(sorted(arrays), sorted(expected))
+    for key, value in expected.items():
+      helpers.assert_bit_equal(arrays[key], value, key)
+    path = os.path.join(tempfile.mkdtemp(), "s.npz")
+    store.files.save_npz(path, "differ", session=sess)
+    with np.load(path) as archive:
+      self.assertEqual(sorted(archive.files), sorted(expected))
+      for key, value in expected.items():
+        helpers.assert_bit_equal(archive[key], value, key)
+
+  @parameterized.named_parameters(*MODES)
+  def test_evaluate_with_sees_every_replica_then_puts_current_back(
+    self, mode, budget
+  ):
+    store, sess = self._setup(mode, budget)
+    past = self._randomize(sess, seed=5)
+    store.snapshot("past", session=sess)
+    store.files.flush()
+    current = self._randomize(sess, seed=6)
+    with sess.graph.as_default():
+      reads = [p.read_value() for p in self.parts]
+    seen = store.evaluate_with(reads, tag="past", session=sess)
+    for part, value in zip(self.parts, seen):
+      helpers.assert_bit_equal(value, past[part], part.name)
+    self._assert_components(sess, current, "after evaluate_with")
 
   @parameterized.named_parameters(("host", "host"), ("disk", "disk"))
-  def test_a_host_snapshot_of_them_is_refused(self, mode):
-    # One value per variable, written into every replica: a restore would
-    # give the second replica the first one's. Refused, nothing taken.
-    stats, store, sess, differ, same = self._setup(mode)
-    sess.run(differ)
-    with self.assertRaisesRegex(
-      ValueError,
-      r"The replicas of 'stats' hold different values: .*Nothing was "
-      r"snapshotted. Fix: mode=\"device\"",
-    ):
-      store.snapshot("differ", session=sess)
-    self.assertEqual(store.tags(), [])
-    sess.run(same)  # equal again: host snapshots work
-    store.snapshot("same", session=sess)
-    sess.run(differ)
-    store.restore("same", session=sess)
-    for part in stats.values:
-      helpers.assert_bit_equal(sess.run(part), np.ones([3], np.float32))
+  def test_only_replicas_that_differ_are_kept(self, mode):
+    store, sess = self._setup(mode, 1 << 20)
+    one = store.param_nbytes
+    self._randomize(sess, seed=7, differ=())
+    store.snapshot("equal", session=sess)
+    self.assertEqual(store.nbytes, one)  # equal replicas: nothing more
+    before = self._randomize(sess, seed=8, differ=("stats",))
+    store.snapshot("stats_differ", session=sess)
+    # The second replica of stats (float32 [8]) only.
+    self.assertEqual(store.nbytes, 2 * one + 8 * 4)
+    self._randomize(sess, seed=9)
+    store.restore("stats_differ", session=sess)
+    self._assert_components(sess, before, "restored")
+    store.delete("stats_differ")
+    self.assertEqual(store.nbytes, one)
 
-  def test_device_mode_copies_them_as_they_are(self):
-    stats, store, sess, differ, same = self._setup("device")
-    sess.run(differ)
+  @parameterized.named_parameters(("host", "host"), ("disk", "disk"))
+  def test_a_snapshot_of_equal_replicas_restores_them_equal(self, mode):
+    store, sess = self._setup(mode, 0)
+    before = self._randomize(sess, seed=10, differ=())
+    store.snapshot("equal", session=sess)
+    self._randomize(sess, seed=11)
+    store.restore("equal", session=sess)
+    self._assert_components(sess, before, "restored")
+
+  @parameterized.named_parameters(("host", "host"), ("disk", "disk"))
+  def test_loaded_arrays_go_to_every_replica(self, mode):
+    store, sess = self._setup(mode, 0)
+    rng = np.random.RandomState(12)
+    arrays = {
+      key: helpers.random_value(
+        rng, v.shape.as_list(), v.dtype.base_dtype.as_numpy_dtype
+      )
+      for key, v in store.variables.items()
+    }
+    tag = store.load_arrays(arrays, session=sess)
+    self._randomize(sess, seed=13)
+    store.restore(tag, session=sess)
+    for v in self.variables:
+      for part in v.values:
+        helpers.assert_bit_equal(sess.run(part), arrays[v.op.name], part.name)
+
+  def test_a_store_reopening_the_spill_file_writes_the_first_to_all(self):
+    # The file holds one value per variable, the first replica's; the other
+    # replicas stayed in the memory of the store that spilled it.
+    path = os.path.join(tempfile.mkdtemp(), "spill.h5")
+    store, sess = self._setup("disk", 0, spill_path=path)
+    first = self._first(self._randomize(sess, seed=14))
     store.snapshot("differ", session=sess)
-    sess.run(same)
+    store.close()
+    store, sess = self._setup("disk", 0, spill_path=path)
+    self.assertEqual(store.tags(), ["differ"])
+    self._randomize(sess, seed=15)
     store.restore("differ", session=sess)
-    got = [sess.run(p) for p in stats.values]
-    helpers.assert_bit_equal(got[0], np.zeros([3], np.float32))
-    helpers.assert_bit_equal(got[1], np.full([3], 2.0, np.float32))
+    for v in self.variables:
+      for part in v.values:
+        helpers.assert_bit_equal(sess.run(part), first[v.op.name], part.name)
+
+  @parameterized.named_parameters(("shadows", False), ("packed", True))
+  def test_device_mode_copies_them_as_they_are(self, pack):
+    store, sess = self._setup("device", pack=pack)
+    before = self._randomize(sess, seed=16)
+    store.snapshot("differ", session=sess)
+    self._randomize(sess, seed=17)
+    store.restore("differ", session=sess)
+    self._assert_components(sess, before, "restored")
+
+  @parameterized.named_parameters(("shadows", False), ("packed", True))
+  def test_a_device_snapshot_spilled_to_the_file_restores_them(self, pack):
+    # The file keeps the first replica's value, the other replicas stay in
+    # memory beside it: a restore from the file is exact too.
+    path = os.path.join(tempfile.mkdtemp(), "spill.h5")
+    store, sess = self._setup("device", spill_path=path, pack=pack)
+    before = self._randomize(sess, seed=18)
+    store.snapshot("differ", session=sess)
+    store.files.spill("differ", session=sess)
+    for seed in (19, 20):  # on its way to the file, then in it
+      self._randomize(sess, seed=seed)
+      store.restore("differ", session=sess)
+      self._assert_components(sess, before, "restored")
+      store.files.flush()
+    self.assertEqual(store.files.tier("differ"), "file")
+    arrays = store.arrays("differ", session=sess)
+    for key, value in self._first(before).items():
+      helpers.assert_bit_equal(arrays[key], value, key)
+    # The other replica of stats (float32 [8]) and seeds (int64 [2, 2]).
+    self.assertEqual(store.nbytes, store.param_nbytes + 8 * 4 + 4 * 8)
 
 
 class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
@@ -732,8 +903,9 @@ class LookaheadTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class _Trained(tf.test.TestCase, parameterized.TestCase):
-  """A model trained under the strategy, with Adam's state and the global
-  step, and a store over them."""
+  """A model trained under the strategy, with Adam's state, the global step
+  and statistics each replica writes its own (as Keras 3 batch norm does:
+  the replicas differ), and a store over them."""
 
   def _setup(self, mode, max_to_keep=None):
     graph = tf.Graph()
@@ -743,12 +915,21 @@ class _Trained(tf.test.TestCase, parameterized.TestCase):
       self.x = tf.placeholder(tf.float32, [2, 3])
       with strategy.scope():
         w = tf.get_variable("w", [3, 2])
+        self.stats = tf.get_variable(
+          "stats", [2], trainable=False, initializer=tf.zeros_initializer()
+        )
         step = tf.train.get_or_create_global_step()
         opt = tf.train.AdamOptimizer(0.1)
 
         def replica(x):
           loss = tf.reduce_sum(tf.matmul(x, w))
-          return opt.minimize(loss, global_step=step), loss
+          # This replica's own component: replica i adds (i + 1) * mean(x).
+          i = tf.distribute.get_replica_context().replica_id_in_sync_group
+          i = i if isinstance(i, int) else int(tf.get_static_value(i))
+          own = self.stats.values[i].assign_add(
+            tf.fill([2], tf.reduce_mean(x) * (i + 1.0)), read_value=False
+          )
+          return tf.group(opt.minimize(loss, global_step=step), own), loss
 
         train, loss = run(replica, args=(self.x,))
         self.train_op = strategy.group(train)
@@ -760,7 +941,7 @@ class _Trained(tf.test.TestCase, parameterized.TestCase):
           memory_budget=0,
         )
       self.store = snapstore.SnapshotStore(
-        var_list=[w],
+        var_list=[w, self.stats],
         optimizer=opt,
         include_global_step=True,
         mode=mode,
@@ -782,12 +963,23 @@ class GuardTest(_Trained):
     self._setup(mode)
     self.assertEqual(
       self.store.keys,
-      ("beta1_power", "beta2_power", "global_step", "w", "w/Adam", "w/Adam_1"),
+      (
+        "beta1_power",
+        "beta2_power",
+        "global_step",
+        "stats",
+        "w",
+        "w/Adam",
+        "w/Adam_1",
+      ),
     )
     ones, nans = np.ones([2, 3]), np.full([2, 3], np.nan)
     sess = self.sess
     sess.run(self.train_op, {self.x: ones})
     before = sess.run(self.parts)
+    first, second = sess.run(self.stats.values)
+    helpers.assert_bit_equal(first, np.full([2], 1.0, np.float32))
+    helpers.assert_bit_equal(second, np.full([2], 2.0, np.float32))
     with snapstore.Guard(
       self.store, watch=self.loss, reraise=False, session=sess
     ) as guard:
@@ -848,10 +1040,15 @@ class SnapshotHookTest(_Trained):
     self.assertEqual(hook.snapshots, 4)
     for part, value in zip(self.parts, after):
       self.assertTrue(np.all(np.isfinite(value)), part.name)
-    # The replicas are identical, bit for bit.
+    # The replicas are identical, bit for bit, but those of the statistics
+    # each replica writes: steps 0 and 3 remain, replica i adding i + 1.
     for v in store.variables.values():
       first, second = (after[self.parts.index(p)] for p in v.values)
-      helpers.assert_bit_equal(first, second, v.name)
+      if v is self.stats:
+        helpers.assert_bit_equal(first, np.full([2], 2.0, np.float32))
+        helpers.assert_bit_equal(second, np.full([2], 4.0, np.float32))
+      else:
+        helpers.assert_bit_equal(first, second, v.name)
 
 
 class _PartsRecorder(tf.train.SessionRunHook):

@@ -19,20 +19,35 @@ graph engine gives them the eager engine's semantics
   initialize every replica's shadow from the first replica's (wrong for
   components that differ) and rebuild what is replaced here.
 - **Host reads** (a host snapshot, `arrays()` of any mode) give one value per
-  variable: a mirrored variable's first component (the replicas are equal:
-  the strategy writes every update to all of them; device mode does not need
-  to assume it; a non-trainable one of aggregation NONE, which replicas may
-  write each their own, is checked at each host snapshot, `may_differ`), a
-  sync-on-read one's aggregate computed as TensorFlow reads
+  variable: a mirrored variable's first component (the strategy writes every
+  update to all of them, so the replicas are equal; device mode does not need
+  to assume it), a sync-on-read one's aggregate computed as TensorFlow reads
   it in cross-replica context (`AddN` of the components for SUM, divided by
   their number for MEAN; the first component for ONLY_FIRST_REPLICA and
-  NONE).
-- **Host writes** put a mirrored value into every component, and a
-  sync-on-read one so that the aggregate read back is the same bits: for SUM
-  the value into the first component and zeros (-0.0 for floats, the one
-  zero that leaves every value unchanged when added) into the others;
-  otherwise the value into every component (a mean of equal values is that
-  value exactly when the replica count is a power of two).
+  NONE). That is what `arrays()`, `save_npz` and spill files hold: the value
+  a TF checkpoint saves of a mirrored variable (its primary).
+- **Replicas that differ.** One kind of mirrored variable is not kept equal:
+  a non-trainable one of aggregation NONE, which each replica may write with
+  its own value (`may_differ`: Keras 3 batch-norm statistics). A host
+  snapshot also compares its other components with the first, each on its
+  own device in the same run as the rest, and reads them and keeps them
+  beside the snapshot when their bits differ (`replica_reads`; nothing is
+  read or kept when they are equal, the usual case); a restore writes each
+  component its own kept value, so every replica ends exactly as it was.
+  They are kept in memory only: beside host mode's arrays (disk mode's host
+  tier), and beside a snapshot spilled to a spill file (from disk mode, or
+  from a device slot, which reads them from its component shadows the same
+  way): statistics vectors, small, so that a restore from the file is exact
+  too while the store lives. The file itself holds the first replica's
+  value, and arrays given to `load_arrays` (or read from a file by another
+  store) are written to every replica alike.
+- **Host writes** put a mirrored value into every component (then a kept
+  replica's own value into its component, as above), and a sync-on-read one
+  so that the aggregate read back is the same bits: for SUM the value into
+  the first component and zeros (-0.0 for floats, the one zero that leaves
+  every value unchanged when added) into the others; otherwise the value
+  into every component (a mean of equal values is that value exactly when
+  the replica count is a power of two).
 
     parts = components(v)                  # [v] for an ordinary variable
     value = aggregate(v, [read(c) for c in parts])
@@ -227,42 +242,70 @@ def may_differ(variable):
   )
 
 
-def differs(variable):
+def replica_layout(variables):
+  """`[(index, count)]`: for each of `variables` whose replicas may differ
+  (`may_differ`), its position and its number of components after the
+  first, in order: what a snapshot's kept replicas are laid out by
+  (`snapstore.modes.base.kept_replicas`)."""
+  return [
+    (i, len(components(v)) - 1)
+    for i, v in enumerate(variables)
+    if may_differ(v)
+  ]
+
+
+def differs(variable, values=None):
   """A bool tensor: whether a component's bits differ from the first's
-  (each compared on its own device)."""
+  (each compared on its own device).
+
+  Args:
+    variable: A distributed variable.
+    values: One tensor per component, on its device, to compare instead of
+      the components' own values (reads of their shadows), or None.
+  """
   parts = components(variable)
-  first = _bits(parts[0].value())
+  if values is None:
+    values = [part.value() for part in parts]
+  first = _bits(values[0])
   flags = []
-  for part in parts[1:]:
+  for part, value in zip(parts[1:], values[1:]):
     with ops.colocate_with(part):
-      flags.append(tf.reduce_any(tf.not_equal(_bits(part.value()), first)))
+      flags.append(tf.reduce_any(tf.not_equal(_bits(value), first)))
   return tf.reduce_any(tf.stack(flags))
 
 
-def check_replicas_equal(keys, flags):
-  """Refuses a host snapshot of replicas that differ (`may_differ`).
+def replica_reads(variable, values=None):
+  """What a host snapshot reads of a `may_differ` variable besides its
+  value (module doc, "Replicas that differ").
 
   Args:
-    keys: The store's keys of the variables checked.
-    flags: `differs(variable)` of each, evaluated.
+    variable: A variable for which `may_differ` is True.
+    values: As for `differs`: the values to read instead of the
+      components' (a device slot's shadows), or None.
 
-  Raises:
-    ValueError: Some of them differ; names them and the fixes.
+  Returns:
+    `(flag, values)`: `differs(variable, values)`, and one tensor per
+    component after the first, on that component's device: its value where
+    the flag is set, else an empty vector, so that equal replicas (the usual
+    case) cost a comparison on each device and no transfer.
   """
-  differing = [key for key, flag in zip(keys, flags) if flag]
-  if not differing:
-    return
-  raise ValueError(
-    "The replicas of %s hold different values: each replica writes its "
-    "own (a non-trainable mirrored variable of aggregation NONE, such as "
-    "Keras 3 BatchNormalization's moving statistics, each from its "
-    "replica's part of the batch). Host and disk mode keep one value per "
-    "variable and write it into every replica, so a restore would give all "
-    "replicas the first one's. Nothing was snapshotted. Fix: "
-    'mode="device" (a shadow per replica, each copied as it is), or keep '
-    "the replicas equal (BatchNormalization(synchronized=True))."
-    % ", ".join(repr(k) for k in differing)
-  )
+  flag = differs(variable, values)
+  parts = components(variable)
+  if values is None:
+    values = [part.value for part in parts]  # read in the branch
+  else:
+    values = [lambda value=value: tf.identity(value) for value in values]
+  out = []
+  for part, read in zip(parts[1:], values[1:]):
+    with ops.colocate_with(part):
+      out.append(
+        tf.cond(
+          flag,
+          read,
+          lambda dtype=part.dtype.base_dtype: tf.zeros([0], dtype),
+        )
+      )
+  return flag, out
 
 
 def _bits(value):

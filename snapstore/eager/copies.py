@@ -16,6 +16,7 @@ the next update of the variable, not by the snapshot call.
 
 from snapstore._tf import tf
 from snapstore._tf import tf2
+from snapstore.core.distributed import replica_reads
 from snapstore.eager import distributed
 
 
@@ -48,30 +49,52 @@ def copier(sources, targets, name):
   return traced(copy, name)
 
 
-def reader(variables, name):
+def reader(variables, name, replicas=()):
   """A function returning the values of `variables` (tensors on their devices;
-  one value per distributed variable, see `distributed.read`)."""
+  one value per distributed variable, see `distributed.read`).
+
+  With `replicas` (variables whose replicas may differ), after those values
+  it returns one flag per variable of `replicas`, then the values of their
+  other components where the flag is set (`core.distributed.replica_reads`).
+  """
   variables = list(variables)
+  replicas = list(replicas)
 
   def read():
-    return [distributed.read(v) for v in variables]
+    flags, parts = [], []
+    for v in replicas:
+      flag, values = replica_reads(v)
+      flags.append(flag)
+      parts.extend(values)
+    return [distributed.read(v) for v in variables] + flags + parts
 
   return traced(read, name)
 
 
-def assigner(variables, specs, name):
+def assigner(variables, specs, name, parts=()):
   """A function assigning one value per variable, `fn(*values)`.
 
   The input signature is each variable's shape and dtype, so the function
   never retraces. It casts values of another dtype silently, so callers pass
   arrays checked against `specs` (`VariableSet.check_declared`).
+
+  With `parts` (component variables), it takes one more value for each and
+  writes it into that component, on its device, after the variables'.
   """
   variables = list(variables)
-  signature = [tf2.TensorSpec(s.shape, s.dtype) for s in specs]
+  parts = list(parts)
+  signature = [tf2.TensorSpec(s.shape, s.dtype) for s in specs] + [
+    tf2.TensorSpec(p.shape, p.dtype) for p in parts
+  ]
 
   def assign(*values):
     for var, value in zip(variables, values):
       distributed.write(var, value)
+    # After the writes above, which wrote these components too: a traced
+    # function runs the writes of one variable in program order.
+    for part, value in zip(parts, values[len(variables) :]):
+      with tf.device(part.device):
+        part.assign(value, read_value=False)
 
   return traced(assign, name, signature)
 

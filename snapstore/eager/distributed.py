@@ -16,18 +16,20 @@ replica device (`v.values`). The eager engine treats it so:
 - **Host snapshots** read a mirrored variable's first component (the
   replicas are equal: the strategy writes every update to all of them, which
   device mode does not need to assume; a non-trainable one of aggregation
-  NONE, which replicas may write each their own, is checked at every
-  snapshot: `core.distributed.may_differ`) and a sync-on-read one as TensorFlow
-  reads it in cross-replica context (its aggregate: the sum of a counter's
-  components, ...); under a multi-worker strategy, this worker's aggregate
-  of its own components (`snapstore/eager/multi_worker.py`). A **host restore** writes a mirrored value to every
-  component; a sync-on-read value so that the aggregate read back is the same
-  bits: for SUM the value into the first component and zeros (-0.0 for
-  floats, the one zero that leaves every value unchanged when added) into the
-  others; for MEAN, ONLY_FIRST_REPLICA and NONE the value into every
-  component (a mean of equal values is that value exactly when the replica
-  count is a power of two; device mode copies components and needs no such
-  rule).
+  NONE, which replicas may write each their own, is compared at every
+  snapshot and its other components kept too where they differ, each
+  restored into its own: `core.distributed`, "Replicas that differ") and a
+  sync-on-read one as TensorFlow reads it in cross-replica context (its
+  aggregate: the sum of a counter's components, ...); under a multi-worker
+  strategy, this worker's aggregate of its own components
+  (`snapstore/eager/multi_worker.py`). A **host restore** writes a mirrored
+  value to every component; a sync-on-read value so that the aggregate read
+  back is the same bits: for SUM the value into the first component and
+  zeros (-0.0 for floats, the one zero that leaves every value unchanged
+  when added) into the others; for MEAN, ONLY_FIRST_REPLICA and NONE the
+  value into every component (a mean of equal values is that value exactly
+  when the replica count is a power of two; device mode copies components
+  and needs no such rule).
 - **In-step copies** inside `strategy.run` (replica context) read and write
   the local component only (`local`): each replica snapshots its own.
 """

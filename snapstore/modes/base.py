@@ -12,8 +12,13 @@ Graph ops are built in `__init__` only; methods run them.
 
 import abc
 
+import numpy as np
+
+from snapstore._tf import tf
 from snapstore.core import copies
+from snapstore.core import distributed
 from snapstore.core import sessions
+from snapstore.core import variables
 
 
 class CopyMode(abc.ABC):
@@ -93,6 +98,14 @@ class CopyMode(abc.ABC):
   def arrays(self, tag, session):
     """The snapshot `tag` as numpy arrays in spec order (never to be written)."""
 
+  def replicas(self, tag, session):
+    """What snapshot `tag` holds of replicas that differ, besides its
+    `arrays`: `{index: (array, ...)}` (see `kept_replicas`), for
+    `array_writer`'s function, or None when they were equal or the store
+    has no variable whose replicas may differ."""
+    del tag, session
+    return None
+
   @abc.abstractmethod
   def delete(self, tag):
     """Drops the snapshot `tag`."""
@@ -146,14 +159,13 @@ class CopyMode(abc.ABC):
     """Waits for background work; raises as `check`."""
 
   def array_writer(self, name):
-    """A function `(arrays, session)` writing arrays into the variables.
+    """A function `(arrays, session, replicas=None)` writing arrays into the
+    variables, and `replicas` (what `replicas(tag)` gave) into theirs.
 
     For snapshots held outside the mode (a spill file's). Its ops are built
     now: call it when the store is built.
     """
-    feeder = copies.Feeder(self._varset.specs, name + "_feed")
-    op = feeder.assign_to(self._varset.variables, name)
-    return lambda arrays, session: self._feed(session, op, feeder, arrays)
+    return ArrayWriter(self._varset, name + "_feed", name)
 
   def _run(self, session, fetches):
     return sessions.run_cached(session, fetches)
@@ -163,3 +175,116 @@ class CopyMode(abc.ABC):
     return sessions.run_cached(
       session, op, feeder.placeholders, feeder.values(arrays)
     )
+
+
+class ArrayWriter(object):
+  """Writes arrays into the variables, with one `session.run` (graph mode).
+
+  Called `(arrays, session, replicas=None)`: `arrays` one per variable (a
+  distributed one's as a host write writes it, see
+  `snapstore.core.distributed`), then `replicas` (what a mode's
+  `replicas(tag)` gave) each into its own component. Its placeholders and
+  ops are built at construction.
+
+  Args:
+    varset: The store's `VariableSet`.
+    feed_name: Name scope of the placeholders.
+    name: Name of the op writing the variables.
+  """
+
+  def __init__(self, varset, feed_name, name):
+    self._feeder = copies.Feeder(varset.specs, feed_name)
+    self._op = self._feeder.assign_to(varset.variables, name)
+    self._layout = distributed.replica_layout(varset.variables)
+    parts = [
+      part
+      for i, _ in self._layout
+      for part in distributed.components(varset.variables[i])[1:]
+    ]
+    self._replica_feeder = self._replica_op = None
+    if parts:
+      self._replica_feeder = copies.Feeder(
+        component_specs(parts), feed_name + "_replicas"
+      )
+      # After the variables' writes, which wrote these components too.
+      with tf.control_dependencies([self._op]):
+        self._replica_op = self._replica_feeder.assign_to(
+          parts, name + "_replicas"
+        )
+
+  def __call__(self, arrays, session, replicas=None):
+    if not replicas:
+      sessions.run_cached(
+        session,
+        self._op,
+        self._feeder.placeholders,
+        self._feeder.values(arrays),
+      )
+      return
+    values = replica_values(self._layout, arrays, replicas)
+    sessions.run_cached(
+      session,
+      self._replica_op,
+      self._feeder.placeholders + self._replica_feeder.placeholders,
+      self._feeder.values(arrays) + self._replica_feeder.values(values),
+    )
+
+
+def component_specs(parts):
+  """`VariableSpec`s of component variables, to feed them."""
+  return [
+    variables.VariableSpec(p.op.name, p, tuple(p.shape.as_list()), dtype)
+    for p in parts
+    for dtype in [np.dtype(p.dtype.base_dtype.as_numpy_dtype)]
+  ]
+
+
+# -- replicas that differ (see `snapstore.core.distributed`) -----------------
+#
+# A snapshot of mirrored variables whose replicas may differ keeps, besides
+# one array per variable (the first replica's), the other replicas' values of
+# those whose replicas differed: `{index: (array, ...)}`, by the variable's
+# index in key order, one array per component after the first; None when all
+# were equal (the usual case: nothing more is kept). `layout` is
+# `distributed.replica_layout(variables)`.
+
+
+def kept_replicas(layout, flags, values, to_array):
+  """The replicas a snapshot keeps, from what it read.
+
+  Args:
+    layout: `distributed.replica_layout` of the store's variables.
+    flags: One bool per entry of `layout`: whether its replicas differed.
+    values: The other components' values of those variables, flattened in
+      `layout` order (`distributed.replica_reads`); those of a variable
+      whose flag is False are not looked at.
+    to_array: Makes a store-owned numpy array of one of `values`.
+
+  Returns:
+    `{index: (array, ...)}`, or None when no replicas differed.
+  """
+  kept = {}
+  start = 0
+  for (index, count), flag in zip(layout, flags):
+    if flag:
+      kept[index] = tuple(to_array(v) for v in values[start : start + count])
+    start += count
+  return kept or None
+
+
+def replica_values(layout, arrays, replicas):
+  """What a restore writes into each other component of the variables in
+  `layout` (flattened): the kept value, or the snapshot's own array where
+  none is kept."""
+  out = []
+  for index, count in layout:
+    kept = replicas.get(index)
+    out.extend(kept if kept is not None else [arrays[index]] * count)
+  return out
+
+
+def replicas_nbytes(replicas):
+  """Bytes of a snapshot's kept replicas (None for none)."""
+  if not replicas:
+    return 0
+  return sum(a.nbytes for kept in replicas.values() for a in kept)

@@ -59,6 +59,7 @@ from snapstore.core import sessions
 from snapstore.core import shadows
 from snapstore.core import variables
 from snapstore import errors
+from snapstore.modes import base
 from snapstore.modes import slot_book
 
 # The message of the check that a slot is initialized before a restore.
@@ -107,6 +108,9 @@ class DeviceMode(slot_book.SlotBook):
       for part in distributed.components(v):
         self._primaries.append(part)
         self._owners.append(i)
+    # Mirrored variables whose replicas may differ: a spill reads their
+    # other components' shadows too (`replicas`).
+    self._layout = distributed.replica_layout(varset.variables)
     primaries = self._primaries
     # What each shadow in a slot stands for: a variable, or a packed group.
     self._units = packing.plan(primaries, name, pack)
@@ -173,9 +177,11 @@ class DeviceMode(slot_book.SlotBook):
         self._checked([gate for _, _, gate in restores]),
       )
       self._any_reads = self._host_values(values)
+      self._any_replicas = self._replica_reads(values)
       self._unstash_op = self._restore_any
     else:
       self._slot_reads = [self._host_values(v) for _, v, _ in restores]
+      self._slot_replicas = [self._replica_reads(v) for _, v, _ in restores]
       self._unstash_op = self._copy_out([self._scratch], "unstash")[0]
     if not self._distributed:
       # Writing arrays into a slot is its snapshot op with the primaries'
@@ -350,6 +356,22 @@ class DeviceMode(slot_book.SlotBook):
       return list(self._select(session, self._any_reads, slot))
     return list(self._run(session, self._slot_reads[slot]))
 
+  def replicas(self, tag, session):
+    """The slot's replicas that differ (`base.kept_replicas`): for a spill
+    file, which keeps one array per variable."""
+    if not self._layout:
+      return None
+    slot = self._slot_of[tag]
+    if self._one_signature:
+      values = self._select(session, self._any_replicas, slot)
+    else:
+      values = self._run(session, self._slot_replicas[slot])
+    k = len(self._layout)
+    # The arrays a run fetches are new: kept as they are.
+    return base.kept_replicas(
+      self._layout, values[:k], values[k:], lambda array: array
+    )
+
   def stash(self, session):
     self._scratch_used = True
     self._run(session, self._stash_op)
@@ -455,6 +477,20 @@ class DeviceMode(slot_book.SlotBook):
       distributed.aggregate(v, parts)
       for v, parts in zip(self._varset.variables, per_owner)
     ]
+
+  def _replica_reads(self, values):
+    """`distributed.replica_reads` of each variable whose replicas may
+    differ, from `values`, one per shadowed variable (`_primaries`): the
+    flags, then the reads, flattened."""
+    flags, reads = [], []
+    for index, _ in self._layout:
+      parts = [x for x, o in zip(values, self._owners) if o == index]
+      flag, more = distributed.replica_reads(
+        self._varset.variables[index], parts
+      )
+      flags.append(flag)
+      reads.extend(more)
+    return flags + reads
 
   def _copy_out(self, shadow_sets, name, gate=None):
     """One op copying a set of shadows into the variables (a distributed

@@ -18,11 +18,16 @@ function on first use.
 `tf.function` (`snapstore/eager/in_step.py`).
 """
 
+import numpy as np
+
 from snapstore._tf import tf2
+from snapstore.core import buffers
+from snapstore.core.distributed import replica_layout
 from snapstore.eager import copies
 from snapstore.eager import distributed
 from snapstore.eager import multi_worker
 from snapstore import errors
+from snapstore.modes import base
 from snapstore.modes import slot_book
 
 
@@ -63,6 +68,18 @@ class EagerDeviceMode(slot_book.SlotBook):
     self._unstash = copies.copier(self._scratch, p, "unstash")
     self._reads = [
       copies.Lazy(lambda s=s, k=k: copies.reader(s, "read_%d" % k))
+      for k, s in enumerate(self._slots)
+    ]
+    # The other replicas of a slot's mirrored variables whose replicas may
+    # differ, when they do: for a spill file, which keeps one array per
+    # variable (`replicas`).
+    self._layout = replica_layout(varset.variables)
+    self._replica_reads = [
+      copies.Lazy(
+        lambda s=s, k=k: copies.reader(
+          [], "read_replicas_%d" % k, [s[i] for i, _ in self._layout]
+        )
+      )
       for k, s in enumerate(self._slots)
     ]
     self._puts = [
@@ -133,6 +150,19 @@ class EagerDeviceMode(slot_book.SlotBook):
     del session
     return [t.numpy() for t in self._reads[self._slot_of[tag]]()]
 
+  def replicas(self, tag, session):
+    del session
+    if not self._layout:
+      return None
+    values = self._replica_reads[self._slot_of[tag]]()
+    k = len(self._layout)
+    return base.kept_replicas(
+      self._layout,
+      [bool(flag) for flag in values[:k]],
+      values[k:],
+      lambda value: buffers.aligned_copy(np.asarray(memoryview(value))),
+    )
+
   def stash(self, session):
     del session
     self._scratch_used = True
@@ -148,11 +178,24 @@ class EagerDeviceMode(slot_book.SlotBook):
 
 
 def _writer(variables, specs, name):
+  """`CopyMode.array_writer`'s function for eager variables."""
   write = copies.assigner(variables, specs, name)
+  layout = replica_layout(variables)
+  parts = [
+    part for i, _ in layout for part in distributed.components(variables[i])[1:]
+  ]
+  # The variables, then the kept replicas each into its own component
+  # (built on first use: most snapshots have none).
+  write_replicas = copies.Lazy(
+    lambda: copies.assigner(variables, specs, name + "_replicas", parts)
+  )
 
-  def run(arrays, session):
+  def run(arrays, session, replicas=None):
     del session
-    write(*arrays)
+    if not replicas:
+      write(*arrays)
+      return
+    write_replicas(*arrays, *base.replica_values(layout, arrays, replicas))
 
   return run
 

@@ -7,7 +7,10 @@ memory with TensorFlow, so training cannot change them and they stay valid on
 any device. A restore is one traced assign of every variable, fed the arrays
 (its input signature is the variables' shapes and dtypes, so it never
 retraces; the arrays are checked before they reach it, because it would cast
-another dtype silently). Disk mode is this mode under a spill file's budget
+another dtype silently). The replicas of a mirrored variable that each
+replica writes alone are compared in the same read; where they differ, their
+other components are copied too and a restore writes each its own
+(`host_book`). Disk mode is this mode under a spill file's budget
 (`EagerDiskMode`).
 """
 
@@ -18,8 +21,9 @@ import numpy as np
 from snapstore.core import buffers
 from snapstore.core import distributed
 from snapstore.eager import copies
-from snapstore.modes import host_book
+from snapstore.modes import base
 from snapstore.modes import disk
+from snapstore.modes import host_book
 
 
 class EagerHostMode(host_book.HostBook):
@@ -35,24 +39,23 @@ class EagerHostMode(host_book.HostBook):
 
   def __init__(self, varset, max_to_keep, name):
     super(EagerHostMode, self).__init__(varset, max_to_keep, name)
-    self._read = copies.reader(varset.variables, "read")
+    self._start_book()
     # Mirrored variables whose replicas may differ (each replica writes its
-    # own): checked before each snapshot, which keeps one value for all.
-    self._checked = [
-      (key, v)
-      for key, v in zip(varset.keys, varset.variables)
-      if distributed.may_differ(v)
-    ]
-    self._differ = (
-      copies.traced(
-        lambda: [distributed.differs(v) for _, v in self._checked],
-        "check_replicas",
-      )
-      if self._checked
-      else None
-    )
+    # own): each snapshot's read also says whether they differ and, where
+    # they do, gives their other components (host_book's module doc).
+    replicas = [varset.variables[i] for i, _ in self._layout]
+    self._read = copies.reader(varset.variables, "read", replicas)
     self._read()  # its first run optimizes it: at build, not in the loop
     self._write = copies.assigner(varset.variables, varset.specs, "restore")
+    # A restore with kept replicas: the snapshot's values, then each kept
+    # replica into its own component (built on first use: most stores never
+    # see replicas that differ).
+    parts = [p for v in replicas for p in distributed.components(v)[1:]]
+    self._write_replicas = copies.Lazy(
+      lambda: copies.assigner(
+        varset.variables, varset.specs, "restore_replicas", parts
+      )
+    )
     # evaluate_with sets the current values aside as tensors, component by
     # component (a read keeps its value while the variables change: copy on
     # write), and writes them back the same way: no host round trip, and
@@ -63,7 +66,6 @@ class EagerHostMode(host_book.HostBook):
       lambda: copies.component_assigner(v, "unstash")
     )
     self._initializer = None
-    self._start_book()
 
   def take(self, tag, session, victim=None):
     del session
@@ -73,11 +75,11 @@ class EagerHostMode(host_book.HostBook):
     old = self._snapshots.get(tag)
     if old is None and victim is not None:
       old = self._snapshots.get(victim)
-    self._keep(tag, self._fetch(_unshared(old)), victim)
+    arrays, replicas = self._fetch(_unshared(old))
+    self._keep(tag, arrays, victim, replicas)
 
   def restore(self, tag, session):
-    del session
-    self._write(*self._snapshots[tag])
+    self._load(self._snapshots[tag], session, self._replicas.get(tag))
 
   def stash(self, session):
     del session
@@ -89,20 +91,34 @@ class EagerHostMode(host_book.HostBook):
 
   def array_writer(self, name):
     del name
+    return self._load
 
-    def run(arrays, session):
-      del session
+  def _load(self, arrays, session, replicas=None):
+    del session
+    if not replicas:
       self._write(*arrays)
-
-    return run
+      return
+    self._write_replicas(
+      *arrays, *base.replica_values(self._layout, arrays, replicas)
+    )
 
   def _fetch(self, into=None):
     """Copies of the variables' values, in store-owned aligned arrays (`into`,
-    arrays of a dropped snapshot, or new ones)."""
+    arrays of a dropped snapshot, or new ones), and the replicas to keep
+    (host_book's module doc; None for none)."""
     out = []
-    self._check_replicas()
     values = self._read()  # first: a failed read leaves `into` as it was
-    for i, (value, spec) in enumerate(zip(values, self._varset.specs)):
+    specs = self._varset.specs
+    n, k = len(specs), len(self._layout)
+    replicas = None
+    if k:
+      replicas = base.kept_replicas(
+        self._layout,
+        [bool(flag) for flag in values[n : n + k]],
+        values[n + k :],
+        lambda value: buffers.aligned_copy(np.asarray(memoryview(value))),
+      )
+    for i, (value, spec) in enumerate(zip(values[:n], specs)):
       if into is not None:
         array = into[i]
         array.setflags(write=True)
@@ -111,18 +127,7 @@ class EagerHostMode(host_book.HostBook):
       # A zero-copy view of TF's buffer, copied once into the store's array.
       np.copyto(array, np.asarray(memoryview(value)))
       out.append(array)
-    return out
-
-  def _check_replicas(self):
-    """Refuses a snapshot of replicas that hold different values.
-
-    Raises:
-      ValueError: A mirrored variable's replicas differ.
-    """
-    if self._differ is not None:
-      distributed.check_replicas_equal(
-        [key for key, _ in self._checked], self._differ()
-      )
+    return out, replicas
 
 
 def _unshared(arrays):

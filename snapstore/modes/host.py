@@ -19,18 +19,19 @@ A restore feeds the arrays into placeholders built once and runs one grouped
 assign. A `tf.distribute` variable is read and written as
 `snapstore.core.distributed` says: one array per variable (a mirrored one's
 first component, a sync-on-read one's aggregate), written back to every
-component. Host memory holds `len(store) * store.param_nbytes` bytes; the device
-holds nothing extra.
+component; the replicas of a mirrored variable that each replica writes
+alone are compared in the same run, and when they differ, the other
+components are fetched too and restored each into its own (`host_book`).
+Host memory holds `len(store) * store.param_nbytes` bytes, plus those
+replicas; the device holds nothing extra.
 """
-
-import numpy as np
 
 from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.core import attached
 from snapstore.core import copies
 from snapstore.core import distributed
-from snapstore.core import variables
+from snapstore.modes import base
 from snapstore.modes import host_book
 
 
@@ -47,6 +48,7 @@ class HostMode(host_book.HostBook):
 
   def __init__(self, varset, max_to_keep, name):
     super(HostMode, self).__init__(varset, max_to_keep, name)
+    self._start_book()
     reads = copies.SharedReads()
     self._reads = [reads(v) for v in varset.variables]
     self._copies = []
@@ -56,18 +58,21 @@ class HostMode(host_book.HostBook):
       with ops.colocate_with(distributed.anchor(var)):
         self._copies.append(tf.raw_ops.Snapshot(input=value))
     # Mirrored variables whose replicas may differ (each replica writes its
-    # own): checked before each snapshot, which keeps one value for all.
-    self._checked = [
-      (key, v)
-      for key, v in zip(varset.keys, varset.variables)
-      if distributed.may_differ(v)
-    ]
-    self._differ = [distributed.differs(v) for _, v in self._checked]
+    # own): each snapshot also fetches whether they differ and, where they
+    # do, their other components (host_book's module doc), in the same run.
+    flags, values = [], []
+    for index, _ in self._layout:
+      flag, reads_of_parts = distributed.replica_reads(varset.variables[index])
+      flags.append(flag)
+      values.extend(reads_of_parts)
+    self._reads += flags + values
+    self._copies += flags + values
     self._fetches = attached.PerObject(
       "host_fetches"
     )  # per session: which of the two
-    self._feeder = copies.Feeder(varset.specs, "feed")
-    self._load_op = self._feeder.assign_to(varset.variables, "restore")
+    # Writes a snapshot's arrays, and its kept replicas each into its own
+    # component.
+    self._load = base.ArrayWriter(varset, "feed", "restore")
     # What `stash` sets aside: the variables, or with distributed ones every
     # component, so that `unstash` gives each replica back its own bits (a
     # host value written back would make a sync-on-read variable's
@@ -75,29 +80,24 @@ class HostMode(host_book.HostBook):
     self._parts = None
     if any(distributed.is_distributed(v) for v in varset.variables):
       parts = [p for v in varset.variables for p in distributed.components(v)]
-      specs = [
-        variables.VariableSpec(p.op.name, p, tuple(p.shape.as_list()), dtype)
-        for p in parts
-        for dtype in [np.dtype(p.dtype.base_dtype.as_numpy_dtype)]
-      ]
       self._parts = (
         [reads(p) for p in parts],
-        copies.Feeder(specs, "stash_feed"),
+        copies.Feeder(base.component_specs(parts), "stash_feed"),
       )
       self._parts += (self._parts[1].assign_to(parts, "unstash"),)
     self._initializer = tf.no_op(name="initializer")
-    self._start_book()
 
   def take(self, tag, session, victim=None):
-    self._keep(tag, self._fetch(session), victim)
+    arrays, replicas = self._fetch(session)
+    self._keep(tag, arrays, victim, replicas)
 
   def restore(self, tag, session):
-    self._load(self._snapshots[tag], session)
+    self._load(self._snapshots[tag], session, self._replicas.get(tag))
 
   def stash(self, session):
     if self._parts is not None:
       return self._run(session, self._parts[0])
-    return self._fetch(session)
+    return self._fetch(session)[0]  # no replicas: nothing is distributed
 
   def unstash(self, token, session):
     if self._parts is not None:
@@ -106,19 +106,26 @@ class HostMode(host_book.HostBook):
       return
     self._load(token, session)
 
+  def array_writer(self, name):
+    # The restore's own feeds and ops serve a spill file's snapshots too.
+    del name
+    return self._load
+
   def _fetch(self, session):
-    if self._differ:  # replicas that may differ: refused if they do
-      distributed.check_replicas_equal(
-        [key for key, _ in self._checked], self._run(session, self._differ)
-      )
+    """The variables' host values, and the replicas to keep (host_book)."""
     fetches = self._fetches.get(session)
     if fetches is None:
       fetches = self._copies if _local_cpu_only(session) else self._reads
       self._fetches.set(session, fetches)
-    return self._run(session, fetches)
-
-  def _load(self, arrays, session):
-    self._feed(session, self._load_op, self._feeder, arrays)
+    values = self._run(session, fetches)
+    n, k = len(self._varset.variables), len(self._layout)
+    if not k:
+      return values, None
+    # The arrays a run fetches are new (module doc): kept as they are.
+    replicas = base.kept_replicas(
+      self._layout, values[n : n + k], values[n + k :], lambda array: array
+    )
+    return values[:n], replicas
 
 
 def _local_cpu_only(session):

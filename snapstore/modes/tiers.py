@@ -16,6 +16,14 @@ background. It leaves host memory only after its write is committed. `restore`,
 spilled one is read, checked (names, shapes, dtypes, checksums) and then fed to
 the variables by placeholders and one grouped assign built at construction.
 
+A snapshot of mirrored variables whose replicas differ (a device slot's, or
+a host snapshot's kept replicas: `CopyMode.replicas`, see
+`snapstore.core.distributed`) is spilled as one array per variable, the first
+replica's, as `arrays()` gives it; the other replicas' values stay in host
+memory beside it (statistics vectors, small; counted in `nbytes`), so a
+restore from the file is exact while the store lives. A store that adopts
+the file writes each variable's value into every replica.
+
 With a spill file, device and host stores bound only their fast tier by
 `max_to_keep` (eviction drops the oldest snapshot of the fast tier, as without
 a file); a spilled snapshot stays in the file until `delete(tag)`. The disk
@@ -58,17 +66,24 @@ _FAILED = "failed"
 
 
 class _Held(object):
-  """A snapshot in host memory on its way to the file, and its write job."""
+  """A snapshot in host memory on its way to the file, and its write job.
 
-  def __init__(self, tag, info, arrays):
+  `replicas` is what the fast tier held of replicas that differ
+  (`CopyMode.replicas`): it stays in memory beside the file's copy.
+  """
+
+  def __init__(self, tag, info, arrays, replicas=None):
     self.tag = tag
     self.info = info
     self.arrays = tuple(arrays)
+    self.replicas = replicas
     self.state = _QUEUED
 
   @property
   def nbytes(self):
-    return sum(a.nbytes for a in self.arrays)
+    return sum(a.nbytes for a in self.arrays) + base.replicas_nbytes(
+      self.replicas
+    )
 
 
 class TieredMode(base.CopyMode):
@@ -113,6 +128,9 @@ class TieredMode(base.CopyMode):
     self._step_index = _global_step_index(varset)
     self._held = {}  # tag -> _Held
     self._in_file = {}  # tag -> SpillEntry
+    # tag -> replicas of a spilled snapshot (see `_Held`): kept in memory,
+    # so that its restore is exact while the store lives.
+    self._file_replicas = {}
     self._errors = []  # (tag, what, exception) not yet reported
     self._writing = True  # False after a failed write, until one succeeds
     self._file = spill_file.SpillFile.open_for_writing(
@@ -246,7 +264,11 @@ class TieredMode(base.CopyMode):
 
   @property
   def nbytes(self):
-    return self._inner.nbytes + sum(h.nbytes for h in self._held.values())
+    return (
+      self._inner.nbytes
+      + sum(h.nbytes for h in self._held.values())
+      + sum(base.replicas_nbytes(r) for r in self._file_replicas.values())
+    )
 
   def take(self, tag, session, victim=None):
     self._inner.take(tag, session, self._inner_victim(victim))
@@ -261,7 +283,7 @@ class TieredMode(base.CopyMode):
       self._inner.restore(tag, session)
     else:
       arrays = self.arrays(tag, session)  # read and checked in full first
-      self._write_arrays(arrays, session)
+      self._write_arrays(arrays, session, self.replicas(tag, session))
 
   def arrays(self, tag, session):
     if tag in self._held:
@@ -273,6 +295,13 @@ class TieredMode(base.CopyMode):
       return values
     return self._inner.arrays(tag, session)
 
+  def replicas(self, tag, session):
+    if tag in self._held:
+      return self._held[tag].replicas
+    if tag in self._in_file:
+      return self._file_replicas.get(tag)
+    return self._inner.replicas(tag, session)
+
   def delete(self, tag):
     if tag in self._held:
       held = self._held.pop(tag)
@@ -280,6 +309,7 @@ class TieredMode(base.CopyMode):
         self._writer.submit(_Delete(self._file, tag))
     elif tag in self._in_file:
       del self._in_file[tag]
+      self._file_replicas.pop(tag, None)
       self._writer.submit(_Delete(self._file, tag))
     else:
       self._inner.delete(tag)
@@ -386,6 +416,7 @@ class TieredMode(base.CopyMode):
       self._release.detach()
       self._inner.close()
       self._held.clear()
+      self._file_replicas.clear()
       self.closed = True
 
   def _before_close(self):
@@ -425,7 +456,12 @@ class TieredMode(base.CopyMode):
 
   def _move_to_file(self, tag, info, session):
     """Hands fast-tier snapshot `tag` to the writer; returns its bytes."""
-    held = _Held(tag, info, self._inner.arrays(tag, session))
+    held = _Held(
+      tag,
+      info,
+      self._inner.arrays(tag, session),
+      self._inner.replicas(tag, session),
+    )
     self._inner.delete(tag)
     self._queue(held)
     return held.nbytes
@@ -463,6 +499,8 @@ class TieredMode(base.CopyMode):
         if error is None:
           del self._held[job.tag]
           self._in_file[job.tag] = job.entry
+          if job.held.replicas:
+            self._file_replicas[job.tag] = job.held.replicas
           self._writing = True
         else:
           job.held.state = _FAILED
@@ -523,7 +561,11 @@ class _Write(object):
       self._compression_opts,
     )
     self.entry = spill_file.SpillEntry(
-      held.tag, held.info.time, self._step, held.nbytes, self._keys
+      held.tag,
+      held.info.time,
+      self._step,
+      sum(a.nbytes for a in held.arrays),  # what the file holds
+      self._keys,
     )
 
 

@@ -757,6 +757,70 @@ def test_under_mirrored_strategy_every_replica_rolls_back_exactly(
   assert "train_step" not in vars(model)
 
 
+def _host_store(mode, tmp_path):
+  """A store function: a host or disk store of the model and optimizer."""
+
+  def make(model):
+    options = {}
+    if mode == "disk":
+      options = dict(spill_path=str(tmp_path / "spill.h5"), memory_budget=0)
+    return snapstore.SnapshotStore(
+      var_list=model,
+      optimizer=model.optimizer,
+      mode=mode,
+      max_to_keep=2,
+      **options,
+    )
+
+  return make
+
+
+@needs_two_cpus
+@common.needs_keras_3  # tf-keras's statistics are sync-on-read (see below)
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_under_mirrored_strategy_host_mode_rolls_each_replica_back(
+  mode, tmp_path
+):
+  # As above, with a host (disk) store. Keras 3's batch-norm statistics are
+  # mirrored, written by each replica from its half of the batch: their
+  # replicas differ, and each must come back as it was. (tf-keras and Keras
+  # 2 make them sync-on-read, which host mode keeps as their mean and
+  # writes back into every replica: the same value read, not the same bits
+  # per replica; device mode is exact there.)
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  x, y = _data()
+  x[3 * B + 1, 0] = np.nan
+  with strategy.scope():
+    clean = _compiled()
+  clean_history = _fit(clean, *_without(x, y, 3))
+  with strategy.scope():
+    model = _compiled()
+  callback = snapstore.SnapshotCallback(
+    _host_store(mode, tmp_path), every_n_batches=1
+  )
+  history = _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2
+  state = common.state_variables(model, model.optimizer)
+  expected = _parts(common.state_variables(clean, clean.optimizer))
+  got = _parts(state)
+  assert len(got) > 30
+  assert [a.tobytes() for a in got] == [a.tobytes() for a in expected]
+  assert history.history["loss"] == clean_history.history["loss"]
+  stats = [v for v in state if "moving_mean" in v.name]
+  assert stats
+  first, second = (c.numpy() for c in stats[0].values)
+  assert first.tobytes() != second.tobytes()
+  callback.store.close()
+
+
+def _parts(variables):
+  return [
+    np.array(c.numpy(), copy=True)
+    for v in variables
+    for c in getattr(v, "values", [v])
+  ]
+
+
 @needs_two_cpus
 @common.needs_keras_2
 def test_in_step_under_replicas_refuses_state_made_in_the_first_step():

@@ -366,26 +366,134 @@ def _differing(strategy):
   return w
 
 
-@pytest.mark.parametrize("mode", ["host", "disk"])
-def test_host_snapshot_of_replicas_that_differ_is_refused(
-  strategy, mode, tmp_path
+# Host and disk mode (spilling at once, or keeping the snapshot in memory).
+HOST_MODES = [
+  ("host", {}),
+  ("disk", dict(memory_budget=1 << 20)),
+  ("disk", dict(memory_budget=0)),
+]
+
+
+def _host_store(variables, mode, options, tmp_path, **kwargs):
+  kwargs.update(common.mode_options(mode, tmp_path))
+  kwargs.update(options)
+  return snapstore.SnapshotStore(var_list=variables, mode=mode, **kwargs)
+
+
+@pytest.mark.parametrize("mode, options", HOST_MODES)
+def test_host_snapshot_keeps_each_replica_that_differs(
+  strategy, mode, options, tmp_path
 ):
-  # Host mode keeps one value per mirrored variable and writes it into every
-  # component: with replicas that differ, a restore would give the second
-  # replica the first one's values. Refused, and nothing is taken.
+  # Host mode keeps one array per variable, the first replica's, and beside
+  # it the other replicas of a variable whose replicas differ: a restore
+  # gives each replica its own bits again, from memory or the spill file.
+  w = _differing(strategy)
+  store = _host_store([w], mode, options, tmp_path)
+  before = _components(w)
+  assert before[0].tobytes() != before[1].tobytes()
+  store.snapshot("differ")
+  for again in range(2):  # the second time from the file once spilled
+    with strategy.scope():
+      w.assign(tf.fill([2, 3], 9.0 + again))
+    store.restore("differ")
+    common.assert_bits_equal(before, _components(w))
+    store.files.flush()
+  # What the user sees as the value: the first replica's.
+  common.assert_bits_equal([before[0]], [store.arrays("differ")["w"]])
+  # The second replica's array is kept in memory beside the snapshot (also
+  # when the snapshot is in the file).
+  spilled = store.files.tier("differ") == "file"
+  assert spilled == (options["memory_budget"] == 0 if options else False)
+  assert store.nbytes == (1 if spilled else 2) * store.param_nbytes
+  store.close()
+
+
+@pytest.mark.parametrize("mode, options", HOST_MODES)
+def test_equal_replicas_cost_nothing_more_and_stay_equal(
+  strategy, mode, options, tmp_path
+):
+  w = _differing(strategy)
+  with strategy.scope():
+    w.assign(tf.fill([2, 3], 0.5))  # equal again
+  store = _host_store([w], mode, options, tmp_path)
+  store.snapshot("equal")
+  if store.files.tier("equal") == "host":
+    assert store.nbytes == store.param_nbytes
+  w.values[1].assign(tf.fill([2, 3], 2.0))
+  store.restore("equal")
+  common.assert_bits_equal(
+    [np.full([2, 3], 0.5, np.float32)] * 2, _components(w)
+  )
+  store.close()
+
+
+@pytest.mark.parametrize("mode, options", HOST_MODES)
+def test_evaluate_with_sees_each_replica_of_the_snapshot(
+  strategy, mode, options, tmp_path
+):
+  w = _differing(strategy)
+  store = _host_store([w], mode, options, tmp_path)
+  past = _components(w)
+  store.snapshot("past")
+  store.files.flush()
+  w.values[0].assign(tf.fill([2, 3], -1.0))
+  current = _components(w)
+  seen = store.evaluate_with(lambda: _components(w), tag="past")
+  common.assert_bits_equal(past, seen)
+  common.assert_bits_equal(current, _components(w))
+  store.close()
+
+
+@pytest.mark.parametrize("mode, options", HOST_MODES)
+def test_a_guard_rolls_each_replica_back_in_host_mode(
+  strategy, mode, options, tmp_path
+):
+  w = _differing(strategy)
+  store = _host_store([w], mode, options, tmp_path, max_to_keep=2)
+  before = _components(w)
+
+  def bad_step():  # writes one replica, and its loss is NaN
+    w.values[1].assign(tf.fill([2, 3], 5.0))
+    return tf.constant(np.nan)
+
+  with snapstore.Guard(store, watch=True, reraise=False) as guard:
+    guard.run(bad_step)
+  assert guard.failed
+  common.assert_bits_equal(before, _components(w))
+  store.close()
+
+
+def test_a_device_snapshot_spilled_to_the_file_restores_each_replica(
+  strategy, tmp_path
+):
+  # The file keeps the first replica's value; the other replicas stay in
+  # memory beside it, so a restore from the file is exact too.
   w = _differing(strategy)
   store = snapstore.SnapshotStore(
-    var_list=[w], mode=mode, **common.mode_options(mode, tmp_path)
+    var_list=[w], mode="device", spill_path=str(tmp_path / "spill.h5")
   )
-  with pytest.raises(
-    ValueError,
-    match=r"replicas of 'w' hold different values: .*Fix: mode=\"device\"",
-  ):
-    store.snapshot("differ")
-  assert store.tags() == []
-  with strategy.scope():
-    w.assign(tf.zeros([2, 3]))  # equal again: host snapshots work
-  store.snapshot("equal")
+  before = _components(w)
+  store.snapshot("differ")
+  store.files.spill("differ")
+  for again in range(2):  # on its way to the file, then in it
+    with strategy.scope():
+      w.assign(tf.fill([2, 3], 9.0 + again))
+    store.restore("differ")
+    common.assert_bits_equal(before, _components(w))
+    store.files.flush()
+  assert store.files.tier("differ") == "file"
+  common.assert_bits_equal([before[0]], [store.arrays("differ")["w"]])
+  store.close()
+
+
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_loaded_arrays_go_to_every_replica(strategy, mode, tmp_path):
+  w = _differing(strategy)
+  store = _host_store([w], mode, {}, tmp_path)
+  value = np.arange(6, dtype=np.float32).reshape(2, 3) - 7.0
+  tag = store.load_arrays({"w": value})
+  store.restore(tag)
+  common.assert_bits_equal([value, value], _components(w))
   store.close()
 
 
@@ -402,28 +510,42 @@ def test_device_snapshot_of_replicas_that_differ_is_exact(strategy):
 
 
 @common.needs_keras_3
-def test_keras_3_batch_norm_statistics_differ_per_replica_in_host_mode(
-  strategy,
+@pytest.mark.parametrize("mode, options", HOST_MODES)
+def test_keras_3_batch_norm_statistics_are_restored_per_replica_in_host_mode(
+  strategy, mode, options, tmp_path
 ):
   # Keras 3's BatchNormalization updates its moving statistics in each
   # replica from that replica's half of the batch (aggregation NONE): after
-  # one step of a distributed dataset its replicas differ. Host mode says so
-  # instead of keeping the first replica's for both.
+  # one step of a distributed dataset its replicas differ. Host mode keeps
+  # each replica's and restores it.
   with strategy.scope():
     model = common.small_model()
     opt = keras.optimizers.Adam(0.01)
     opt.build(model.trainable_variables)
-  store = snapstore.SnapshotStore(var_list=model, optimizer=opt, mode="host")
+  store = _host_store(model, mode, options, tmp_path, optimizer=opt)
   step = common.replicated_step(strategy, model, opt, loss=common.keras_mse())
-  ((x, y),) = common.batches(1)
-  data = strategy.experimental_distribute_dataset(
-    tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-  )
-  for xs, ys in data:
-    step(xs, ys)
+  ((x, y), (x2, y2)) = common.batches(2)
+
+  def run(x, y):
+    data = strategy.experimental_distribute_dataset(
+      tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    )
+    for xs, ys in data:
+      step(xs, ys)
+
+  run(x, y)
   stats = store.variables["bn/moving_mean"]
   parts = _components(stats)
   assert parts[0].tobytes() != parts[1].tobytes()
-  with pytest.raises(ValueError, match="'bn/moving_mean', 'bn/moving_var"):
-    store.snapshot()
-  assert store.tags() == []
+  variables = list(store.variables.values())
+  saved = [_components(v) for v in variables]
+  store.snapshot("differ")
+  run(x2, y2)
+  assert _components(stats)[1].tobytes() != parts[1].tobytes()
+  for _ in range(2):  # from memory, then (disk) from the file
+    store.restore("differ")
+    for v, comps in zip(variables, saved):
+      common.assert_bits_equal(comps, _components(v))
+    store.files.flush()
+    run(x2, y2)
+  store.close()
