@@ -1,0 +1,183 @@
+"""Graph-mode stores under MultiWorkerMirroredStrategy: two workers on loopback.
+
+Each scenario runs `tests/mwms_graph_worker.py` as two processes (TF_CONFIG
+per process, a `tf.distribute.Server` each on a free loopback port), which
+write what they saw; the tests check it bit for bit: every local component
+restored on both workers (Adam's state too), the workers identical after a
+coordinated restore, evaluation at a snapshot equal to numpy's, a restore on
+one worker alone and restores of different tags refused (the message,
+nothing written), training going on after a refusal. See
+`snapstore/graph/multi_worker.py`; the eager engine's counterpart is
+tests/eager/test_multi_worker.py. Runs on TF 1.15 and TF 2.x (graph mode).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests import cluster
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TIMEOUT = 120  # seconds for a whole two-worker run, startup included
+_MODES = ("device", "host", "disk")
+
+
+def _run(scenario, out):
+  """Runs both workers of `scenario`; returns ([facts], [arrays]) per worker.
+
+  Each worker serves until its stdin closes, which happens once both said
+  "ok" (or one failed, or the run exceeded `_TIMEOUT`: then both are killed).
+  """
+  ports = cluster.free_ports(2)
+  env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+  env.pop("TF_CONFIG", None)
+  procs = []
+  for index in range(2):
+    log = open(os.path.join(out, "%d.log" % index), "w+")
+    command = [sys.executable, "-m", "tests.mwms_graph_worker"]
+    command += [json.dumps(ports), str(index), scenario, out]
+    proc = subprocess.Popen(
+      command,
+      stdin=subprocess.PIPE,
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      cwd=_ROOT,
+      env=env,
+    )
+    procs.append((proc, log))
+  deadline = time.time() + _TIMEOUT
+  done = lambda: all(  # noqa: E731
+    os.path.exists(os.path.join(out, "%d.json" % i)) for i in range(2)
+  )
+  try:
+    while not done() and time.time() < deadline:
+      if any(p.poll() is not None for p, _ in procs):
+        break  # one exited before both were done: it failed
+      time.sleep(0.1)
+    for proc, _ in procs:
+      proc.stdin.close()
+    for proc, _ in procs:
+      proc.wait(max(1, deadline - time.time()))
+  except subprocess.TimeoutExpired:
+    pass
+  finally:
+    for proc, _ in procs:
+      if proc.poll() is None:
+        proc.kill()
+      proc.wait()
+  problems = []
+  for index, (proc, log) in enumerate(procs):
+    log.seek(0)
+    text = log.read()
+    log.close()
+    if proc.returncode != 0 or "ok" not in text.split():
+      problems.append(
+        "worker %d exited with %s:\n%s" % (index, proc.returncode, text[-3000:])
+      )
+  assert not problems, "\n".join(problems)
+  facts, arrays = [], []
+  for index in range(2):
+    with open(os.path.join(out, "%d.json" % index)) as f:
+      facts.append(json.load(f))
+    with np.load(os.path.join(out, "%d.npz" % index)) as held:
+      arrays.append({k: held[k] for k in held.files})
+  return facts, arrays
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+  return _run("stores", str(tmp_path_factory.mktemp("stores")))
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_every_component_is_restored_on_both_workers(stores, mode):
+  facts, _ = stores
+  for worker in facts:
+    assert worker[mode + "/trained_differs"]  # the restore had work to do
+    assert worker[mode + "/restored_equals_start"]
+    # Each worker restored its own counter (1 and 2), so their sum over the
+    # workers (an all-reduce) is what it was.
+    assert worker[mode + "/count"] == 3.0
+  # Adam's slots and powers are covered too.
+  assert {"net/w/Adam", "net/w/Adam_1", "beta1_power"} <= set(facts[0]["keys"])
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_workers_are_identical_after_a_coordinated_restore(stores, mode):
+  facts, arrays = stores
+  keys = facts[0]["keys"]
+  assert keys == facts[1]["keys"]
+  names = sorted(k for k in arrays[0] if k.startswith(mode + "/"))
+  names = [n for n in names if n.split("/")[1].isdigit()]
+  assert len(names) == len(keys)
+  for name in names:
+    if keys[int(name.split("/")[1])] == "net/count":
+      continue  # each worker's own count, by design
+    assert arrays[0][name].dtype == arrays[1][name].dtype
+    assert arrays[0][name].tobytes() == arrays[1][name].tobytes(), name
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_evaluate_with_at_a_snapshot_equals_numpy_and_puts_back(stores, mode):
+  facts, arrays = stores
+  for worker, held in zip(facts, arrays):
+    seen, want = held[mode + "/evaluated"], held[mode + "/numpy"]
+    assert seen.dtype == want.dtype and seen.tobytes() == want.tobytes()
+    assert worker[mode + "/evaluate_put_back"]
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_a_restore_on_one_worker_alone_is_refused(stores, mode):
+  facts, _ = stores
+  message = facts[0][mode + "/alone"]
+  assert message and "worker worker:1 did not restore within 2 s" in message
+  assert "call restore on every worker, with the same tag" in message
+  assert "Nothing was written" in message
+  assert facts[0][mode + "/alone_unchanged"]
+  assert mode + "/alone" not in facts[1]  # worker 1 never called it
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_restores_of_different_tags_are_refused_on_both(stores, mode):
+  facts, _ = stores
+  for worker in facts:
+    message = worker[mode + "/different"]
+    assert message and "the workers restore different snapshots" in message
+    assert "worker:0 'start'#0, worker:1 'later'#1" in message
+    assert worker[mode + "/different_unchanged"]
+
+
+@pytest.mark.parametrize("mode", ["device", "host"])
+def test_a_store_builds_before_the_servers_are_up(mode):
+  """The coordination needs the first worker's server at the first restore
+  only: a store is built (and its ops added to the user's graph) with no
+  server running, as in a program that builds its graph first."""
+  from unittest import mock  # pylint: disable=g-import-not-at-top
+
+  import snapstore  # pylint: disable=g-import-not-at-top
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+  # TF 1.15's strategy takes no cluster_resolver: TF_CONFIG, as a worker.
+  config = {
+    "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+    "task": {"type": "worker", "index": 1},
+  }
+  graph = tf.Graph()
+  with graph.as_default(), mock.patch.dict(
+    os.environ, {"TF_CONFIG": json.dumps(config)}
+  ):
+    strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+      w = tf.get_variable("w", [2], tf.float32)
+    store = snapstore.SnapshotStore(var_list=[w], mode=mode, name="early")
+    assert store.variables["w"] is w
+    # No op of the coordination in the user's graph: it has its own.
+    assert not [
+      op for op in graph.get_operations() if "snapstore_coordination" in op.name
+    ]
+    store.close()
