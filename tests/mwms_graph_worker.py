@@ -254,7 +254,91 @@ def _refused(store, tag, sess, snapstore):
 
 
 def _hook(strategy, server, config, index, arrays, facts):
-  raise NotImplementedError
+  """SnapshotHook(every_n_steps=1) over a loss summed over the workers.
+
+  Worker 0's third batch is NaN; worker 1's are not. The gradients are
+  all-reduced, so both workers' variables are ruined at that step, and the
+  hook's loss is all-reduced too, so both roll back at that step, to the
+  same snapshot (the one before step 1: the one before step 2 is dropped).
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  import snapstore  # pylint: disable=g-import-not-at-top
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+  x = tf.placeholder(tf.float32, [2, 3])
+  with strategy.scope():
+    w = tf.get_variable("w", [3, 2])
+    step = tf.train.get_or_create_global_step()
+    opt = tf.train.AdamOptimizer(0.1)
+
+  def replica():
+    loss = tf.reduce_sum(tf.matmul(x, w))
+    context = tf.distribute.get_replica_context()
+    total = context.all_reduce(tf.distribute.ReduceOp.SUM, loss)
+    return opt.minimize(loss, global_step=step), total
+
+  train, total = _run(strategy, replica)
+  train = strategy.group(train)
+  total = strategy.experimental_local_results(total)[0]
+  store = snapstore.SnapshotStore(
+    var_list=[w],
+    optimizer=opt,
+    include_global_step=True,
+    max_to_keep=2,
+    name="hooked",
+  )
+  parts = [p for v in store.variables.values() for p in v.values]
+  rollbacks = []
+  hook = snapstore.SnapshotHook(
+    store,
+    every_n_steps=1,
+    loss=total,
+    on_rollback=lambda sess: rollbacks.append(len(recorder.before) - 1),
+  )
+
+  class Recorder(tf.train.SessionRunHook):
+    """Records `parts` before every run (listed before the snapshot hook, so
+    it sees the variables each step starts from)."""
+
+    before = []
+
+    def before_run(self, run_context):
+      self.before.append(run_context.session.run(parts))
+
+  recorder = Recorder()
+  barrier = _barrier(strategy)  # before the session finalizes the graph
+  ones, nans = np.ones([2, 3]), np.full([2, 3], np.nan)
+  feeds = [ones, ones, nans if index == 0 else ones, ones]
+  # Every worker initializes its own replicas (their initial values are
+  # broadcast from worker 0 by the initializers): is_chief on both.
+  with tf.train.MonitoredTrainingSession(
+    master=server.target,
+    is_chief=True,
+    config=config,
+    hooks=[recorder, hook],
+    log_step_count_steps=None,
+  ) as sess:
+    raw = sess._tf_sess()  # pylint: disable=protected-access
+    for i, feed in enumerate(feeds):
+      sess.run(train, {x: feed})
+      if i == 2:
+        now = raw.run(parts)
+        facts["rolled_back_to_step_1"] = _same(now, recorder.before[1])
+        facts["step_1_changed"] = not _same(
+          recorder.before[1], recorder.before[2]
+        )
+    after = raw.run(parts)
+  facts["rollbacks"] = rollbacks
+  facts["hook_rollbacks"] = hook.rollbacks
+  facts["snapshots"] = hook.snapshots
+  facts["finite"] = all(bool(np.all(np.isfinite(a))) for a in after)
+  facts["keys"] = list(store.variables)
+  for i, a in enumerate(after):
+    arrays["after/%d" % i] = a
+  # Both finish together: a last all-reduce, in a session of its own (the
+  # variables live on the servers, not in the closed session).
+  tf.Session(server.target, config=config).run(barrier)
 
 
 if __name__ == "__main__":

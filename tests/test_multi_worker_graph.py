@@ -181,3 +181,26 @@ def test_a_store_builds_before_the_servers_are_up(mode):
       op for op in graph.get_operations() if "snapstore_coordination" in op.name
     ]
     store.close()
+
+
+@pytest.fixture(scope="module")
+def hooked(tmp_path_factory):
+  return _run("hook", str(tmp_path_factory.mktemp("hook")))
+
+
+def test_snapshot_hook_rolls_back_both_workers_at_the_same_step(hooked):
+  facts, arrays = hooked
+  for worker in facts:
+    # The NaN batch was worker 0's only; the hook's loss is summed over the
+    # workers, so both rolled back at step 2, to the snapshot before step 1.
+    assert worker["rollbacks"] == [2]
+    assert worker["hook_rollbacks"] == 1 and worker["snapshots"] == 4
+    assert worker["step_1_changed"]
+    assert worker["rolled_back_to_step_1"]
+    assert worker["finite"]
+  assert facts[0]["keys"] == facts[1]["keys"]
+  assert "w/Adam" in facts[0]["keys"] and "global_step" in facts[0]["keys"]
+  names = sorted(arrays[0])
+  assert names and names == sorted(arrays[1])
+  for name in names:  # the workers identical after training went on
+    assert arrays[0][name].tobytes() == arrays[1][name].tobytes(), name
