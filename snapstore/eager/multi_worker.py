@@ -57,6 +57,10 @@ Cost per restore: one key written and one read per other worker through the
 coordination service (round trips to worker 0's service: measured 2.5 ms
 per restore on two loopback workers, TF 2.21, against 0.3 ms for the copy
 of a 256 KiB device store), plus the wait for the slowest worker to call.
+Graph mode checks a restore with the same `Coordinator` (rounds, messages,
+timeout), exchanging the fingerprints through variables on the first worker
+instead of the coordination service (`snapstore/graph/multi_worker.py`).
+
 `evaluate_with` is not coordinated: it puts every variable back bit for bit
 before it returns, so a worker evaluating alone leaves no trace (the
 function it calls must not run collectives unless every worker calls it:
