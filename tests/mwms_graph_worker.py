@@ -55,8 +55,8 @@ def main(ports, index, scenario, out):
   arrays, facts = {}, {"index": index}
   if scenario == "stores":
     _stores(strategy, server, config, index, out, arrays, facts)
-  elif scenario == "hook":
-    _hook(strategy, server, config, index, arrays, facts)
+  elif scenario in ("hook", "hook_alone"):
+    _hook(strategy, server, config, index, arrays, facts, scenario == "hook")
   else:
     raise ValueError("unknown scenario %r" % scenario)
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -253,13 +253,17 @@ def _refused(store, tag, sess, snapstore):
   return None
 
 
-def _hook(strategy, server, config, index, arrays, facts):
+def _hook(strategy, server, config, index, arrays, facts, reduced):
   """SnapshotHook(every_n_steps=1) over a loss summed over the workers.
 
   Worker 0's third batch is NaN; worker 1's are not. The gradients are
   all-reduced, so both workers' variables are ruined at that step, and the
   hook's loss is all-reduced too, so both roll back at that step, to the
   same snapshot (the one before step 1: the one before step 2 is dropped).
+
+  Not `reduced`: the hook watches each worker's own loss, so worker 0 alone
+  rolls back at step 2: refused (CoordinationError from that run), nothing
+  written; the workers then meet at the last barrier after 3 steps each.
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
 
@@ -276,11 +280,12 @@ def _hook(strategy, server, config, index, arrays, facts):
     loss = tf.reduce_sum(tf.matmul(x, w))
     context = tf.distribute.get_replica_context()
     total = context.all_reduce(tf.distribute.ReduceOp.SUM, loss)
-    return opt.minimize(loss, global_step=step), total
+    return opt.minimize(loss, global_step=step), total, loss
 
-  train, total = _run(strategy, replica)
+  train, total, loss = _run(strategy, replica)
   train = strategy.group(train)
   total = strategy.experimental_local_results(total)[0]
+  loss = strategy.experimental_local_results(loss)[0]
   store = snapstore.SnapshotStore(
     var_list=[w],
     optimizer=opt,
@@ -293,7 +298,7 @@ def _hook(strategy, server, config, index, arrays, facts):
   hook = snapstore.SnapshotHook(
     store,
     every_n_steps=1,
-    loss=total,
+    loss=total if reduced else loss,
     on_rollback=lambda sess: rollbacks.append(len(recorder.before) - 1),
   )
 
@@ -302,14 +307,21 @@ def _hook(strategy, server, config, index, arrays, facts):
     it sees the variables each step starts from)."""
 
     before = []
+    after = []
 
     def before_run(self, run_context):
       self.before.append(run_context.session.run(parts))
 
+    def after_run(self, run_context, run_values):
+      del run_values  # before the snapshot hook's after_run: no rollback yet
+      self.after.append(run_context.session.run(parts))
+
   recorder = Recorder()
   barrier = _barrier(strategy)  # before the session finalizes the graph
   ones, nans = np.ones([2, 3]), np.full([2, 3], np.nan)
-  feeds = [ones, ones, nans if index == 0 else ones, ones]
+  feeds = [ones, ones, nans if index == 0 else ones, ones][
+    : 4 if reduced else 3
+  ]
   # Every worker initializes its own replicas (their initial values are
   # broadcast from worker 0 by the initializers): is_chief on both.
   with tf.train.MonitoredTrainingSession(
@@ -321,8 +333,13 @@ def _hook(strategy, server, config, index, arrays, facts):
   ) as sess:
     raw = sess._tf_sess()  # pylint: disable=protected-access
     for i, feed in enumerate(feeds):
-      sess.run(train, {x: feed})
-      if i == 2:
+      try:
+        sess.run(train, {x: feed})
+      except snapstore.CoordinationError as e:
+        facts["refused_at"] = i
+        facts["refused"] = str(e)
+        facts["unchanged"] = _same(raw.run(parts), recorder.after[i])
+      if i == 2 and reduced:
         now = raw.run(parts)
         facts["rolled_back_to_step_1"] = _same(now, recorder.before[1])
         facts["step_1_changed"] = not _same(
@@ -333,6 +350,7 @@ def _hook(strategy, server, config, index, arrays, facts):
   facts["hook_rollbacks"] = hook.rollbacks
   facts["snapshots"] = hook.snapshots
   facts["finite"] = all(bool(np.all(np.isfinite(a))) for a in after)
+  facts["steps_run"] = len(recorder.after)
   facts["keys"] = list(store.variables)
   for i, a in enumerate(after):
     arrays["after/%d" % i] = a

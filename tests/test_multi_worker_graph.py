@@ -204,3 +204,23 @@ def test_snapshot_hook_rolls_back_both_workers_at_the_same_step(hooked):
   assert names and names == sorted(arrays[1])
   for name in names:  # the workers identical after training went on
     assert arrays[0][name].tobytes() == arrays[1][name].tobytes(), name
+
+
+@pytest.fixture(scope="module")
+def hooked_alone(tmp_path_factory):
+  return _run("hook_alone", str(tmp_path_factory.mktemp("hook_alone")))
+
+
+def test_snapshot_hook_on_each_workers_own_loss_is_refused_alone(hooked_alone):
+  facts, _ = hooked_alone
+  first, second = facts
+  # Worker 0's own loss was NaN at step 2, worker 1's was not: worker 0's
+  # rollback would have been its alone, and was refused, nothing written.
+  assert first["refused_at"] == 2
+  message = first["refused"]
+  assert "worker worker:1 did not restore within 2 s" in message
+  assert "Nothing was written" in message
+  assert first["unchanged"]
+  assert first["rollbacks"] == [] and first["hook_rollbacks"] == 0
+  assert "refused" not in second and second["rollbacks"] == []
+  assert first["steps_run"] == second["steps_run"] == 3
