@@ -224,3 +224,122 @@ def test_snapshot_hook_on_each_workers_own_loss_is_refused_alone(hooked_alone):
   assert first["rollbacks"] == [] and first["hook_rollbacks"] == 0
   assert "refused" not in second and second["rollbacks"] == []
   assert first["steps_run"] == second["steps_run"] == 3
+
+
+class _Strategy(object):
+  """What `_VariableExchange` reads of a strategy: no collective timeout."""
+
+  extended = None
+
+
+@pytest.fixture(scope="module")
+def first_worker():
+  """A loopback server for the first worker's task: the rows live there."""
+  try:
+    servers = cluster.LoopbackCluster({"worker": 1})
+  except cluster.ClusterError as e:
+    pytest.skip("loopback tf.train.Server did not start: %s" % e)
+  yield servers
+  servers.close()
+
+
+def _exchanges(first_worker, name, timeout=2.0):
+  """Two workers' exchanges of store `name` (rows on the first's server;
+  the second worker's address is never dialled). Both are this process's
+  first exchange of that store, as each would be in its own worker."""
+  from unittest import mock  # pylint: disable=g-import-not-at-top
+
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+  from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.graph import multi_worker as graph_multi_worker  # pylint: disable=g-import-not-at-top
+
+  spec = tf.train.ClusterSpec(
+    {"worker": [first_worker.spec["worker"][0], "127.0.0.1:1"]}
+  )
+  tasks = ["worker:0", "worker:1"]
+  with mock.patch.object(multi_worker, "TIMEOUT", timeout), mock.patch.object(
+    multi_worker, "count", lambda what, name: 0
+  ):
+    return [
+      graph_multi_worker._VariableExchange(  # pylint: disable=protected-access
+        (_Strategy(), spec, me, tasks), name
+      )
+      for me in tasks
+    ]
+
+
+def _agree_together(exchanges, values):
+  """Each exchange's `agree(value)` in a thread of its own; their results
+  (or exceptions)."""
+  import threading  # pylint: disable=g-import-not-at-top
+
+  results = [None] * len(exchanges)
+
+  def agree(i):
+    try:
+      results[i] = exchanges[i].agree(values[i])
+    except Exception as e:  # pylint: disable=broad-except
+      results[i] = e
+
+  threads = [
+    threading.Thread(target=agree, args=(i,)) for i in range(len(exchanges))
+  ]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(30)
+  return results
+
+
+def test_rounds_pair_the_workers_calls_in_order(first_worker):
+  exchanges = _exchanges(first_worker, "rounds")
+  for n in range(6):  # even and odd slots, reused
+    values = ["a%d" % n, "b%d" % n]
+    got = _agree_together(exchanges, values)
+    want = {"worker:0": values[0], "worker:1": values[1]}
+    assert got == [want, want], n
+  assert [e.round for e in exchanges] == [6, 6]
+
+
+def test_a_round_one_worker_runs_alone_times_out_and_is_withdrawn(
+  first_worker,
+):
+  from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
+
+  exchanges = _exchanges(first_worker, "alone", timeout=0.5)
+  start = time.time()
+  with pytest.raises(multi_worker.Late) as caught:
+    exchanges[0].agree("lonely")
+  assert 0.5 <= time.time() - start < 5
+  assert caught.value.task == "worker:1"
+  assert "no value of round 0" in caught.value.why
+  assert exchanges[0].round == 0  # not counted
+  # The late worker does not see the withdrawn value: it times out too.
+  with pytest.raises(multi_worker.Late):
+    exchanges[1].agree("late")
+  # A later round of both pairs them, round 0 on each.
+  want = {"worker:0": "x", "worker:1": "y"}
+  assert _agree_together(exchanges, ["x", "y"]) == [want, want]
+
+
+def test_an_unreachable_first_worker_is_a_bounded_refusal():
+  from unittest import mock  # pylint: disable=g-import-not-at-top
+
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+  from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.graph import multi_worker as graph_multi_worker  # pylint: disable=g-import-not-at-top
+
+  port = cluster.free_ports(1)[0]  # nothing listens there
+  spec = tf.train.ClusterSpec(
+    {"worker": ["127.0.0.1:%d" % port, "127.0.0.1:1"]}
+  )
+  with mock.patch.object(multi_worker, "TIMEOUT", 1.0):
+    exchange = graph_multi_worker._VariableExchange(  # pylint: disable=protected-access
+      (_Strategy(), spec, "worker:1", ["worker:0", "worker:1"]), "gone"
+    )
+  start = time.time()
+  with pytest.raises(multi_worker.Late) as caught:
+    exchange.agree("v")
+  assert time.time() - start < 10
+  assert caught.value.task == "worker:0"
+  assert "Error" in caught.value.why  # the TensorFlow error's class

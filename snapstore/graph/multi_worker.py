@@ -194,7 +194,12 @@ class _VariableExchange(object):
         else:
           self._reads[task] = tf.identity(row)
     graph.finalize()
-    config = tf.ConfigProto(device_filters=["/job:%s/task:%s" % (job, index)])
+    config = tf.ConfigProto(
+      device_filters=["/job:%s/task:%s" % (job, index)],
+      # Bounds the session's creation on the first worker's master too
+      # (RunOptions bound the runs only): an unreachable server is refused.
+      operation_timeout_in_ms=max(1, int(self.timeout * 1000)),
+    )
     target = "grpc://" + self._spec.task_address(job, int(index))
     self._graph = graph
     self._session = tf.Session(target, graph=graph, config=config)
