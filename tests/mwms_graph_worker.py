@@ -18,7 +18,13 @@ a session on that server. Scenarios:
 - `hook`: `SnapshotHook(every_n_steps=1)` in a `MonitoredTrainingSession`,
   whose loss is NaN at one step on worker 0's data only; the hook watches
   the loss reduced over both workers, so both roll back at the same step.
-  Then a reference run without that step's data.
+- `hook_alone`: the same, the hook watching each worker's own loss: worker
+  0's rollback is refused (it would be its alone).
+- `estimator`: `tf.estimator.train_and_evaluate` with
+  `RunConfig(train_distribute=MultiWorkerMirroredStrategy())` (TF 1.15,
+  2.15) and a SnapshotHook in the TrainSpec; one batch of worker 0's has an
+  infinite loss. The Estimator's loss is reduced over the workers, so both
+  roll back at that step.
 
 The restore check's timeout (`multi_worker.TIMEOUT`) is short, so a refusal
 costs the test seconds.
@@ -44,21 +50,24 @@ def main(ports, index, scenario, out):
 
   tf.disable_v2_behavior()
   multi_worker.TIMEOUT = _TIMEOUT
-  strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()
-  config = strategy.update_config_proto(tf.ConfigProto())
-  server = tf.distribute.Server(
-    tf.train.ClusterSpec({"worker": ["127.0.0.1:%d" % p for p in ports]}),
-    job_name="worker",
-    task_index=index,
-    config=config,
-  )
   arrays, facts = {}, {"index": index}
-  if scenario == "stores":
-    _stores(strategy, server, config, index, out, arrays, facts)
-  elif scenario in ("hook", "hook_alone"):
-    _hook(strategy, server, config, index, arrays, facts, scenario == "hook")
+  if scenario == "estimator":  # its distribute coordinator starts a server
+    _estimator(index, out, arrays, facts)
   else:
-    raise ValueError("unknown scenario %r" % scenario)
+    strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()
+    config = strategy.update_config_proto(tf.ConfigProto())
+    server = tf.distribute.Server(
+      tf.train.ClusterSpec({"worker": ["127.0.0.1:%d" % p for p in ports]}),
+      job_name="worker",
+      task_index=index,
+      config=config,
+    )
+    if scenario == "stores":
+      _stores(strategy, server, config, index, out, arrays, facts)
+    elif scenario in ("hook", "hook_alone"):
+      _hook(strategy, server, config, index, arrays, facts, scenario == "hook")
+    else:
+      raise ValueError("unknown scenario %r" % scenario)
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   np.savez(os.path.join(out, "%d.npz" % index), **arrays)
@@ -357,6 +366,75 @@ def _hook(strategy, server, config, index, arrays, facts, reduced):
   # Both finish together: a last all-reduce, in a session of its own (the
   # variables live on the servers, not in the closed session).
   tf.Session(server.target, config=config).run(barrier)
+
+
+def _estimator(index, out, arrays, facts):
+  """The `estimator` scenario (module doc)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  import snapstore  # pylint: disable=g-import-not-at-top
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+  def model_fn(features, labels, mode):
+    with tf.variable_scope("net"):
+      w = tf.get_variable("w", [3], initializer=tf.zeros_initializer())
+    loss = tf.reduce_mean(tf.square(tf.tensordot(features["x"], w, 1) - labels))
+    train_op = tf.train.MomentumOptimizer(0.01, 0.9).minimize(
+      loss, global_step=tf.train.get_global_step()
+    )
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+  def input_fn():
+    rng = np.random.RandomState(1)
+    x = rng.randn(8 * 8, 3).astype(np.float32)
+    if index == 0:
+      x[5 * 8] = 1e30  # batch 5's squared error overflows: an infinite loss
+    y = x.dot([1.0, -2.0, 0.5]).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(8)
+
+  class Recorder(tf.train.SessionRunHook):
+    """Every global variable's components after each run (listed after the
+    snapshot hook: after its rollback)."""
+
+    after = []
+
+    def begin(self):
+      self.parts = [
+        p for v in tf.global_variables() for p in getattr(v, "values", [v])
+      ]
+
+    def after_run(self, run_context, run_values):
+      del run_values
+      self.after.append(run_context.session.run(self.parts))
+
+  hook = snapstore.SnapshotHook(
+    lambda: snapstore.SnapshotStore(
+      collection=tf.GraphKeys.GLOBAL_VARIABLES, max_to_keep=2
+    ),
+    every_n_steps=1,
+    loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[-1],
+  )
+  recorder = Recorder()
+  strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()
+  config = tf.estimator.RunConfig(
+    train_distribute=strategy,
+    log_step_count_steps=None,
+    save_summary_steps=None,
+  )
+  estimator = tf.estimator.Estimator(
+    model_fn, model_dir=os.path.join(out, "model_%d" % index), config=config
+  )
+  tf.estimator.train_and_evaluate(
+    estimator,
+    tf.estimator.TrainSpec(input_fn, hooks=[hook, recorder]),
+    tf.estimator.EvalSpec(input_fn, steps=1),
+  )
+  facts["rollbacks"] = hook.rollbacks
+  facts["steps"] = len(recorder.after)
+  facts["keys"] = list(hook.store.keys)
+  for step, values in enumerate(recorder.after):
+    for i, a in enumerate(values):
+      arrays["%d/%d" % (step, i)] = a
 
 
 if __name__ == "__main__":

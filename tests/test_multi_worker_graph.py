@@ -343,3 +343,33 @@ def test_an_unreachable_first_worker_is_a_bounded_refusal():
   assert time.time() - start < 10
   assert caught.value.task == "worker:0"
   assert "Error" in caught.value.why  # the TensorFlow error's class
+
+
+@pytest.fixture(scope="module")
+def estimated(tmp_path_factory):
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+  if not hasattr(tf, "estimator"):
+    pytest.skip("tf.estimator is gone from TensorFlow 2.16 on")
+  return _run("estimator", str(tmp_path_factory.mktemp("estimator")))
+
+
+def test_snapshot_hook_in_an_estimator_rolls_back_both_workers(estimated):
+  facts, arrays = estimated
+  for worker, held in zip(facts, arrays):
+    # Batch 5's loss is infinite on worker 0's data only; the Estimator's
+    # loss is reduced over the workers: both roll back at run 5, to the
+    # snapshot before run 4 (the state after run 3).
+    assert worker["rollbacks"] == 1
+    assert worker["steps"] == 8
+    count = len([k for k in held if k.startswith("0/")])
+    after = [[held["%d/%d" % (s, i)] for i in range(count)] for s in range(8)]
+    assert any(a.tobytes() != b.tobytes() for a, b in zip(after[4], after[3]))
+    for a, b in zip(after[5], after[3]):
+      assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    assert all(np.all(np.isfinite(a)) for a in after[-1])
+  assert facts[0]["keys"] == facts[1]["keys"]
+  assert "net/w" in facts[0]["keys"]
+  assert sorted(arrays[0]) == sorted(arrays[1])
+  for name in arrays[0]:  # the workers identical at every step
+    assert arrays[0][name].tobytes() == arrays[1][name].tobytes(), name
