@@ -41,8 +41,10 @@ another task cannot run in the user's session; and the store must not add
 ops to the user's graph at restore time (it may be finalized). The private
 session is made at the first restore, so the servers need not be up when
 the store is built. Cost per restore: one write and one read per other
-worker, round trips to the first worker's server (a few milliseconds on
-loopback), plus the wait for the slowest worker.
+worker, round trips to the first worker's server, plus the wait for the
+slowest worker: 11 to 13 ms measured on two loopback workers (TF 2.21 and
+1.15, a busy 2-core machine); a worker waiting for another polls every 1 ms
+at first, backing off to 50 ms.
 """
 
 import time
