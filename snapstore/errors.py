@@ -133,8 +133,9 @@ class CoordinationError(Error):
   """Raised when the workers of a multi-worker strategy do not restore together.
 
   Under `MultiWorkerMirroredStrategy` every worker must restore the same
-  snapshot at the same point (`snapstore/eager/multi_worker.py`). Nothing
-  was written; the message names the workers and the fix.
+  snapshot at the same point (`snapstore/eager/multi_worker.py`; graph
+  mode: `snapstore/graph/multi_worker.py`). Nothing was written; the
+  message names the workers and the fix.
   """
 
 

@@ -25,6 +25,7 @@ from snapstore.core import places
 from snapstore.core import sessions
 from snapstore.eager import distributed as eager_distributed
 from snapstore.eager import multi_worker
+from snapstore.graph import multi_worker as graph_multi_worker
 from snapstore import errors
 
 _NOTHING = object()
@@ -52,8 +53,13 @@ class Holdings(object):
       self.catalog.adopt(tag, when)
     self.places = places.Places(varset)  # where device snapshots live
     # Under MultiWorkerMirroredStrategy: the check every restore makes that
-    # all workers restore the same snapshot (eager/multi_worker.py).
-    self.coordinator = multi_worker.coordinator(varset, name) if eager else None
+    # all workers restore the same snapshot (eager/multi_worker.py, and
+    # graph/multi_worker.py in graph mode).
+    self.coordinator = (
+      multi_worker.coordinator(varset, name)
+      if eager
+      else graph_multi_worker.coordinator(varset, name)
+    )
     self.closed = False
     self._pending = _NOTHING  # current values a failed put-back left
     # Parameter-server strategies (v2) whose ClusterCoordinator may be

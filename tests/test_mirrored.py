@@ -12,11 +12,9 @@ MirroredStrategy makes resource variables only (its scope overrides
 variables_only` checks it), so there is no ref-variable case.
 """
 
-import json
 import os
 import tempfile
 import unittest
-from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
@@ -1223,35 +1221,6 @@ def _sends_data(sess, op):
       if not (source.op == "Const" and "/_" in source.name):
         return True
   return False
-
-
-class MultiWorkerTest(tf.test.TestCase, parameterized.TestCase):
-  """Graph-mode stores refuse MultiWorkerMirroredStrategy variables (see
-  `core.distributed.check_one_worker`; the eager engine coordinates them:
-  tests/eager/test_multi_worker.py). No server is needed: in graph mode the
-  strategy connects to nothing until a session runs."""
-
-  @parameterized.parameters("device", "host")
-  def test_a_store_over_multi_worker_variables_is_refused(self, mode):
-    # TF 1.15's strategy takes no cluster_resolver: TF_CONFIG, as a worker.
-    config = {
-      "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
-      "task": {"type": "worker", "index": 0},
-    }
-    graph = tf.Graph()
-    with graph.as_default(), mock.patch.dict(
-      os.environ, {"TF_CONFIG": json.dumps(config)}
-    ):
-      strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()
-      with strategy.scope():
-        w = tf.get_variable("w", [2], tf.float32)
-      before = len(graph.get_operations())
-      with self.assertRaisesRegex(
-        ValueError, "of 2 workers; a graph-mode store does not cover multi"
-      ) as caught:
-        snapstore.SnapshotStore(var_list=[w], mode=mode)
-      self.assertIn("Use the eager engine (TF 2.15+", str(caught.exception))
-      self.assertEqual(before, len(graph.get_operations()))  # nothing built
 
 
 if __name__ == "__main__":

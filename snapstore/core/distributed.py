@@ -72,44 +72,6 @@ def components(variable):
   return [variable]
 
 
-def check_one_worker(variables):
-  """Refuses graph-mode stores over variables of a multi-worker strategy.
-
-  Under `MultiWorkerMirroredStrategy` every worker must restore the same
-  snapshot at the same point, or the replicas diverge silently; the eager
-  engine checks it through the coordination service before a restore writes
-  anything (`snapstore/eager/multi_worker.py`). Graph mode has no bounded
-  way to check it: TF 1.15 has no coordination service and its collective
-  ops take no timeout (a worker restoring alone would wait forever), and on
-  TF 2.x the strategy sets the coordination service up for eager programs
-  only (`CollectiveAllReduceExtended._initialize_multi_worker`). The other
-  bounded check, a collective with a timeout, aborts every later collective
-  of the worker when it times out: measured on TF 2.21 in graph mode (two
-  loopback workers; the strategy's all-reduce fails afterwards on both).
-
-  Raises:
-    ValueError: A variable of a strategy with more than one worker.
-  """
-  for variable in variables:
-    if workers(variable) > 1:
-      raise ValueError(
-        "Variable %s belongs to a %s of %d workers; a graph-mode store does "
-        "not cover multi-worker strategies. Every worker must restore the "
-        "same snapshot at the same point or the replicas diverge, and graph "
-        "mode has no bounded way to check that across workers (TF 1.15 has "
-        "no coordination service and its collectives no timeout: a worker "
-        "restoring alone would hang; TF 2.x sets the coordination service "
-        "up for eager programs only). Use the eager engine (TF 2.15+, "
-        "eager execution on): there restore is coordinated across the "
-        "workers. Graph mode covers MirroredStrategy on one machine."
-        % (
-          variable.name,
-          type(variable._distribute_strategy).__name__,  # pylint: disable=protected-access
-          workers(variable),
-        )
-      )
-
-
 def check_chief_of_ps(what):
   """Refuses `what` on a task of a `ParameterServerStrategy` v1 cluster that
   is not the chief, when it runs in that strategy's scope (an Estimator

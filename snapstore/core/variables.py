@@ -113,7 +113,6 @@ class VariableSet(object):
         )
       pairs.append((None, step))
     self._set_specs(self._make_specs(pairs, source))
-    distributed.check_one_worker(self.variables)
 
   @classmethod
   def of(cls, pairs, source):

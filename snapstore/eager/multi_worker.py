@@ -57,6 +57,10 @@ Cost per restore: one key written and one read per other worker through the
 coordination service (round trips to worker 0's service: measured 2.5 ms
 per restore on two loopback workers, TF 2.21, against 0.3 ms for the copy
 of a 256 KiB device store), plus the wait for the slowest worker to call.
+Graph mode checks a restore with the same `Coordinator` (rounds, messages,
+timeout), exchanging the fingerprints through variables on the first worker
+instead of the coordination service (`snapstore/graph/multi_worker.py`).
+
 `evaluate_with` is not coordinated: it puts every variable back bit for bit
 before it returns, so a worker evaluating alone leaves no trace (the
 function it calls must not run collectives unless every worker calls it:
@@ -81,7 +85,7 @@ _counts_lock = threading.Lock()
 def coordinator(varset, name):
   """A `Coordinator` for a store over `varset`, or None (not multi-worker)."""
   cluster = _cluster(varset)
-  return Coordinator(cluster, name) if cluster else None
+  return Coordinator(_Exchange(cluster, "restore", name)) if cluster else None
 
 
 def check_build(varset, name):
@@ -106,7 +110,7 @@ def check_build(varset, name):
   exchange = _Exchange(cluster, "build", name)
   try:
     seen = exchange.agree(mine)
-  except _Late as late:
+  except Late as late:
     raise errors.CoordinationError(
       "The device store %r was not built on worker %s: worker %s did not "
       "build it within %g s (%s). Under MultiWorkerMirroredStrategy each "
@@ -129,13 +133,14 @@ class Coordinator(object):
   """Checks that every worker restores the same snapshot (module doc).
 
   Args:
-    cluster: (strategy, cluster resolver, every chief and worker task as
-      "job:index"), from `_cluster`.
-    name: The store's name.
+    exchange: Rounds of values between the workers: `_Exchange` here (the
+      coordination service), or graph mode's through variables on the
+      first worker (`snapstore/graph/multi_worker.py`); its `agree` raises
+      `Late` when a worker does not publish in time.
   """
 
-  def __init__(self, cluster, name):
-    self._exchange = _Exchange(cluster, "restore", name)
+  def __init__(self, exchange):
+    self._exchange = exchange
     self._serial = itertools.count()
     self._serials = {}  # tag -> sequence number of its snapshot
 
@@ -157,7 +162,7 @@ class Coordinator(object):
     me = self._exchange.me
     try:
       seen = self._exchange.agree("%r#%s" % (tag, self._serials.get(tag, "?")))
-    except _Late as late:
+    except Late as late:
       raise errors.CoordinationError(
         "restore(%r) was refused on worker %s: worker %s did not restore "
         "within %g s (%s). Nothing was written. Under "
@@ -176,11 +181,11 @@ class Coordinator(object):
       )
 
 
-class _Late(Exception):
+class Late(Exception):
   """A task did not publish its value in time."""
 
   def __init__(self, task, why):
-    super(_Late, self).__init__(task, why)
+    super(Late, self).__init__(task, why)
     self.task = task
     self.why = why
 
@@ -198,20 +203,15 @@ class _Exchange(object):
   def __init__(self, cluster, what, name):
     strategy, resolver, self.tasks = cluster
     self.me = "%s:%d" % (resolver.task_type, resolver.task_id)
-    options = getattr(strategy.extended, "_communication_options", None)
-    collective = getattr(options, "timeout_seconds", None)
-    self.timeout = min(TIMEOUT, collective / 2.0) if collective else TIMEOUT
-    with _counts_lock:
-      index = _counts.get((what, name), 0)
-      _counts[(what, name)] = index + 1
-    self._prefix = "snapstore/%s/%s#%d" % (what, name, index)
+    self.timeout = timeout(strategy)
+    self._prefix = "snapstore/%s/%s#%d" % (what, name, count(what, name))
     self.round = 0
 
   def agree(self, mine):
     """{task: value} of every task for this round, `mine` included.
 
     Raises:
-      _Late: A task did not publish within the timeout.
+      Late: A task did not publish within the timeout.
     """
     ctx = eager_context()
     own_key = self._key(self.round, self.me)
@@ -226,7 +226,7 @@ class _Exchange(object):
         )
       except tf.errors.OpError as e:
         _withdraw(ctx, own_key)
-        raise _Late(task, "%s: %s" % (type(e).__name__, _first(e)))
+        raise Late(task, "%s: %s" % (type(e).__name__, _first(e)))
     self.round += 1
     if self.round >= 2:  # every task has read the keys of round - 2
       _withdraw(ctx, self._key(self.round - 2, self.me))
@@ -234,6 +234,22 @@ class _Exchange(object):
 
   def _key(self, round_, task):
     return "%s/%d/%s" % (self._prefix, round_, task)
+
+
+def timeout(strategy):
+  """The longest wait for the other workers under `strategy` (module doc)."""
+  options = getattr(strategy.extended, "_communication_options", None)
+  collective = getattr(options, "timeout_seconds", None)
+  return min(TIMEOUT, collective / 2.0) if collective else TIMEOUT
+
+
+def count(what, name):
+  """How many exchanges `what` of store `name` this process made before:
+  the same on every worker, which builds its stores in the same order."""
+  with _counts_lock:
+    index = _counts.get((what, name), 0)
+    _counts[(what, name)] = index + 1
+  return index
 
 
 def _cluster(varset):
@@ -258,6 +274,12 @@ def _tasks(resolver):
     spec = resolver.cluster_spec()
   except (ValueError, RuntimeError):
     return []
+  return tasks_of(spec)
+
+
+def tasks_of(spec):
+  """ "job:index" of every chief and worker task of a `ClusterSpec` (or
+  None), the chief first."""
   jobs = spec.jobs if spec else []
   return [
     "%s:%d" % (job, index)

@@ -1,0 +1,441 @@
+"""One worker of a graph-mode MultiWorkerMirroredStrategy, for test_multi_worker_graph.
+
+    python -m tests.mwms_graph_worker PORTS INDEX SCENARIO OUT
+
+PORTS is a JSON list of the workers' loopback ports, INDEX this worker's,
+OUT a directory: the worker writes OUT/<INDEX>.npz (arrays the test compares
+across workers and against numpy) and OUT/<INDEX>.json (messages, facts),
+prints "ok", and serves its server until its stdin closes. Graph mode as a TF1-style program runs it: TF_CONFIG, the
+strategy, a `tf.distribute.Server` with the strategy's session config, and
+a session on that server. Scenarios:
+
+- `stores`: for each mode, a store over mirrored variables (float32,
+  float64, int64), a sync-on-read SUM counter and Adam's state; snapshot,
+  training steps (gradients all-reduced), evaluate_with at the snapshot, a
+  restore on worker 0 alone and restores of different tags (both refused,
+  nothing written), a training step after them, then a coordinated
+  restore.
+- `hook`: `SnapshotHook(every_n_steps=1)` in a `MonitoredTrainingSession`,
+  whose loss is NaN at one step on worker 0's data only; the hook watches
+  the loss reduced over both workers, so both roll back at the same step.
+- `hook_alone`: the same, the hook watching each worker's own loss: worker
+  0's rollback is refused (it would be its alone).
+- `estimator`: `tf.estimator.train_and_evaluate` with
+  `RunConfig(train_distribute=MultiWorkerMirroredStrategy())` (TF 1.15,
+  2.15) and a SnapshotHook in the TrainSpec; one batch of worker 0's has an
+  infinite loss. The Estimator's loss is reduced over the workers, so both
+  roll back at that step.
+
+The restore check's timeout (`multi_worker.TIMEOUT`) is short, so a refusal
+costs the test seconds.
+"""
+
+import json
+import os
+import sys
+
+_MODES = ("device", "host", "disk")
+_TIMEOUT = 2.0  # seconds a refused restore waits for the other worker
+
+
+def main(ports, index, scenario, out):
+  os.environ["TF_CONFIG"] = json.dumps(
+    {
+      "cluster": {"worker": ["127.0.0.1:%d" % p for p in ports]},
+      "task": {"type": "worker", "index": index},
+    }
+  )
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+  from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
+
+  tf.disable_v2_behavior()
+  multi_worker.TIMEOUT = _TIMEOUT
+  arrays, facts = {}, {"index": index}
+  if scenario == "estimator":  # its distribute coordinator starts a server
+    _estimator(index, out, arrays, facts)
+  else:
+    strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()
+    config = strategy.update_config_proto(tf.ConfigProto())
+    server = tf.distribute.Server(
+      tf.train.ClusterSpec({"worker": ["127.0.0.1:%d" % p for p in ports]}),
+      job_name="worker",
+      task_index=index,
+      config=config,
+    )
+    if scenario == "stores":
+      _stores(strategy, server, config, index, out, arrays, facts)
+    elif scenario in ("hook", "hook_alone"):
+      _hook(strategy, server, config, index, arrays, facts, scenario == "hook")
+    else:
+      raise ValueError("unknown scenario %r" % scenario)
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  np.savez(os.path.join(out, "%d.npz" % index), **arrays)
+  with open(os.path.join(out, "%d.json" % index), "w") as f:
+    json.dump(facts, f)
+  print("ok", flush=True)
+  # Serve until the test closes stdin, which it does once both workers said
+  # ok: a worker exiting first could take its server from under the other's
+  # last all-reduce. Then exit at once (TF 1.15's Server.__del__ fails at
+  # interpreter exit; sessions to the other server need no closing).
+  sys.stdin.read()
+  os._exit(0)
+
+
+def _run(strategy, fn):
+  run = getattr(strategy, "run", None) or strategy.experimental_run_v2
+  return run(fn)
+
+
+def _all_reduced(strategy, fn):
+  """The sum over every replica of every worker of `fn()`: an all-reduce in
+  replica context (TF 1.15's `strategy.reduce` places its result on a
+  device without a job, which a worker's session cannot place)."""
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+  def replica():
+    context = tf.distribute.get_replica_context()
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, fn())
+
+  return strategy.experimental_local_results(_run(strategy, replica))[0]
+
+
+def _barrier(strategy):
+  """An op both workers' runs meet at: an all-reduce."""
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+  return _all_reduced(strategy, lambda: tf.constant(1.0))
+
+
+def _same(a, b):
+  return len(a) == len(b) and all(
+    x.dtype == y.dtype and x.tobytes() == y.tobytes() for x, y in zip(a, b)
+  )
+
+
+def _stores(strategy, server, config, index, out, arrays, facts):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  import snapstore  # pylint: disable=g-import-not-at-top
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+  from snapstore.core import distributed  # pylint: disable=g-import-not-at-top
+  from tests import helpers  # pylint: disable=g-import-not-at-top
+
+  with strategy.scope(), tf.variable_scope("net"):
+    w = tf.get_variable("w", [3, 4], tf.float32)
+    b = tf.get_variable("b", [4], tf.float32)
+    # Not trained: TF 2.x's all-reduce packs every gradient in one tensor,
+    # which must be of one dtype.
+    d = tf.get_variable("d", [2], tf.float64, trainable=False)
+    steps = tf.get_variable(
+      "steps",
+      [],
+      tf.int64,
+      initializer=tf.zeros_initializer(),
+      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )
+    # A metric-like counter: each worker's component holds its own count.
+    count = tf.get_variable(
+      "count",
+      [],
+      tf.float32,
+      initializer=tf.zeros_initializer(),
+      synchronization=tf.VariableSynchronization.ON_READ,
+      aggregation=tf.VariableAggregation.SUM,
+      trainable=False,
+    )
+    opt = tf.train.AdamOptimizer(0.01)
+  x = tf.placeholder(tf.float32, [2, 3])
+  # What evaluate_with evaluates: elementwise, so numpy's bits are TF's.
+  y = w * 3.0 + b
+
+  def replica_step():
+    loss = tf.reduce_sum(tf.square(tf.matmul(x, w) + b))
+    with tf.control_dependencies([steps.assign_add(1)]):
+      return opt.minimize(loss)
+
+  train = strategy.group(_run(strategy, replica_step))
+  barrier = _barrier(strategy)
+  # The counter summed over the workers, as TF's read of it in cross-replica
+  # context would give.
+  count_read = _all_reduced(strategy, lambda: tf.identity(count))
+  mirrored = [w, b, d, steps]
+  parts = [v.values[0] for v in mirrored + [count]]  # one replica per worker
+  loads = {}
+  for v in mirrored + [count]:
+    p = tf.placeholder(v.dtype.base_dtype, v.shape)
+    loads[v] = (p, v.values[0].assign(p, read_value=False))
+  stores = {}
+  for mode in _MODES:
+    options = {}
+    if mode == "disk":
+      options = dict(
+        spill_path=os.path.join(out, "spill_%d_%s.h5" % (index, mode)),
+        memory_budget=0,
+      )
+    stores[mode] = snapstore.SnapshotStore(
+      var_list=mirrored + [count],
+      optimizer=opt,
+      mode=mode,
+      max_to_keep=2,
+      name="mw_" + mode,
+      **options,
+    )
+  sess = tf.Session(server.target, config=config)
+  sess.run(
+    [tf.global_variables_initializer(), tf.local_variables_initializer()]
+  )
+  data = np.random.RandomState(1 + index).normal(size=(2, 2, 3))
+  data = data.astype(np.float32)  # each worker its own data
+  covered = [
+    c
+    for v in stores["device"].variables.values()
+    for c in distributed.components(v)
+  ]
+
+  def state():
+    return [np.array(a, copy=True) for a in sess.run(covered)]
+
+  for mode in _MODES:
+    store = stores[mode]
+    # The same values on both workers: ordinary numbers (Adam's update and
+    # the evaluation below stay finite), any int64.
+    rng = np.random.RandomState(7 + _MODES.index(mode))
+    values = {
+      v: (rng.normal(size=v.shape.as_list()) * 3).astype(
+        v.dtype.base_dtype.as_numpy_dtype
+      )
+      for v in (w, b, d)
+    }
+    values[steps] = helpers.random_value(rng, [], np.int64)
+    values[count] = np.float32(index + 1)  # the sum over workers is 3
+    sess.run(
+      [loads[v][1] for v in values], {loads[v][0]: a for v, a in values.items()}
+    )
+    start = state()
+    tag = store.snapshot("start", session=sess)
+    for batch in data:
+      sess.run(train, {x: batch})
+    sess.run(loads[count][1], {loads[count][0]: np.float32(100)})
+    trained = state()
+    facts[mode + "/trained_differs"] = not _same(start, trained)
+
+    # Evaluation at the snapshot: y as numpy computes it from the arrays.
+    seen = store.evaluate_with(y, tag=tag, session=sess)
+    held = store.arrays(tag, session=sess)
+    want = held["net/w"] * np.float32(3) + held["net/b"]
+    arrays[mode + "/evaluated"] = seen
+    arrays[mode + "/numpy"] = want
+    facts[mode + "/evaluate_put_back"] = _same(trained, state())
+
+    # A restore on worker 0 alone: refused there after the timeout, nothing
+    # written; worker 1 waits in the barrier meanwhile (a collective).
+    if index == 0:
+      facts[mode + "/alone"] = _refused(store, tag, sess, snapstore)
+      facts[mode + "/alone_unchanged"] = _same(trained, state())
+    sess.run(barrier)
+    # Both restore, but different snapshots: refused on both.
+    store.snapshot("later", session=sess)
+    facts[mode + "/different"] = _refused(
+      store, "start" if index == 0 else "later", sess, snapstore
+    )
+    facts[mode + "/different_unchanged"] = _same(trained, state())
+    # Training goes on (no collective was aborted), then both restore.
+    sess.run(train, {x: data[0]})
+    store.restore("start", session=sess)
+    restored = state()
+    facts[mode + "/restored_equals_start"] = _same(start, restored)
+    facts[mode + "/count"] = float(sess.run(count_read))
+    for i, a in enumerate(restored):
+      arrays["%s/%d" % (mode, i)] = a
+    store.close()
+  facts["keys"] = list(stores["device"].variables)
+  del parts
+  sess.run(barrier)  # both finish together
+
+
+def _refused(store, tag, sess, snapstore):
+  try:
+    store.restore(tag, session=sess)
+  except snapstore.CoordinationError as e:
+    return str(e)
+  return None
+
+
+def _hook(strategy, server, config, index, arrays, facts, reduced):
+  """SnapshotHook(every_n_steps=1) over a loss summed over the workers.
+
+  Worker 0's third batch is NaN; worker 1's are not. The gradients are
+  all-reduced, so both workers' variables are ruined at that step, and the
+  hook's loss is all-reduced too, so both roll back at that step, to the
+  same snapshot (the one before step 1: the one before step 2 is dropped).
+
+  Not `reduced`: the hook watches each worker's own loss, so worker 0 alone
+  rolls back at step 2: refused (CoordinationError from that run), nothing
+  written; the workers then meet at the last barrier after 3 steps each.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  import snapstore  # pylint: disable=g-import-not-at-top
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+  x = tf.placeholder(tf.float32, [2, 3])
+  with strategy.scope():
+    w = tf.get_variable("w", [3, 2])
+    step = tf.train.get_or_create_global_step()
+    opt = tf.train.AdamOptimizer(0.1)
+
+  def replica():
+    loss = tf.reduce_sum(tf.matmul(x, w))
+    context = tf.distribute.get_replica_context()
+    total = context.all_reduce(tf.distribute.ReduceOp.SUM, loss)
+    return opt.minimize(loss, global_step=step), total, loss
+
+  train, total, loss = _run(strategy, replica)
+  train = strategy.group(train)
+  total = strategy.experimental_local_results(total)[0]
+  loss = strategy.experimental_local_results(loss)[0]
+  store = snapstore.SnapshotStore(
+    var_list=[w],
+    optimizer=opt,
+    include_global_step=True,
+    max_to_keep=2,
+    name="hooked",
+  )
+  parts = [p for v in store.variables.values() for p in v.values]
+  rollbacks = []
+  hook = snapstore.SnapshotHook(
+    store,
+    every_n_steps=1,
+    loss=total if reduced else loss,
+    on_rollback=lambda sess: rollbacks.append(len(recorder.before) - 1),
+  )
+
+  class Recorder(tf.train.SessionRunHook):
+    """Records `parts` before every run (listed before the snapshot hook, so
+    it sees the variables each step starts from)."""
+
+    before = []
+    after = []
+
+    def before_run(self, run_context):
+      self.before.append(run_context.session.run(parts))
+
+    def after_run(self, run_context, run_values):
+      del run_values  # before the snapshot hook's after_run: no rollback yet
+      self.after.append(run_context.session.run(parts))
+
+  recorder = Recorder()
+  barrier = _barrier(strategy)  # before the session finalizes the graph
+  ones, nans = np.ones([2, 3]), np.full([2, 3], np.nan)
+  feeds = [ones, ones, nans if index == 0 else ones, ones][
+    : 4 if reduced else 3
+  ]
+  # Every worker initializes its own replicas (their initial values are
+  # broadcast from worker 0 by the initializers): is_chief on both.
+  with tf.train.MonitoredTrainingSession(
+    master=server.target,
+    is_chief=True,
+    config=config,
+    hooks=[recorder, hook],
+    log_step_count_steps=None,
+  ) as sess:
+    raw = sess._tf_sess()  # pylint: disable=protected-access
+    for i, feed in enumerate(feeds):
+      try:
+        sess.run(train, {x: feed})
+      except snapstore.CoordinationError as e:
+        facts["refused_at"] = i
+        facts["refused"] = str(e)
+        facts["unchanged"] = _same(raw.run(parts), recorder.after[i])
+      if i == 2 and reduced:
+        now = raw.run(parts)
+        facts["rolled_back_to_step_1"] = _same(now, recorder.before[1])
+        facts["step_1_changed"] = not _same(
+          recorder.before[1], recorder.before[2]
+        )
+    after = raw.run(parts)
+  facts["rollbacks"] = rollbacks
+  facts["hook_rollbacks"] = hook.rollbacks
+  facts["snapshots"] = hook.snapshots
+  facts["finite"] = all(bool(np.all(np.isfinite(a))) for a in after)
+  facts["steps_run"] = len(recorder.after)
+  facts["keys"] = list(store.variables)
+  for i, a in enumerate(after):
+    arrays["after/%d" % i] = a
+  # Both finish together: a last all-reduce, in a session of its own (the
+  # variables live on the servers, not in the closed session).
+  tf.Session(server.target, config=config).run(barrier)
+
+
+def _estimator(index, out, arrays, facts):
+  """The `estimator` scenario (module doc)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  import snapstore  # pylint: disable=g-import-not-at-top
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+  def model_fn(features, labels, mode):
+    with tf.variable_scope("net"):
+      w = tf.get_variable("w", [3], initializer=tf.zeros_initializer())
+    loss = tf.reduce_mean(tf.square(tf.tensordot(features["x"], w, 1) - labels))
+    train_op = tf.train.MomentumOptimizer(0.01, 0.9).minimize(
+      loss, global_step=tf.train.get_global_step()
+    )
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+  def input_fn():
+    rng = np.random.RandomState(1)
+    x = rng.randn(8 * 8, 3).astype(np.float32)
+    if index == 0:
+      x[5 * 8] = 1e30  # batch 5's squared error overflows: an infinite loss
+    y = x.dot([1.0, -2.0, 0.5]).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(8)
+
+  class Recorder(tf.train.SessionRunHook):
+    """Every global variable's components after each run (listed after the
+    snapshot hook: after its rollback)."""
+
+    after = []
+
+    def begin(self):
+      self.parts = [
+        p for v in tf.global_variables() for p in getattr(v, "values", [v])
+      ]
+
+    def after_run(self, run_context, run_values):
+      del run_values
+      self.after.append(run_context.session.run(self.parts))
+
+  hook = snapstore.SnapshotHook(
+    lambda: snapstore.SnapshotStore(
+      collection=tf.GraphKeys.GLOBAL_VARIABLES, max_to_keep=2
+    ),
+    every_n_steps=1,
+    loss=lambda: tf.get_collection(tf.GraphKeys.LOSSES)[-1],
+  )
+  recorder = Recorder()
+  strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()
+  config = tf.estimator.RunConfig(
+    train_distribute=strategy,
+    log_step_count_steps=None,
+    save_summary_steps=None,
+  )
+  estimator = tf.estimator.Estimator(
+    model_fn, model_dir=os.path.join(out, "model_%d" % index), config=config
+  )
+  tf.estimator.train_and_evaluate(
+    estimator,
+    tf.estimator.TrainSpec(input_fn, hooks=[hook, recorder]),
+    tf.estimator.EvalSpec(input_fn, steps=1),
+  )
+  facts["rollbacks"] = hook.rollbacks
+  facts["steps"] = len(recorder.after)
+  facts["keys"] = list(hook.store.keys)
+  for step, values in enumerate(recorder.after):
+    for i, a in enumerate(values):
+      arrays["%d/%d" % (step, i)] = a
+
+
+if __name__ == "__main__":
+  main(json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])

@@ -1,0 +1,375 @@
+"""Graph-mode stores under MultiWorkerMirroredStrategy: two workers on loopback.
+
+Each scenario runs `tests/mwms_graph_worker.py` as two processes (TF_CONFIG
+per process, a `tf.distribute.Server` each on a free loopback port), which
+write what they saw; the tests check it bit for bit: every local component
+restored on both workers (Adam's state too), the workers identical after a
+coordinated restore, evaluation at a snapshot equal to numpy's, a restore on
+one worker alone and restores of different tags refused (the message,
+nothing written), training going on after a refusal. See
+`snapstore/graph/multi_worker.py`; the eager engine's counterpart is
+tests/eager/test_multi_worker.py. Runs on TF 1.15 and TF 2.x (graph mode).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests import cluster
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TIMEOUT = 120  # seconds for a whole two-worker run, startup included
+_MODES = ("device", "host", "disk")
+
+
+def _run(scenario, out):
+  """Runs both workers of `scenario`; returns ([facts], [arrays]) per worker.
+
+  Each worker serves until its stdin closes, which happens once both said
+  "ok" (or one failed, or the run exceeded `_TIMEOUT`: then both are killed).
+  """
+  ports = cluster.free_ports(2)
+  env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+  env.pop("TF_CONFIG", None)
+  procs = []
+  for index in range(2):
+    log = open(os.path.join(out, "%d.log" % index), "w+")
+    command = [sys.executable, "-m", "tests.mwms_graph_worker"]
+    command += [json.dumps(ports), str(index), scenario, out]
+    proc = subprocess.Popen(
+      command,
+      stdin=subprocess.PIPE,
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      cwd=_ROOT,
+      env=env,
+    )
+    procs.append((proc, log))
+  deadline = time.time() + _TIMEOUT
+  done = lambda: all(  # noqa: E731
+    os.path.exists(os.path.join(out, "%d.json" % i)) for i in range(2)
+  )
+  try:
+    while not done() and time.time() < deadline:
+      if any(p.poll() is not None for p, _ in procs):
+        break  # one exited before both were done: it failed
+      time.sleep(0.1)
+    for proc, _ in procs:
+      proc.stdin.close()
+    for proc, _ in procs:
+      proc.wait(max(1, deadline - time.time()))
+  except subprocess.TimeoutExpired:
+    pass
+  finally:
+    for proc, _ in procs:
+      if proc.poll() is None:
+        proc.kill()
+      proc.wait()
+  problems = []
+  for index, (proc, log) in enumerate(procs):
+    log.seek(0)
+    text = log.read()
+    log.close()
+    if proc.returncode != 0 or "ok" not in text.split():
+      problems.append(
+        "worker %d exited with %s:\n%s" % (index, proc.returncode, text[-3000:])
+      )
+  assert not problems, "\n".join(problems)
+  facts, arrays = [], []
+  for index in range(2):
+    with open(os.path.join(out, "%d.json" % index)) as f:
+      facts.append(json.load(f))
+    with np.load(os.path.join(out, "%d.npz" % index)) as held:
+      arrays.append({k: held[k] for k in held.files})
+  return facts, arrays
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+  return _run("stores", str(tmp_path_factory.mktemp("stores")))
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_every_component_is_restored_on_both_workers(stores, mode):
+  facts, _ = stores
+  for worker in facts:
+    assert worker[mode + "/trained_differs"]  # the restore had work to do
+    assert worker[mode + "/restored_equals_start"]
+    # Each worker restored its own counter (1 and 2), so their sum over the
+    # workers (an all-reduce) is what it was.
+    assert worker[mode + "/count"] == 3.0
+  # Adam's slots and powers are covered too.
+  assert {"net/w/Adam", "net/w/Adam_1", "beta1_power"} <= set(facts[0]["keys"])
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_workers_are_identical_after_a_coordinated_restore(stores, mode):
+  facts, arrays = stores
+  keys = facts[0]["keys"]
+  assert keys == facts[1]["keys"]
+  names = sorted(k for k in arrays[0] if k.startswith(mode + "/"))
+  names = [n for n in names if n.split("/")[1].isdigit()]
+  assert len(names) == len(keys)
+  for name in names:
+    if keys[int(name.split("/")[1])] == "net/count":
+      continue  # each worker's own count, by design
+    assert arrays[0][name].dtype == arrays[1][name].dtype
+    assert arrays[0][name].tobytes() == arrays[1][name].tobytes(), name
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_evaluate_with_at_a_snapshot_equals_numpy_and_puts_back(stores, mode):
+  facts, arrays = stores
+  for worker, held in zip(facts, arrays):
+    seen, want = held[mode + "/evaluated"], held[mode + "/numpy"]
+    assert seen.dtype == want.dtype and seen.tobytes() == want.tobytes()
+    assert worker[mode + "/evaluate_put_back"]
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_a_restore_on_one_worker_alone_is_refused(stores, mode):
+  facts, _ = stores
+  message = facts[0][mode + "/alone"]
+  assert message and "worker worker:1 did not restore within 2 s" in message
+  assert "call restore on every worker, with the same tag" in message
+  assert "Nothing was written" in message
+  assert facts[0][mode + "/alone_unchanged"]
+  assert mode + "/alone" not in facts[1]  # worker 1 never called it
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_restores_of_different_tags_are_refused_on_both(stores, mode):
+  facts, _ = stores
+  for worker in facts:
+    message = worker[mode + "/different"]
+    assert message and "the workers restore different snapshots" in message
+    assert "worker:0 'start'#0, worker:1 'later'#1" in message
+    assert worker[mode + "/different_unchanged"]
+
+
+@pytest.mark.parametrize("mode", ["device", "host"])
+def test_a_store_builds_before_the_servers_are_up(mode):
+  """The coordination needs the first worker's server at the first restore
+  only: a store is built (and its ops added to the user's graph) with no
+  server running, as in a program that builds its graph first."""
+  from unittest import mock  # pylint: disable=g-import-not-at-top
+
+  import snapstore  # pylint: disable=g-import-not-at-top
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+  # TF 1.15's strategy takes no cluster_resolver: TF_CONFIG, as a worker.
+  config = {
+    "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+    "task": {"type": "worker", "index": 1},
+  }
+  graph = tf.Graph()
+  with graph.as_default(), mock.patch.dict(
+    os.environ, {"TF_CONFIG": json.dumps(config)}
+  ):
+    strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+      w = tf.get_variable("w", [2], tf.float32)
+    store = snapstore.SnapshotStore(var_list=[w], mode=mode, name="early")
+    assert store.variables["w"] is w
+    # No op of the coordination in the user's graph: it has its own.
+    assert not [
+      op for op in graph.get_operations() if "snapstore_coordination" in op.name
+    ]
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def hooked(tmp_path_factory):
+  return _run("hook", str(tmp_path_factory.mktemp("hook")))
+
+
+def test_snapshot_hook_rolls_back_both_workers_at_the_same_step(hooked):
+  facts, arrays = hooked
+  for worker in facts:
+    # The NaN batch was worker 0's only; the hook's loss is summed over the
+    # workers, so both rolled back at step 2, to the snapshot before step 1.
+    assert worker["rollbacks"] == [2]
+    assert worker["hook_rollbacks"] == 1 and worker["snapshots"] == 4
+    assert worker["step_1_changed"]
+    assert worker["rolled_back_to_step_1"]
+    assert worker["finite"]
+  assert facts[0]["keys"] == facts[1]["keys"]
+  assert "w/Adam" in facts[0]["keys"] and "global_step" in facts[0]["keys"]
+  names = sorted(arrays[0])
+  assert names and names == sorted(arrays[1])
+  for name in names:  # the workers identical after training went on
+    assert arrays[0][name].tobytes() == arrays[1][name].tobytes(), name
+
+
+@pytest.fixture(scope="module")
+def hooked_alone(tmp_path_factory):
+  return _run("hook_alone", str(tmp_path_factory.mktemp("hook_alone")))
+
+
+def test_snapshot_hook_on_each_workers_own_loss_is_refused_alone(hooked_alone):
+  facts, _ = hooked_alone
+  first, second = facts
+  # Worker 0's own loss was NaN at step 2, worker 1's was not: worker 0's
+  # rollback would have been its alone, and was refused, nothing written.
+  assert first["refused_at"] == 2
+  message = first["refused"]
+  assert "worker worker:1 did not restore within 2 s" in message
+  assert "Nothing was written" in message
+  assert first["unchanged"]
+  assert first["rollbacks"] == [] and first["hook_rollbacks"] == 0
+  assert "refused" not in second and second["rollbacks"] == []
+  assert first["steps_run"] == second["steps_run"] == 3
+
+
+class _Strategy(object):
+  """What `_VariableExchange` reads of a strategy: no collective timeout."""
+
+  extended = None
+
+
+@pytest.fixture(scope="module")
+def first_worker():
+  """A loopback server for the first worker's task: the rows live there."""
+  try:
+    servers = cluster.LoopbackCluster({"worker": 1})
+  except cluster.ClusterError as e:
+    pytest.skip("loopback tf.train.Server did not start: %s" % e)
+  yield servers
+  servers.close()
+
+
+def _exchanges(first_worker, name, timeout=2.0):
+  """Two workers' exchanges of store `name` (rows on the first's server;
+  the second worker's address is never dialled). Both are this process's
+  first exchange of that store, as each would be in its own worker."""
+  from unittest import mock  # pylint: disable=g-import-not-at-top
+
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+  from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.graph import multi_worker as graph_multi_worker  # pylint: disable=g-import-not-at-top
+
+  spec = tf.train.ClusterSpec(
+    {"worker": [first_worker.spec["worker"][0], "127.0.0.1:1"]}
+  )
+  tasks = ["worker:0", "worker:1"]
+  with mock.patch.object(multi_worker, "TIMEOUT", timeout), mock.patch.object(
+    multi_worker, "count", lambda what, name: 0
+  ):
+    return [
+      graph_multi_worker._VariableExchange(  # pylint: disable=protected-access
+        (_Strategy(), spec, me, tasks), name
+      )
+      for me in tasks
+    ]
+
+
+def _agree_together(exchanges, values):
+  """Each exchange's `agree(value)` in a thread of its own; their results
+  (or exceptions)."""
+  import threading  # pylint: disable=g-import-not-at-top
+
+  results = [None] * len(exchanges)
+
+  def agree(i):
+    try:
+      results[i] = exchanges[i].agree(values[i])
+    except Exception as e:  # pylint: disable=broad-except
+      results[i] = e
+
+  threads = [
+    threading.Thread(target=agree, args=(i,)) for i in range(len(exchanges))
+  ]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(30)
+  return results
+
+
+def test_rounds_pair_the_workers_calls_in_order(first_worker):
+  exchanges = _exchanges(first_worker, "rounds")
+  for n in range(6):  # even and odd slots, reused
+    values = ["a%d" % n, "b%d" % n]
+    got = _agree_together(exchanges, values)
+    want = {"worker:0": values[0], "worker:1": values[1]}
+    assert got == [want, want], n
+  assert [e.round for e in exchanges] == [6, 6]
+
+
+def test_a_round_one_worker_runs_alone_times_out_and_is_withdrawn(
+  first_worker,
+):
+  from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
+
+  exchanges = _exchanges(first_worker, "alone", timeout=0.5)
+  start = time.time()
+  with pytest.raises(multi_worker.Late) as caught:
+    exchanges[0].agree("lonely")
+  assert 0.5 <= time.time() - start < 5
+  assert caught.value.task == "worker:1"
+  assert "no value of round 0" in caught.value.why
+  assert exchanges[0].round == 0  # not counted
+  # The late worker does not see the withdrawn value: it times out too.
+  with pytest.raises(multi_worker.Late):
+    exchanges[1].agree("late")
+  # A later round of both pairs them, round 0 on each.
+  want = {"worker:0": "x", "worker:1": "y"}
+  assert _agree_together(exchanges, ["x", "y"]) == [want, want]
+
+
+def test_an_unreachable_first_worker_is_a_bounded_refusal():
+  from unittest import mock  # pylint: disable=g-import-not-at-top
+
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+  from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.graph import multi_worker as graph_multi_worker  # pylint: disable=g-import-not-at-top
+
+  port = cluster.free_ports(1)[0]  # nothing listens there
+  spec = tf.train.ClusterSpec(
+    {"worker": ["127.0.0.1:%d" % port, "127.0.0.1:1"]}
+  )
+  with mock.patch.object(multi_worker, "TIMEOUT", 1.0):
+    exchange = graph_multi_worker._VariableExchange(  # pylint: disable=protected-access
+      (_Strategy(), spec, "worker:1", ["worker:0", "worker:1"]), "gone"
+    )
+  start = time.time()
+  with pytest.raises(multi_worker.Late) as caught:
+    exchange.agree("v")
+  assert time.time() - start < 10
+  assert caught.value.task == "worker:0"
+  assert "Error" in caught.value.why  # the TensorFlow error's class
+
+
+@pytest.fixture(scope="module")
+def estimated(tmp_path_factory):
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+  if not hasattr(tf, "estimator"):
+    pytest.skip("tf.estimator is gone from TensorFlow 2.16 on")
+  return _run("estimator", str(tmp_path_factory.mktemp("estimator")))
+
+
+def test_snapshot_hook_in_an_estimator_rolls_back_both_workers(estimated):
+  facts, arrays = estimated
+  for worker, held in zip(facts, arrays):
+    # Batch 5's loss is infinite on worker 0's data only; the Estimator's
+    # loss is reduced over the workers: both roll back at run 5, to the
+    # snapshot before run 4 (the state after run 3).
+    assert worker["rollbacks"] == 1
+    assert worker["steps"] == 8
+    count = len([k for k in held if k.startswith("0/")])
+    after = [[held["%d/%d" % (s, i)] for i in range(count)] for s in range(8)]
+    assert any(a.tobytes() != b.tobytes() for a, b in zip(after[4], after[3]))
+    for a, b in zip(after[5], after[3]):
+      assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    assert all(np.all(np.isfinite(a)) for a in after[-1])
+  assert facts[0]["keys"] == facts[1]["keys"]
+  assert "net/w" in facts[0]["keys"]
+  assert sorted(arrays[0]) == sorted(arrays[1])
+  for name in arrays[0]:  # the workers identical at every step
+    assert arrays[0][name].tobytes() == arrays[1][name].tobytes(), name
