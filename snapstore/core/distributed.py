@@ -242,15 +242,35 @@ def may_differ(variable):
   )
 
 
+def keeps_replicas(variable):
+  """True for a variable whose snapshots in host memory keep its components
+  besides its value (module doc, "Replicas that differ"): a mirrored one
+  whose replicas may differ (`may_differ`), and a sync-on-read one of more
+  than one component, whose host value (its aggregate) is none of them."""
+  return may_differ(variable) or (
+    is_distributed(variable)
+    and _sync_on_read(variable)
+    and len(components(variable)) > 1
+  )
+
+
+def kept_components(variable):
+  """The components whose own values a host snapshot of `variable` keeps
+  (`keeps_replicas`): a mirrored variable's after the first (the first's
+  value is the snapshot's array), a sync-on-read one's all of them."""
+  parts = components(variable)
+  return parts if _sync_on_read(variable) else parts[1:]
+
+
 def replica_layout(variables):
-  """`[(index, count)]`: for each of `variables` whose replicas may differ
-  (`may_differ`), its position and its number of components after the
-  first, in order: what a snapshot's kept replicas are laid out by
-  (`snapstore.modes.base.kept_replicas`)."""
+  """`[(index, count)]`: for each of `variables` whose components a host
+  snapshot keeps (`keeps_replicas`), its position and its number of kept
+  components (`kept_components`), in order: what a snapshot's kept
+  replicas are laid out by (`snapstore.modes.base.kept_replicas`)."""
   return [
-    (i, len(components(v)) - 1)
+    (i, len(kept_components(v)))
     for i, v in enumerate(variables)
-    if may_differ(v)
+    if keeps_replicas(v)
   ]
 
 
@@ -275,22 +295,36 @@ def differs(variable, values=None):
 
 
 def replica_reads(variable, values=None):
-  """What a host snapshot reads of a `may_differ` variable besides its
+  """What a host snapshot reads of a `keeps_replicas` variable besides its
   value (module doc, "Replicas that differ").
 
   Args:
-    variable: A variable for which `may_differ` is True.
+    variable: A variable for which `keeps_replicas` is True.
     values: As for `differs`: the values to read instead of the
       components' (a device slot's shadows), or None.
 
   Returns:
-    `(flag, values)`: `differs(variable, values)`, and one tensor per
-    component after the first, on that component's device: its value where
-    the flag is set, else an empty vector, so that equal replicas (the usual
-    case) cost a comparison on each device and no transfer.
+    `(flag, values)`: a bool tensor, whether the values are kept, and one
+    tensor per kept component (`kept_components`), on that component's
+    device. A sync-on-read variable's are always kept (its components need
+    not be equal, and its host value is their aggregate): the flag is True
+    and the values are every component's. A mirrored one's flag is
+    `differs(variable, values)`, and its values are those of the components
+    after the first where the flag is set, else empty vectors, so that equal
+    replicas (the usual case) cost a comparison on each device and no
+    transfer.
   """
-  flag = differs(variable, values)
   parts = components(variable)
+  if _sync_on_read(variable):
+    if values is None:
+      values = [part.value() for part in parts]
+    out = []
+    for part, value in zip(parts, values):
+      with ops.colocate_with(part):
+        out.append(tf.identity(value))
+    with ops.colocate_with(anchor(variable)):
+      return tf.constant(True), out
+  flag = differs(variable, values)
   if values is None:
     values = [part.value for part in parts]  # read in the branch
   else:

@@ -199,7 +199,7 @@ class ArrayWriter(object):
     parts = [
       part
       for i, _ in self._layout
-      for part in distributed.components(varset.variables[i])[1:]
+      for part in distributed.kept_components(varset.variables[i])
     ]
     self._replica_feeder = self._replica_op = None
     if parts:

@@ -182,7 +182,7 @@ def _writer(variables, specs, name):
   write = copies.assigner(variables, specs, name)
   layout = replica_layout(variables)
   parts = [
-    part for i, _ in layout for part in distributed.components(variables[i])[1:]
+    part for i, _ in layout for part in distributed.kept_components(variables[i])
   ]
   # The variables, then the kept replicas each into its own component
   # (built on first use: most snapshots have none).

@@ -50,7 +50,7 @@ class EagerHostMode(host_book.HostBook):
     # A restore with kept replicas: the snapshot's values, then each kept
     # replica into its own component (built on first use: most stores never
     # see replicas that differ).
-    parts = [p for v in replicas for p in distributed.components(v)[1:]]
+    parts = [p for v in replicas for p in distributed.kept_components(v)]
     self._write_replicas = copies.Lazy(
       lambda: copies.assigner(
         varset.variables, varset.specs, "restore_replicas", parts
