@@ -22,6 +22,7 @@ import numpy as np
 
 from snapstore._tf import tf2
 from snapstore.core import buffers
+from snapstore.core.distributed import kept_components
 from snapstore.core.distributed import replica_layout
 from snapstore.eager import copies
 from snapstore.eager import distributed
@@ -182,7 +183,7 @@ def _writer(variables, specs, name):
   write = copies.assigner(variables, specs, name)
   layout = replica_layout(variables)
   parts = [
-    part for i, _ in layout for part in distributed.kept_components(variables[i])
+    part for i, _ in layout for part in kept_components(variables[i])
   ]
   # The variables, then the kept replicas each into its own component
   # (built on first use: most snapshots have none).
