@@ -25,29 +25,39 @@ graph engine gives them the eager engine's semantics
   it in cross-replica context (`AddN` of the components for SUM, divided by
   their number for MEAN; the first component for ONLY_FIRST_REPLICA and
   NONE). That is what `arrays()`, `save_npz` and spill files hold: the value
-  a TF checkpoint saves of a mirrored variable (its primary).
-- **Replicas that differ.** One kind of mirrored variable is not kept equal:
-  a non-trainable one of aggregation NONE, which each replica may write with
+  a TF checkpoint saves of a mirrored variable (its primary), and of a
+  sync-on-read one.
+- **Replicas that differ.** A host value is not always every replica's.
+  A sync-on-read variable's replicas each hold their own value (tf-keras and
+  Keras 2 batch-norm statistics, MEAN, each replica's from its own part of
+  the batch; metrics' totals, SUM), and its host value, their aggregate, is
+  none of them. And one kind of mirrored variable is not kept equal: a
+  non-trainable one of aggregation NONE, which each replica may write with
   its own value (`may_differ`: Keras 3 batch-norm statistics). A host
-  snapshot also compares its other components with the first, each on its
-  own device in the same run as the rest, and reads them and keeps them
-  beside the snapshot when their bits differ (`replica_reads`; nothing is
-  read or kept when they are equal, the usual case); a restore writes each
-  component its own kept value, so every replica ends exactly as it was.
+  snapshot keeps their components' own values beside it (`keeps_replicas`,
+  `replica_reads`), read in the same run as the rest, each on its own
+  device: every component of a sync-on-read variable of more than one, at
+  every snapshot (statistics and metrics: small, and comparing them would
+  not save the aggregate); the components after the first of a `may_differ`
+  one, compared with the first on their devices and read and kept only when
+  their bits differ (nothing is read or kept when they are equal, the usual
+  case). A restore writes the host value as below, then each kept component
+  its own value, so every replica ends exactly as it was.
   They are kept in memory only: beside host mode's arrays (disk mode's host
   tier), and beside a snapshot spilled to a spill file (from disk mode, or
   from a device slot, which reads them from its component shadows the same
   way): statistics vectors, small, so that a restore from the file is exact
-  too while the store lives. The file itself holds the first replica's
-  value, and arrays given to `load_arrays` (or read from a file by another
-  store) are written to every replica alike.
+  too while the store lives. The file itself holds the host value, and
+  arrays given to `load_arrays` (or read from a file by another store) are
+  written as a host write writes them (below).
 - **Host writes** put a mirrored value into every component (then a kept
   replica's own value into its component, as above), and a sync-on-read one
   so that the aggregate read back is the same bits: for SUM the value into
   the first component and zeros (-0.0 for floats, the one zero that leaves
   every value unchanged when added) into the others; otherwise the value
   into every component (a mean of equal values is that value exactly when
-  the replica count is a power of two).
+  the replica count is a power of two); then, for a snapshot that kept
+  them, each component its own value.
 
     parts = components(v)                  # [v] for an ordinary variable
     value = aggregate(v, [read(c) for c in parts])
