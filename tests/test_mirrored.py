@@ -2,8 +2,10 @@
 
 Every component is checked bit for bit against numpy values loaded before:
 replicas identical after a restore, components made to differ on purpose
-copied as they are (device mode), sync-on-read values read and written back
-as TensorFlow aggregates them, evaluation at a snapshot equal to numpy's. The
+copied as they are (device mode), sync-on-read values read as TensorFlow
+aggregates them and every component restored as it was (every mode; arrays
+loaded or read from another store's file written back so that the aggregate
+reads the same), evaluation at a snapshot equal to numpy's. The
 semantics are `snapstore/core/distributed.py`'s (the eager engine's, see
 tests/eager/test_distributed.py).
 

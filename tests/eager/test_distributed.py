@@ -2,8 +2,9 @@
 
 Every component is checked bit for bit against numpy copies taken before:
 replicas identical after a restore, made different on purpose to show each
-component is copied on its own, sync-on-read values read and written back as
-TensorFlow aggregates them, and the in-step snapshot from replica context.
+component is copied on its own, sync-on-read values read as TensorFlow
+aggregates them with every component restored as it was, and the in-step
+snapshot from replica context.
 """
 
 import numpy as np
