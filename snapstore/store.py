@@ -198,7 +198,7 @@ class SnapshotStore(object):
     Device mode: `num_slots * param_nbytes` on the variables' devices (plus one
     more copy once `evaluate_with` has used the scratch shadows), whether or
     not the slots hold snapshots. Host mode: the bytes of the held arrays
-    (and of replicas kept because they differ: `core/distributed.py`)."""
+    (and of replicas kept: `core/distributed.py`, "Replicas that differ")."""
     return self._h.mode.nbytes
 
   # -- snapshots -----------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 Every component is checked bit for bit against numpy values loaded before:
 replicas identical after a restore, components made to differ on purpose
-copied as they are (device mode), sync-on-read values read and written back
-as TensorFlow aggregates them, evaluation at a snapshot equal to numpy's. The
+copied as they are (device mode), sync-on-read values read as TensorFlow
+aggregates them and every component restored as it was (every mode; arrays
+loaded or read from another store's file written back so that the aggregate
+reads the same), evaluation at a snapshot equal to numpy's. The
 semantics are `snapstore/core/distributed.py`'s (the eager engine's, see
 tests/eager/test_distributed.py).
 
@@ -133,7 +135,7 @@ class _Net(object):
 
 
 class MirroredTest(tf.test.TestCase, parameterized.TestCase):
-  def _setup(self, mode, pack=False, max_to_keep=None):
+  def _setup(self, mode, pack=False, max_to_keep=None, spill_path=None):
     self.graph = tf.Graph()
     with self.graph.as_default():
       self.strategy = _strategy()
@@ -141,10 +143,13 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
       options = {"mode": mode, "max_to_keep": max_to_keep}
       if pack:
         options["pack"] = True
+      if spill_path:
+        options["spill_path"] = spill_path
       if mode == "disk":
         folder = tempfile.mkdtemp()
         options.update(
-          spill_path=os.path.join(folder, "spill.h5"), memory_budget=0
+          spill_path=spill_path or os.path.join(folder, "spill.h5"),
+          memory_budget=0,
         )
       self.store = snapstore.SnapshotStore(
         var_list=self.net.variables, **options
@@ -179,30 +184,70 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
     net, store, sess = self._setup(mode, pack)
     before = net.randomize(sess, seed=1)
     tag = store.snapshot(session=sess)
-    changed = net.randomize(sess, seed=2)
-    for part in before:
-      helpers.assert_bits_differ(changed[part], before[part], part.name)
-    store.restore(tag, session=sess)
-    got = net.components(sess)
-    for v in net.mirrored:  # every component as before: replicas identical
-      for part in v.values:
-        helpers.assert_bit_equal(got[part], before[part], part.name)
-    sums = self._host_values(before)
-    if mode == "device":  # every component as it was
-      for v in (net.count, net.mean):
-        for part in v.values:
-          helpers.assert_bit_equal(got[part], before[part], part.name)
-    else:  # SUM: the total into the first, -0.0 into the others
-      helpers.assert_bit_equal(got[net.count.values[0]], sums["net/count"])
-      helpers.assert_bit_equal(
-        got[net.count.values[1]], np.full([2], -0.0, np.float32)
-      )
-      for part in net.mean.values:  # MEAN: the mean into every component
-        helpers.assert_bit_equal(got[part], sums["net/mean"], part.name)
+    if mode == "host":
+      # Beside one array per variable, host (and disk) mode keep every
+      # component of the sync-on-read ones (count and mean, float32 [2]):
+      # the aggregate is none of them.
+      self.assertEqual(store.nbytes, store.param_nbytes + 2 * 2 * 2 * 4)
+    for seed in (2, 3):  # the second time from the file, in disk mode
+      changed = net.randomize(sess, seed=seed)
+      for part in before:
+        helpers.assert_bits_differ(changed[part], before[part], part.name)
+      store.restore(tag, session=sess)
+      # Every component as it was: mirrored replicas identical, and each
+      # sync-on-read component its own bits, not the aggregate spread.
+      self._assert_components(before, "restored (seed %d)" % seed)
+      store.files.flush()
+      if mode == "disk":
+        self.assertEqual(store.files.tier(tag), "file")
     # The aggregates read back (as TF reads them) are the snapshot's.
+    sums = self._host_values(before)
     count, mean = sess.run(net.aggregates)
     helpers.assert_bit_equal(count, sums["net/count"], "count")
     helpers.assert_bit_equal(mean, sums["net/mean"], "mean")
+
+  @parameterized.named_parameters(("shadows", False), ("packed", True))
+  def test_a_device_snapshot_spilled_to_the_file_restores_sync_on_read(
+    self, pack
+  ):
+    # The file keeps the aggregates; every sync-on-read component stays in
+    # memory beside it, so that a restore from the file is exact.
+    path = os.path.join(tempfile.mkdtemp(), "spill.h5")
+    net, store, sess = self._setup("device", pack, spill_path=path)
+    before = net.randomize(sess, seed=41)
+    store.snapshot("t", session=sess)
+    store.files.spill("t", session=sess)
+    for seed in (42, 43):  # on its way to the file, then in it
+      net.randomize(sess, seed=seed)
+      store.restore("t", session=sess)
+      self._assert_components(before, "restored (seed %d)" % seed)
+      store.files.flush()
+    self.assertEqual(store.files.tier("t"), "file")
+    arrays = store.arrays("t", session=sess)
+    for key, value in self._host_values(before).items():
+      helpers.assert_bit_equal(arrays[key], value, key)
+    self.assertEqual(store.nbytes, store.param_nbytes + 2 * 2 * 2 * 4)
+
+  def test_a_store_reopening_the_spill_file_spreads_the_aggregates(self):
+    # The file holds the aggregates only; the components stayed in the
+    # memory of the store that spilled them: another store writes each
+    # aggregate back as a host write does (`distributed.spread`).
+    path = os.path.join(tempfile.mkdtemp(), "spill.h5")
+    net, store, sess = self._setup("disk", spill_path=path)
+    sums = self._host_values(net.randomize(sess, seed=44))
+    store.snapshot("t", session=sess)
+    store.close()
+    net, store, sess = self._setup("disk", spill_path=path)
+    self.assertEqual(store.tags(), ["t"])
+    net.randomize(sess, seed=45)
+    store.restore("t", session=sess)
+    got = net.components(sess)
+    helpers.assert_bit_equal(got[net.count.values[0]], sums["net/count"])
+    helpers.assert_bit_equal(
+      got[net.count.values[1]], np.full([2], -0.0, np.float32)
+    )
+    for part in net.mean.values:
+      helpers.assert_bit_equal(got[part], sums["net/mean"], part.name)
 
   @parameterized.named_parameters(("shadows", False), ("packed", True))
   def test_device_mode_copies_components_that_differ_as_they_are(self, pack):
@@ -314,9 +359,14 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
       "y": net.y,
       "parts": [p.read_value() for p in net.w.values],
       "aggregates": net.aggregates,
+      "sync": [p.read_value() for v in (net.count, net.mean) for p in v.values],
     }
     seen = store.evaluate_with(fetches, tag="past", session=sess)
     host = self._host_values(past)
+    # Every sync-on-read component as it was, not the aggregate spread.
+    parts = [p for v in (net.count, net.mean) for p in v.values]
+    for part, value in zip(parts, seen["sync"]):
+      helpers.assert_bit_equal(value, past[part], part.name)
     for part, value in zip(net.w.values, seen["parts"]):
       helpers.assert_bit_equal(value, past[part], part.name)
     helpers.assert_bit_equal(seen["aggregates"][0], host["net/count"])
@@ -916,6 +966,16 @@ class _Trained(tf.test.TestCase, parameterized.TestCase):
         self.stats = tf.get_variable(
           "stats", [2], trainable=False, initializer=tf.zeros_initializer()
         )
+        # Sync-on-read (tf-keras and Keras 2 batch-norm statistics): each
+        # replica writes its own component, a read aggregates them.
+        self.mean = tf.get_variable(
+          "mean",
+          [2],
+          trainable=False,
+          initializer=tf.zeros_initializer(),
+          synchronization=tf.VariableSynchronization.ON_READ,
+          aggregation=tf.VariableAggregation.MEAN,
+        )
         step = tf.train.get_or_create_global_step()
         opt = tf.train.AdamOptimizer(0.1)
 
@@ -927,7 +987,12 @@ class _Trained(tf.test.TestCase, parameterized.TestCase):
           own = self.stats.values[i].assign_add(
             tf.fill([2], tf.reduce_mean(x) * (i + 1.0)), read_value=False
           )
-          return tf.group(opt.minimize(loss, global_step=step), own), loss
+          # And replica i adds (i + 3) * mean(x) to its own mean.
+          mean = self.mean.values[i].assign_add(
+            tf.fill([2], tf.reduce_mean(x) * (i + 3.0)), read_value=False
+          )
+          train = opt.minimize(loss, global_step=step)
+          return tf.group(train, own, mean), loss
 
         train, loss = run(replica, args=(self.x,))
         self.train_op = strategy.group(train)
@@ -939,7 +1004,7 @@ class _Trained(tf.test.TestCase, parameterized.TestCase):
           memory_budget=0,
         )
       self.store = snapstore.SnapshotStore(
-        var_list=[w, self.stats],
+        var_list=[w, self.stats, self.mean],
         optimizer=opt,
         include_global_step=True,
         mode=mode,
@@ -965,6 +1030,7 @@ class GuardTest(_Trained):
         "beta1_power",
         "beta2_power",
         "global_step",
+        "mean",
         "stats",
         "w",
         "w/Adam",
@@ -978,6 +1044,9 @@ class GuardTest(_Trained):
     first, second = sess.run(self.stats.values)
     helpers.assert_bit_equal(first, np.full([2], 1.0, np.float32))
     helpers.assert_bit_equal(second, np.full([2], 2.0, np.float32))
+    first, second = sess.run(self.mean.values)
+    helpers.assert_bit_equal(first, np.full([2], 3.0, np.float32))
+    helpers.assert_bit_equal(second, np.full([2], 4.0, np.float32))
     with snapstore.Guard(
       self.store, watch=self.loss, reraise=False, session=sess
     ) as guard:
@@ -1039,12 +1108,16 @@ class SnapshotHookTest(_Trained):
     for part, value in zip(self.parts, after):
       self.assertTrue(np.all(np.isfinite(value)), part.name)
     # The replicas are identical, bit for bit, but those of the statistics
-    # each replica writes: steps 0 and 3 remain, replica i adding i + 1.
+    # each replica writes: steps 0 and 3 remain, replica i adding i + 1 to
+    # stats and i + 3 to mean.
     for v in store.variables.values():
       first, second = (after[self.parts.index(p)] for p in v.values)
       if v is self.stats:
         helpers.assert_bit_equal(first, np.full([2], 2.0, np.float32))
         helpers.assert_bit_equal(second, np.full([2], 4.0, np.float32))
+      elif v is self.mean:
+        helpers.assert_bit_equal(first, np.full([2], 6.0, np.float32))
+        helpers.assert_bit_equal(second, np.full([2], 8.0, np.float32))
       else:
         helpers.assert_bit_equal(first, second, v.name)
 

@@ -25,29 +25,39 @@ graph engine gives them the eager engine's semantics
   it in cross-replica context (`AddN` of the components for SUM, divided by
   their number for MEAN; the first component for ONLY_FIRST_REPLICA and
   NONE). That is what `arrays()`, `save_npz` and spill files hold: the value
-  a TF checkpoint saves of a mirrored variable (its primary).
-- **Replicas that differ.** One kind of mirrored variable is not kept equal:
-  a non-trainable one of aggregation NONE, which each replica may write with
+  a TF checkpoint saves of a mirrored variable (its primary), and of a
+  sync-on-read one.
+- **Replicas that differ.** A host value is not always every replica's.
+  A sync-on-read variable's replicas each hold their own value (tf-keras and
+  Keras 2 batch-norm statistics, MEAN, each replica's from its own part of
+  the batch; metrics' totals, SUM), and its host value, their aggregate, is
+  none of them. And one kind of mirrored variable is not kept equal: a
+  non-trainable one of aggregation NONE, which each replica may write with
   its own value (`may_differ`: Keras 3 batch-norm statistics). A host
-  snapshot also compares its other components with the first, each on its
-  own device in the same run as the rest, and reads them and keeps them
-  beside the snapshot when their bits differ (`replica_reads`; nothing is
-  read or kept when they are equal, the usual case); a restore writes each
-  component its own kept value, so every replica ends exactly as it was.
+  snapshot keeps their components' own values beside it (`keeps_replicas`,
+  `replica_reads`), read in the same run as the rest, each on its own
+  device: every component of a sync-on-read variable of more than one, at
+  every snapshot (statistics and metrics: small, and comparing them would
+  not save the aggregate); the components after the first of a `may_differ`
+  one, compared with the first on their devices and read and kept only when
+  their bits differ (nothing is read or kept when they are equal, the usual
+  case). A restore writes the host value as below, then each kept component
+  its own value, so every replica ends exactly as it was.
   They are kept in memory only: beside host mode's arrays (disk mode's host
   tier), and beside a snapshot spilled to a spill file (from disk mode, or
   from a device slot, which reads them from its component shadows the same
   way): statistics vectors, small, so that a restore from the file is exact
-  too while the store lives. The file itself holds the first replica's
-  value, and arrays given to `load_arrays` (or read from a file by another
-  store) are written to every replica alike.
+  too while the store lives. The file itself holds the host value, and
+  arrays given to `load_arrays` (or read from a file by another store) are
+  written as a host write writes them (below).
 - **Host writes** put a mirrored value into every component (then a kept
   replica's own value into its component, as above), and a sync-on-read one
   so that the aggregate read back is the same bits: for SUM the value into
   the first component and zeros (-0.0 for floats, the one zero that leaves
   every value unchanged when added) into the others; otherwise the value
   into every component (a mean of equal values is that value exactly when
-  the replica count is a power of two).
+  the replica count is a power of two); then, for a snapshot that kept
+  them, each component its own value.
 
     parts = components(v)                  # [v] for an ordinary variable
     value = aggregate(v, [read(c) for c in parts])
@@ -204,15 +214,35 @@ def may_differ(variable):
   )
 
 
+def keeps_replicas(variable):
+  """True for a variable whose snapshots in host memory keep its components
+  besides its value (module doc, "Replicas that differ"): a mirrored one
+  whose replicas may differ (`may_differ`), and a sync-on-read one of more
+  than one component, whose host value (its aggregate) is none of them."""
+  return may_differ(variable) or (
+    is_distributed(variable)
+    and _sync_on_read(variable)
+    and len(components(variable)) > 1
+  )
+
+
+def kept_components(variable):
+  """The components whose own values a host snapshot of `variable` keeps
+  (`keeps_replicas`): a mirrored variable's after the first (the first's
+  value is the snapshot's array), a sync-on-read one's all of them."""
+  parts = components(variable)
+  return parts if _sync_on_read(variable) else parts[1:]
+
+
 def replica_layout(variables):
-  """`[(index, count)]`: for each of `variables` whose replicas may differ
-  (`may_differ`), its position and its number of components after the
-  first, in order: what a snapshot's kept replicas are laid out by
-  (`snapstore.modes.base.kept_replicas`)."""
+  """`[(index, count)]`: for each of `variables` whose components a host
+  snapshot keeps (`keeps_replicas`), its position and its number of kept
+  components (`kept_components`), in order: what a snapshot's kept
+  replicas are laid out by (`snapstore.modes.base.kept_replicas`)."""
   return [
-    (i, len(components(v)) - 1)
+    (i, len(kept_components(v)))
     for i, v in enumerate(variables)
-    if may_differ(v)
+    if keeps_replicas(v)
   ]
 
 
@@ -237,22 +267,36 @@ def differs(variable, values=None):
 
 
 def replica_reads(variable, values=None):
-  """What a host snapshot reads of a `may_differ` variable besides its
+  """What a host snapshot reads of a `keeps_replicas` variable besides its
   value (module doc, "Replicas that differ").
 
   Args:
-    variable: A variable for which `may_differ` is True.
+    variable: A variable for which `keeps_replicas` is True.
     values: As for `differs`: the values to read instead of the
       components' (a device slot's shadows), or None.
 
   Returns:
-    `(flag, values)`: `differs(variable, values)`, and one tensor per
-    component after the first, on that component's device: its value where
-    the flag is set, else an empty vector, so that equal replicas (the usual
-    case) cost a comparison on each device and no transfer.
+    `(flag, values)`: a bool tensor, whether the values are kept, and one
+    tensor per kept component (`kept_components`), on that component's
+    device. A sync-on-read variable's are always kept (its components need
+    not be equal, and its host value is their aggregate): the flag is True
+    and the values are every component's. A mirrored one's flag is
+    `differs(variable, values)`, and its values are those of the components
+    after the first where the flag is set, else empty vectors, so that equal
+    replicas (the usual case) cost a comparison on each device and no
+    transfer.
   """
-  flag = differs(variable, values)
   parts = components(variable)
+  if _sync_on_read(variable):
+    if values is None:
+      values = [part.value() for part in parts]
+    out = []
+    for part, value in zip(parts, values):
+      with ops.colocate_with(part):
+        out.append(tf.identity(value))
+    with ops.colocate_with(anchor(variable)):
+      return tf.constant(True), out
+  flag = differs(variable, values)
   if values is None:
     values = [part.value for part in parts]  # read in the branch
   else:

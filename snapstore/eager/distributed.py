@@ -20,11 +20,14 @@ replica device (`v.values`). The eager engine treats it so:
   snapshot and its other components kept too where they differ, each
   restored into its own: `core.distributed`, "Replicas that differ") and a
   sync-on-read one as TensorFlow reads it in cross-replica context (its
-  aggregate: the sum of a counter's components, ...); under a multi-worker
-  strategy, this worker's aggregate of its own components
-  (`snapstore/eager/multi_worker.py`). A **host restore** writes a mirrored
-  value to every component; a sync-on-read value so that the aggregate read
-  back is the same bits: for SUM the value into the first component and
+  aggregate: the sum of a counter's components, ...), and keep every
+  component of it too, each restored into its own (`core.distributed`,
+  "Replicas that differ"); under a multi-worker strategy, this worker's
+  aggregate of its own components (`snapstore/eager/multi_worker.py`). A
+  **host write** (a restore's first step; all of it for arrays without kept
+  components: `load_arrays`, a file another store wrote) puts a mirrored
+  value into every component; a sync-on-read value so that the aggregate
+  read back is the same bits: for SUM the value into the first component and
   zeros (-0.0 for floats, the one zero that leaves every value unchanged
   when added) into the others; for MEAN, ONLY_FIRST_REPLICA and NONE the
   value into every component (a mean of equal values is that value exactly

@@ -199,7 +199,7 @@ class ArrayWriter(object):
     parts = [
       part
       for i, _ in self._layout
-      for part in distributed.components(varset.variables[i])[1:]
+      for part in distributed.kept_components(varset.variables[i])
     ]
     self._replica_feeder = self._replica_op = None
     if parts:
@@ -241,11 +241,14 @@ def component_specs(parts):
 
 # -- replicas that differ (see `snapstore.core.distributed`) -----------------
 #
-# A snapshot of mirrored variables whose replicas may differ keeps, besides
-# one array per variable (the first replica's), the other replicas' values of
-# those whose replicas differed: `{index: (array, ...)}`, by the variable's
-# index in key order, one array per component after the first; None when all
-# were equal (the usual case: nothing more is kept). `layout` is
+# A snapshot of mirrored variables whose replicas may differ, or of
+# sync-on-read ones, keeps besides one array per variable (the first
+# replica's, or the aggregate) the components' own values: of a mirrored
+# variable whose replicas differed, one array per component after the first;
+# of a sync-on-read one, always, one per component
+# (`distributed.kept_components`). `{index: (array, ...)}`, by the variable's
+# index in key order; None when nothing is kept (no sync-on-read variable and
+# all replicas equal, the usual case). `layout` is
 # `distributed.replica_layout(variables)`.
 
 
@@ -273,9 +276,10 @@ def kept_replicas(layout, flags, values, to_array):
 
 
 def replica_values(layout, arrays, replicas):
-  """What a restore writes into each other component of the variables in
-  `layout` (flattened): the kept value, or the snapshot's own array where
-  none is kept."""
+  """What a restore writes into each kept component of the variables in
+  `layout` (flattened, `distributed.kept_components`): the kept value, or
+  the snapshot's own array where none is kept (only mirrored variables'
+  replicas that were equal: a sync-on-read variable's are always kept)."""
   out = []
   for index, count in layout:
     kept = replicas.get(index)

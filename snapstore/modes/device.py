@@ -108,8 +108,8 @@ class DeviceMode(slot_book.SlotBook):
       for part in distributed.components(v):
         self._primaries.append(part)
         self._owners.append(i)
-    # Mirrored variables whose replicas may differ: a spill reads their
-    # other components' shadows too (`replicas`).
+    # Mirrored variables whose replicas may differ, and sync-on-read ones: a
+    # spill reads their components' shadows too (`replicas`).
     self._layout = distributed.replica_layout(varset.variables)
     primaries = self._primaries
     # What each shadow in a slot stands for: a variable, or a packed group.

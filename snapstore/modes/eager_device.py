@@ -22,6 +22,7 @@ import numpy as np
 
 from snapstore._tf import tf2
 from snapstore.core import buffers
+from snapstore.core.distributed import kept_components
 from snapstore.core.distributed import replica_layout
 from snapstore.eager import copies
 from snapstore.eager import distributed
@@ -71,8 +72,8 @@ class EagerDeviceMode(slot_book.SlotBook):
       for k, s in enumerate(self._slots)
     ]
     # The other replicas of a slot's mirrored variables whose replicas may
-    # differ, when they do: for a spill file, which keeps one array per
-    # variable (`replicas`).
+    # differ, when they do, and every component of its sync-on-read ones:
+    # for a spill file, which keeps one array per variable (`replicas`).
     self._layout = replica_layout(varset.variables)
     self._replica_reads = [
       copies.Lazy(
@@ -181,9 +182,7 @@ def _writer(variables, specs, name):
   """`CopyMode.array_writer`'s function for eager variables."""
   write = copies.assigner(variables, specs, name)
   layout = replica_layout(variables)
-  parts = [
-    part for i, _ in layout for part in distributed.components(variables[i])[1:]
-  ]
+  parts = [part for i, _ in layout for part in kept_components(variables[i])]
   # The variables, then the kept replicas each into its own component
   # (built on first use: most snapshots have none).
   write_replicas = copies.Lazy(

@@ -9,8 +9,8 @@ any device. A restore is one traced assign of every variable, fed the arrays
 retraces; the arrays are checked before they reach it, because it would cast
 another dtype silently). The replicas of a mirrored variable that each
 replica writes alone are compared in the same read; where they differ, their
-other components are copied too and a restore writes each its own
-(`host_book`). Disk mode is this mode under a spill file's budget
+other components are copied too, as is every component of a sync-on-read
+variable, and a restore writes each its own (`host_book`). Disk mode is this mode under a spill file's budget
 (`EagerDiskMode`).
 """
 
@@ -42,7 +42,8 @@ class EagerHostMode(host_book.HostBook):
     self._start_book()
     # Mirrored variables whose replicas may differ (each replica writes its
     # own): each snapshot's read also says whether they differ and, where
-    # they do, gives their other components (host_book's module doc).
+    # they do, gives their other components; sync-on-read ones' components
+    # are always given (host_book's module doc).
     replicas = [varset.variables[i] for i, _ in self._layout]
     self._read = copies.reader(varset.variables, "read", replicas)
     self._read()  # its first run optimizes it: at build, not in the loop
@@ -50,7 +51,7 @@ class EagerHostMode(host_book.HostBook):
     # A restore with kept replicas: the snapshot's values, then each kept
     # replica into its own component (built on first use: most stores never
     # see replicas that differ).
-    parts = [p for v in replicas for p in distributed.components(v)[1:]]
+    parts = [p for v in replicas for p in distributed.kept_components(v)]
     self._write_replicas = copies.Lazy(
       lambda: copies.assigner(
         varset.variables, varset.specs, "restore_replicas", parts

@@ -19,9 +19,10 @@ A restore feeds the arrays into placeholders built once and runs one grouped
 assign. A `tf.distribute` variable is read and written as
 `snapstore.core.distributed` says: one array per variable (a mirrored one's
 first component, a sync-on-read one's aggregate), written back to every
-component; the replicas of a mirrored variable that each replica writes
-alone are compared in the same run, and when they differ, the other
-components are fetched too and restored each into its own (`host_book`).
+component; every component of a sync-on-read variable is fetched too, and
+the replicas of a mirrored variable that each replica writes alone are
+compared in the same run and fetched when they differ; a restore writes
+each of those components its own value (`host_book`).
 Host memory holds `len(store) * store.param_nbytes` bytes, plus those
 replicas; the device holds nothing extra.
 """
@@ -59,7 +60,8 @@ class HostMode(host_book.HostBook):
         self._copies.append(tf.raw_ops.Snapshot(input=value))
     # Mirrored variables whose replicas may differ (each replica writes its
     # own): each snapshot also fetches whether they differ and, where they
-    # do, their other components (host_book's module doc), in the same run.
+    # do, their other components; sync-on-read ones: all their components
+    # (host_book's module doc), in the same run.
     flags, values = [], []
     for index, _ in self._layout:
       flag, reads_of_parts = distributed.replica_reads(varset.variables[index])

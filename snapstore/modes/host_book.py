@@ -6,12 +6,12 @@ arrays, so a caller's array never becomes part of a snapshot. How the values
 get there from TensorFlow (a `session.run`, a traced read) is the mode's.
 
 Beside a snapshot, a mode keeps the other replicas' values of mirrored
-variables whose replicas differed when it was taken (`replicas(tag)`, laid
-out as `base.kept_replicas` says; see `snapstore.core.distributed`,
-"Replicas that differ"): only those variables, and nothing for a snapshot
-whose replicas were all equal, so ordinary variables and equal replicas
-cost nothing. A restore writes the snapshot's arrays, then each kept array
-into its own component.
+variables whose replicas differed when it was taken, and every component
+of sync-on-read variables (`replicas(tag)`, laid out as `base.kept_replicas`
+says; see `snapstore.core.distributed`, "Replicas that differ"): only
+those, so ordinary variables and equal mirrored replicas cost nothing. A
+restore writes the snapshot's arrays, then each kept array into its own
+component.
 """
 
 from snapstore.core import buffers

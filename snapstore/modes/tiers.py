@@ -16,13 +16,14 @@ background. It leaves host memory only after its write is committed. `restore`,
 spilled one is read, checked (names, shapes, dtypes, checksums) and then fed to
 the variables by placeholders and one grouped assign built at construction.
 
-A snapshot of mirrored variables whose replicas differ (a device slot's, or
-a host snapshot's kept replicas: `CopyMode.replicas`, see
-`snapstore.core.distributed`) is spilled as one array per variable, the first
-replica's, as `arrays()` gives it; the other replicas' values stay in host
-memory beside it (statistics vectors, small; counted in `nbytes`), so a
-restore from the file is exact while the store lives. A store that adopts
-the file writes each variable's value into every replica.
+A snapshot of mirrored variables whose replicas differ, or of sync-on-read
+ones (a device slot's, or a host snapshot's kept replicas:
+`CopyMode.replicas`, see `snapstore.core.distributed`) is spilled as one
+array per variable, as `arrays()` gives it (the first replica's, or the
+aggregate); the replicas' own values stay in host memory beside it
+(statistics vectors, small; counted in `nbytes`), so a restore from the file
+is exact while the store lives. A store that adopts the file writes each
+variable's value as a host write does (`distributed.spread`).
 
 With a spill file, device and host stores bound only their fast tier by
 `max_to_keep` (eviction drops the oldest snapshot of the fast tier, as without

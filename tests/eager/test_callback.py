@@ -776,17 +776,16 @@ def _host_store(mode, tmp_path):
 
 
 @needs_two_cpus
-@common.needs_keras_3  # tf-keras's statistics are sync-on-read (see below)
 @pytest.mark.parametrize("mode", ["host", "disk"])
 def test_under_mirrored_strategy_host_mode_rolls_each_replica_back(
   mode, tmp_path
 ):
-  # As above, with a host (disk) store. Keras 3's batch-norm statistics are
-  # mirrored, written by each replica from its half of the batch: their
-  # replicas differ, and each must come back as it was. (tf-keras and Keras
-  # 2 make them sync-on-read, which host mode keeps as their mean and
-  # writes back into every replica: the same value read, not the same bits
-  # per replica; device mode is exact there.)
+  # As above, with a host (disk) store. The batch-norm statistics are
+  # written by each replica from its half of the batch: their replicas
+  # differ, and each must come back as it was. Keras 3 makes them mirrored
+  # (aggregation NONE), tf-keras and Keras 2 sync-on-read (MEAN), whose
+  # host value is the mean of the replicas': host mode keeps every
+  # component beside it.
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
   x, y = _data()
   x[3 * B + 1, 0] = np.nan

@@ -2,8 +2,9 @@
 
 Every component is checked bit for bit against numpy copies taken before:
 replicas identical after a restore, made different on purpose to show each
-component is copied on its own, sync-on-read values read and written back as
-TensorFlow aggregates them, and the in-step snapshot from replica context.
+component is copied on its own, sync-on-read values read as TensorFlow
+aggregates them with every component restored as it was, and the in-step
+snapshot from replica context.
 """
 
 import numpy as np
@@ -57,18 +58,19 @@ def test_every_component_is_restored_and_replicas_stay_identical(
     w.assign(tf.fill([2, 3], 9.0))
   count.values[0].assign(10.0)
   count.values[1].assign(20.0)
-  store.restore(tag)
-  after = _components(w)
-  assert after[0].tobytes() == after[1].tobytes()  # replicas identical
-  for a, b in zip(before_w, after):
-    assert a.tobytes() == b.tobytes()
-  # The aggregate read back is the snapshot's (7.0), bit for bit.
-  assert float(count.read_value().numpy()) == 7.0
-  if mode == "device":  # device mode keeps every component as it was
+  for again in range(2):  # the second time from the file, in disk mode
+    store.restore(tag)
+    after = _components(w)
+    assert after[0].tobytes() == after[1].tobytes()  # replicas identical
+    for a, b in zip(before_w, after):
+      assert a.tobytes() == b.tobytes()
+    # The aggregate read back is the snapshot's (7.0), bit for bit, and
+    # every mode keeps each component as it was (host and disk mode beside
+    # the aggregate, which is none of them).
+    assert float(count.read_value().numpy()) == 7.0
     assert [float(c) for c in _components(count)] == [3.0, 4.0]
-  else:  # host mode: the aggregate into the first, -0.0 into the others
-    parts = _components(count)
-    assert float(parts[0]) == 7.0 and np.signbit(parts[1])
+    store.files.flush()
+    count.values[1].assign(-1.0 - again)
   assert store.arrays(tag)["count"] == 7.0
   store.close()
 
@@ -507,6 +509,199 @@ def test_device_snapshot_of_replicas_that_differ_is_exact(strategy):
     w.assign(tf.zeros([2, 3]))
   store.restore("differ")
   assert [a.tobytes() for a in _components(w)] == [a.tobytes() for a in before]
+
+
+# -- host mode and sync-on-read variables -------------------------------------
+
+
+def _sync_on_read(strategy):
+  """Sync-on-read variables of aggregation SUM (a metric's total) and MEAN
+  (a tf-keras batch-norm statistic), each component its own value, as each
+  replica's writes leave them."""
+  made = []
+  for name, how in (
+    ("total", tf.VariableAggregation.SUM),
+    ("mean", tf.VariableAggregation.MEAN),
+  ):
+    with strategy.scope():
+      made.append(
+        tf.Variable(
+          tf.zeros([3]),
+          synchronization=tf.VariableSynchronization.ON_READ,
+          aggregation=how,
+          trainable=False,
+          name=name,
+        )
+      )
+  rng = np.random.RandomState(0)
+  for v in made:
+    for c in v.values:
+      c.assign(rng.normal(size=[3]).astype(np.float32))
+  return made
+
+
+def _scramble(variables, seed):
+  rng = np.random.RandomState(seed)
+  for v in variables:
+    for c in v.values:
+      c.assign(rng.normal(size=[3]).astype(np.float32))
+
+
+def _aggregates(variables):
+  """{name: the aggregate}, as numpy computes TF's cross-replica read."""
+  total, mean = (_components(v) for v in variables)
+  return {
+    "total": total[0] + total[1],
+    "mean": (mean[0] + mean[1]) / np.float32(2),
+  }
+
+
+@pytest.mark.parametrize("mode, options", HOST_MODES)
+def test_host_snapshot_keeps_every_sync_on_read_component(
+  strategy, mode, options, tmp_path
+):
+  # The snapshot's array is the aggregate (what the user sees, and what
+  # TF reads); every component is kept beside it, and a restore gives each
+  # replica its own bits again, from memory or the spill file.
+  variables = _sync_on_read(strategy)
+  store = _host_store(variables, mode, options, tmp_path)
+  before = [_components(v) for v in variables]
+  sums = _aggregates(variables)
+  for v in variables:  # numpy's aggregates are TF's reads
+    common.assert_bits_equal([sums[v.name.split(":")[0]]], [v.read_value()])
+  store.snapshot("t")
+  for again in range(2):  # the second time from the file once spilled
+    _scramble(variables, seed=1 + again)
+    store.restore("t")
+    for v, comps in zip(variables, before):
+      common.assert_bits_equal(comps, _components(v))
+    store.files.flush()
+  arrays = store.arrays("t")
+  common.assert_bits_equal(
+    [sums["total"], sums["mean"]], [arrays["total"], arrays["mean"]]
+  )
+  # Every component (2 variables, 2 replicas, float32 [3]) in memory, also
+  # beside a snapshot in the file.
+  spilled = store.files.tier("t") == "file"
+  assert store.nbytes == (0 if spilled else store.param_nbytes) + 2 * 2 * 12
+  store.close()
+
+
+@pytest.mark.parametrize("mode, options", HOST_MODES)
+def test_evaluate_with_and_a_guard_see_every_sync_on_read_component(
+  strategy, mode, options, tmp_path
+):
+  variables = _sync_on_read(strategy)
+  store = _host_store(variables, mode, options, tmp_path, max_to_keep=2)
+  past = [_components(v) for v in variables]
+  store.snapshot("past")
+  store.files.flush()
+  _scramble(variables, seed=3)
+  current = [_components(v) for v in variables]
+  seen = store.evaluate_with(
+    lambda: [_components(v) for v in variables], tag="past"
+  )
+  for a, b in zip(past, seen):
+    common.assert_bits_equal(a, b)
+  for v, comps in zip(variables, current):
+    common.assert_bits_equal(comps, _components(v))
+
+  def bad_step():  # writes one replica's component, and its loss is NaN
+    variables[1].values[1].assign(tf.fill([3], 5.0))
+    return tf.constant(np.nan)
+
+  with snapstore.Guard(store, watch=True, reraise=False) as guard:
+    guard.run(bad_step)
+  assert guard.failed
+  for v, comps in zip(variables, current):
+    common.assert_bits_equal(comps, _components(v))
+  store.close()
+
+
+def test_a_device_snapshot_spilled_to_the_file_restores_sync_on_read(
+  strategy, tmp_path
+):
+  variables = _sync_on_read(strategy)
+  store = snapstore.SnapshotStore(
+    var_list=variables, mode="device", spill_path=str(tmp_path / "spill.h5")
+  )
+  before = [_components(v) for v in variables]
+  sums = _aggregates(variables)
+  store.snapshot("t")
+  store.files.spill("t")
+  for again in range(2):  # on its way to the file, then in it
+    _scramble(variables, seed=4 + again)
+    store.restore("t")
+    for v, comps in zip(variables, before):
+      common.assert_bits_equal(comps, _components(v))
+    store.files.flush()
+  assert store.files.tier("t") == "file"
+  arrays = store.arrays("t")
+  common.assert_bits_equal(
+    [sums["total"], sums["mean"]], [arrays["total"], arrays["mean"]]
+  )
+  store.close()
+
+
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_loaded_arrays_are_spread_over_sync_on_read_components(
+  strategy, mode, tmp_path
+):
+  # One value per variable, no components: written as a host write writes
+  # it (`core.distributed.spread`), the aggregate read back is that value.
+  variables = _sync_on_read(strategy)
+  store = _host_store(variables, mode, {}, tmp_path)
+  total = np.array([1.5, -2.0, 0.25], np.float32)
+  mean = np.array([0.5, 3.0, -1.0], np.float32)
+  tag = store.load_arrays({"total": total, "mean": mean})
+  store.restore(tag)
+  common.assert_bits_equal(
+    [total, np.full([3], -0.0, np.float32)], _components(variables[0])
+  )
+  common.assert_bits_equal([mean, mean], _components(variables[1]))
+  store.close()
+
+
+@common.needs_keras_2
+@pytest.mark.parametrize("mode, options", HOST_MODES)
+def test_keras_2_batch_norm_statistics_are_restored_per_replica_in_host_mode(
+  strategy, mode, options, tmp_path
+):
+  # tf-keras's (Keras 2's) BatchNormalization statistics are sync-on-read
+  # (MEAN): each replica updates its own component from its half of the
+  # batch, and a read gives their mean. Host mode keeps every component.
+  with strategy.scope():
+    model = common.small_model()
+    opt = keras.optimizers.Adam(0.01)
+    opt.build(model.trainable_variables)
+  store = _host_store(model, mode, options, tmp_path, optimizer=opt)
+  step = common.replicated_step(strategy, model, opt, loss=common.keras_mse())
+  ((x, y), (x2, y2)) = common.batches(2)
+
+  def run(x, y):
+    data = strategy.experimental_distribute_dataset(
+      tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    )
+    for xs, ys in data:
+      step(xs, ys)
+
+  run(x, y)
+  stats = store.variables["bn/moving_mean"]
+  assert stats.synchronization == tf.VariableSynchronization.ON_READ
+  parts = _components(stats)
+  assert parts[0].tobytes() != parts[1].tobytes()
+  variables = list(store.variables.values())
+  saved = [_components(v) for v in variables]
+  store.snapshot("differ")
+  run(x2, y2)
+  assert _components(stats)[1].tobytes() != parts[1].tobytes()
+  for _ in range(2):  # from memory, then (disk) from the file
+    store.restore("differ")
+    for v, comps in zip(variables, saved):
+      common.assert_bits_equal(comps, _components(v))
+    store.files.flush()
+    run(x2, y2)
+  store.close()
 
 
 @common.needs_keras_3
