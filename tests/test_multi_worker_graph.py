@@ -373,3 +373,8 @@ def test_snapshot_hook_in_an_estimator_rolls_back_both_workers(estimated):
   assert sorted(arrays[0]) == sorted(arrays[1])
   for name in arrays[0]:  # the workers identical at every step
     assert arrays[0][name].tobytes() == arrays[1][name].tobytes(), name
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  return _run("training", str(tmp_path_factory.mktemp("training")))
