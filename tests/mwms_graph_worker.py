@@ -351,12 +351,13 @@ def _training(strategy, server, config, index, arrays, facts):
   ]
   facts["keys"] = list(store.variables)
   facts["parts"] = [p.name for p in parts]
-  model = [w.values[0], b.values[0]]  # this worker's one replica of each
+  # This worker's one replica of each, in the stores' (sorted) key order.
+  model = [b.values[0], w.values[0]]
   slow = [lookahead.get_slot(p, "slow") for p in model]
   shadows = averaged.slots.component_shadows
   averages = [a for v in shadows(0).values() for a in v]
   means = [a for v in shadows(1).values() for a in v]
-  tf_averages = [tf_ema.average(v).values[0] for v in (w, b)]
+  tf_averages = [tf_ema.average(v).values[0] for v in (b, w)]
   u_part = u.values[0]
   u_slot = in_step.slots.component_shadows(0)["net/u"][0]
   y = w * 3.0 + b  # evaluated at snapshots: elementwise, numpy's bits
