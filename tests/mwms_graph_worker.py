@@ -28,8 +28,8 @@ a session on that server. Scenarios:
   Each step's values of every component, slow weight, average and in-step
   slot, for the test to recompute in numpy; then a NaN step of u on worker
   0's data only, rolled back on both by a restore of the in-step snapshot;
-  a `Guard` whose step's loss is NaN (worker 0's data) and a `Trial`
-  rejected, on both workers.
+  a `Guard` whose step's loss is NaN (worker 0's data), one whose block
+  raises and a `Trial` rejected, on both workers.
 - `estimator`: `tf.estimator.train_and_evaluate` with
   `RunConfig(train_distribute=MultiWorkerMirroredStrategy())` (TF 1.15,
   2.15) and a SnapshotHook in the TrainSpec; one batch of worker 0's has an
@@ -414,6 +414,13 @@ def _training(strategy, server, config, index, arrays, facts):
     g.run(train, {s: np.nan if index == 0 else 1.0})
   facts["guard_failures"] = len(g.failures)
   put("guard/after", parts)
+  # A guard whose block raises after a finite step, on both workers.
+  with snapstore.Guard(store, reraise=False, session=sess) as g:
+    g.run(train, {s: 1.0})
+    put("guard/raised_trained", parts)
+    raise RuntimeError("the block fails on every worker")
+  facts["guard_raised"] = [str(e) for e in g.failures]
+  put("guard/raised_after", parts)
 
   # A trial rejected on both workers.
   with snapstore.Trial(store, session=sess) as trial:

@@ -6,7 +6,9 @@ write what they saw; the tests check it bit for bit: every local component
 restored on both workers (Adam's state too), the workers identical after a
 coordinated restore, evaluation at a snapshot equal to numpy's, a restore on
 one worker alone and restores of different tags refused (the message,
-nothing written), training going on after a refusal. See
+nothing written), training going on after a refusal; Lookahead, averages
+(against numpy and TF's own EMA), an in-step snapshot gated on an
+all-reduced loss, guards and a trial on both workers. See
 `snapstore/graph/multi_worker.py`; the eager engine's counterpart is
 tests/eager/test_multi_worker.py. Runs on TF 1.15 and TF 2.x (graph mode).
 """
@@ -497,6 +499,17 @@ def test_a_guard_and_a_trial_roll_back_both_workers(trained):
       facts_["keys"], _parts(held, "guard/after"), before
     ):
       _assert_bits(got, want, "guard " + name)
+    # The guard whose block raised after a step (a synchronization, which
+    # moved the slow weights and the counter) put it all back.
+    assert facts_["guard_raised"] == ["the block fails on every worker"]
+    raised = _parts(held, "guard/raised_trained")
+    for name, got, want in zip(facts_["keys"], raised, before):
+      if "slot_0" in name or "counter" in name:
+        assert got.tobytes() != want.tobytes(), name
+    for name, got, want in zip(
+      facts_["keys"], _parts(held, "guard/raised_after"), before
+    ):
+      _assert_bits(got, want, "raised " + name)
     # The rejected trial's step (step STEPS + 1, a synchronization) moved
     # the slow weights and the counter. (The fast weights come back to
     # where they were: with a constant gradient g, k = 2 and alpha = 1/2,
