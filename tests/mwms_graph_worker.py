@@ -20,6 +20,16 @@ a session on that server. Scenarios:
   the loss reduced over both workers, so both roll back at the same step.
 - `hook_alone`: the same, the hook watching each worker's own loss: worker
   0's rollback is refused (it would be its alone).
+- `training`: `Lookahead` (around SGD, `k=2`) training w and b, with a
+  store over them and Lookahead's state, and a second holding a
+  `MovingAverage` (beside TF's own `ExponentialMovingAverage` of the same)
+  and a `RunningMean`; a third model, u, trained by SGD through
+  `snapshot_before(..., if_finite=<its loss all-reduced over the workers>)`.
+  Each step's values of every component, slow weight, average and in-step
+  slot, for the test to recompute in numpy; then a NaN step of u on worker
+  0's data only, rolled back on both by a restore of the in-step snapshot;
+  a `Guard` whose step's loss is NaN (worker 0's data), one whose block
+  raises and a `Trial` rejected, on both workers.
 - `estimator`: `tf.estimator.train_and_evaluate` with
   `RunConfig(train_distribute=MultiWorkerMirroredStrategy())` (TF 1.15,
   2.15) and a SnapshotHook in the TrainSpec; one batch of worker 0's has an
@@ -64,6 +74,8 @@ def main(ports, index, scenario, out):
     )
     if scenario == "stores":
       _stores(strategy, server, config, index, out, arrays, facts)
+    elif scenario == "training":
+      _training(strategy, server, config, index, arrays, facts)
     elif scenario in ("hook", "hook_alone"):
       _hook(strategy, server, config, index, arrays, facts, scenario == "hook")
     else:
@@ -254,6 +266,174 @@ def _stores(strategy, server, config, index, out, arrays, facts):
   sess.run(barrier)  # both finish together
 
 
+# The `training` scenario's models, each loss sum(v * (C_v * s)) summed over
+# its variables, s a scalar each worker feeds (1, or NaN on worker 0's bad
+# step): the gradient of v is C_v * s, times 1/2 per worker when the loss
+# reduction is MEAN, so all-reduced over the two workers exactly C_v * SCALE
+# (numpy's bits). w and b are trained by Lookahead around SGD; u (a model of
+# its own) by SGD through snapshot_before: Lookahead makes its state in its
+# train op, which a store over it must follow, while snapshot_before builds
+# the train op after its store.
+K, ALPHA, LR, DECAY = 2, 0.5, 0.5, 0.75
+STEPS = 2 * K + 1
+
+
+def constants():
+  """{name: C_name} of the `training` scenario (the test recomputes with
+  them)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.RandomState(30)
+  shapes = (("net/w", [3, 4]), ("net/b", [4]), ("net/u", [2, 3]))
+  return {n: rng.normal(size=s).astype(np.float32) for n, s in shapes}
+
+
+def _training(strategy, server, config, index, arrays, facts):
+  """The `training` scenario (module doc). Arrays: "<what>/<i>" of this
+  worker's component of each variable after initialization ("init") and
+  after each step n ("step<n>"), then what the later operations left."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  import snapstore  # pylint: disable=g-import-not-at-top
+  from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+
+  c = constants()
+  s = tf.placeholder(tf.float32, [])
+  with strategy.scope(), tf.variable_scope("net"):
+    w = tf.get_variable("w", [3, 4], tf.float32)
+    b = tf.get_variable("b", [4], tf.float32)
+    u = tf.get_variable("u", [2, 3], tf.float32)
+    lookahead = snapstore.Lookahead(
+      tf.train.GradientDescentOptimizer(LR), k=K, alpha=ALPHA
+    )
+    sgd = tf.train.GradientDescentOptimizer(LR)
+
+  def loss_of(*variables):
+    return tf.add_n(
+      [tf.reduce_sum(v * (c[v.name.split(":")[0]] * s)) for v in variables]
+    )
+
+  scale = []
+
+  def replica(opt, variables):
+    mean = tf.distribute.get_loss_reduction() == tf.distribute.ReduceOp.MEAN
+    scale.append(1 if mean else 2)
+    return opt.minimize(loss_of(*variables), var_list=list(variables))
+
+  with strategy.scope():
+    train = strategy.group(_run(strategy, lambda: replica(lookahead, (w, b))))
+  # The losses summed over both workers: the same on each, so both decide
+  # the same.
+  total = _all_reduced(strategy, lambda: loss_of(w, b))
+  total_u = _all_reduced(strategy, lambda: loss_of(u))
+  store = snapstore.SnapshotStore(
+    var_list=[w, b], optimizer=lookahead, max_to_keep=2, name="mw_trained"
+  )
+  averaged = snapstore.SnapshotStore(
+    var_list=[w, b], max_to_keep=2, name="mw_averaged"
+  )
+  with tf.control_dependencies([train]):  # as README advises
+    ema = snapstore.MovingAverage(averaged, decay=DECAY, slot=0)
+  swa = snapstore.RunningMean(averaged, slot=1)
+  with strategy.scope():  # TF's EMA of the same, as TF makes it there
+    tf_ema = tf.train.ExponentialMovingAverage(DECAY)
+    tf_ema_op = tf_ema.apply([w, b])
+  in_step = snapstore.SnapshotStore(var_list=[u], name="mw_in_step")
+
+  def update():  # entered in the scope inside, as snapshot_before asks
+    with strategy.scope():
+      return strategy.group(_run(strategy, lambda: replica(sgd, (u,))))
+
+  train_u = in_step.slots.snapshot_before(update, if_finite=total_u)
+  barrier = _barrier(strategy)
+  parts = [
+    p for v in store.variables.values() for p in getattr(v, "values", [v])
+  ]
+  facts["keys"] = list(store.variables)
+  facts["parts"] = [p.name for p in parts]
+  # This worker's one replica of each, in the stores' (sorted) key order.
+  model = [b.values[0], w.values[0]]
+  slow = [lookahead.get_slot(p, "slow") for p in model]
+  shadows = averaged.slots.component_shadows
+  averages = [a for v in shadows(0).values() for a in v]
+  means = [a for v in shadows(1).values() for a in v]
+  tf_averages = [tf_ema.average(v).values[0] for v in (b, w)]
+  u_part = u.values[0]
+  u_slot = in_step.slots.component_shadows(0)["net/u"][0]
+  y = w * 3.0 + b  # evaluated at snapshots: elementwise, numpy's bits
+  y_u = u * 3.0
+  sess = tf.Session(server.target, config=config)
+  sess.run(
+    [tf.global_variables_initializer(), tf.local_variables_initializer()]
+  )
+
+  def put(prefix, tensors):
+    for i, a in enumerate(sess.run(tensors)):
+      arrays["%s/%d" % (prefix, i)] = a
+
+  facts["scale"] = scale
+  put("init/model", model)
+  put("init/ema", averages)
+  put("init/tf_ema", tf_averages)
+  put("init/u", [u_part])
+  for n in range(1, STEPS + 1):
+    sess.run(ema.update_op, {s: 1.0})  # the step, then the average
+    sess.run([swa.update_op, tf_ema_op])
+    sess.run(train_u, {s: 1.0})
+    step = "step%d/" % n
+    put(step + "model", model)
+    put(step + "slow", slow)
+    put(step + "ema", averages)
+    put(step + "swa", means)
+    put(step + "tf_ema", tf_averages)
+    put(step + "u", [u_part])
+    put(step + "u_slot", [u_slot])  # the in-step snapshot: u before step n
+
+  # Lookahead's evaluate_with: the slow weights, then the fast put back.
+  arrays["lookahead/evaluated"] = lookahead.evaluate_with(y, session=sess)
+  put("lookahead/after", model)
+
+  # A step of u whose loss is NaN on worker 0's data only: the gradients are
+  # all-reduced, so u is NaN on both workers; the loss summed over the
+  # workers is NaN on both, so neither's slot was written: evaluate_with and
+  # restore see u before step STEPS, on both.
+  sess.run(train_u, {s: np.nan if index == 0 else 1.0})
+  facts["nan_step_ruined"] = not np.all(np.isfinite(sess.run(u_part)))
+  put("nan/u_slot", [u_slot])
+  arrays["nan/evaluated"] = in_step.evaluate_with(
+    y_u, tag="before_step", session=sess
+  )
+  in_step.restore("before_step", session=sess)
+  put("nan/restored", [u_part])
+  sess.run(barrier)
+
+  # A guard whose step's loss (the all-reduced one, fetched with the step)
+  # is NaN on both workers: both roll back through the coordinated restore.
+  put("guard/before", parts)
+  with snapstore.Guard(store, watch=total, reraise=False, session=sess) as g:
+    g.run(train, {s: np.nan if index == 0 else 1.0})
+  facts["guard_failures"] = len(g.failures)
+  put("guard/after", parts)
+  # A guard whose block raises after a finite step, on both workers.
+  with snapstore.Guard(store, reraise=False, session=sess) as g:
+    g.run(train, {s: 1.0})
+    put("guard/raised_trained", parts)
+    raise RuntimeError("the block fails on every worker")
+  facts["guard_raised"] = [str(e) for e in g.failures]
+  put("guard/raised_after", parts)
+
+  # A trial rejected on both workers.
+  with snapstore.Trial(store, session=sess) as trial:
+    sess.run(train, {s: 1.0})
+    put("trial/trained", parts)
+    trial.reject()
+  facts["trial_kept"] = trial.kept
+  put("trial/after", parts)
+  for each in (store, averaged, in_step):
+    each.close()
+  sess.run(barrier)  # both finish together
+
+
 def _refused(store, tag, sess, snapstore):
   try:
     store.restore(tag, session=sess)
@@ -302,7 +482,9 @@ def _hook(strategy, server, config, index, arrays, facts, reduced):
     max_to_keep=2,
     name="hooked",
   )
-  parts = [p for v in store.variables.values() for p in v.values]
+  parts = [
+    p for v in store.variables.values() for p in getattr(v, "values", [v])
+  ]
   rollbacks = []
   hook = snapstore.SnapshotHook(
     store,

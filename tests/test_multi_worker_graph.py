@@ -6,7 +6,9 @@ write what they saw; the tests check it bit for bit: every local component
 restored on both workers (Adam's state too), the workers identical after a
 coordinated restore, evaluation at a snapshot equal to numpy's, a restore on
 one worker alone and restores of different tags refused (the message,
-nothing written), training going on after a refusal. See
+nothing written), training going on after a refusal; Lookahead, averages
+(against numpy and TF's own EMA), an in-step snapshot gated on an
+all-reduced loss, guards and a trial on both workers. See
 `snapstore/graph/multi_worker.py`; the eager engine's counterpart is
 tests/eager/test_multi_worker.py. Runs on TF 1.15 and TF 2.x (graph mode).
 """
@@ -373,3 +375,152 @@ def test_snapshot_hook_in_an_estimator_rolls_back_both_workers(estimated):
   assert sorted(arrays[0]) == sorted(arrays[1])
   for name in arrays[0]:  # the workers identical at every step
     assert arrays[0][name].tobytes() == arrays[1][name].tobytes(), name
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  return _run("training", str(tmp_path_factory.mktemp("training")))
+
+
+def _parts(held, prefix):
+  """The arrays "<prefix>/0", "<prefix>/1"... of one worker, in order."""
+  count = len([k for k in held if k.rsplit("/", 1)[0] == prefix])
+  return [held["%s/%d" % (prefix, i)] for i in range(count)]
+
+
+def _assert_bits(got, want, what):
+  assert got.dtype == want.dtype, what
+  assert got.shape == want.shape, what
+  assert got.tobytes() == want.tobytes(), "%s:\n%r\n%r" % (what, got, want)
+
+
+def test_training_leaves_both_workers_identical(trained):
+  facts, arrays = trained
+  assert facts[0]["keys"] == facts[1]["keys"]
+  # Lookahead's state is covered: its slow weights and step counter.
+  assert {"net/w", "net/w/Lookahead/slot_0", "Lookahead_counter"} <= set(
+    facts[0]["keys"]
+  )
+  names = sorted(arrays[0])
+  assert names == sorted(arrays[1])
+  assert len(names) > 80
+  for name in names:  # every step's every value, bit for bit
+    _assert_bits(arrays[0][name], arrays[1][name], name)
+
+
+def test_lookahead_and_averages_of_each_component_equal_numpy(trained):
+  """Lookahead's fast and slow weights, MovingAverage, TF's own
+  ExponentialMovingAverage and RunningMean, per worker, after every step,
+  against numpy from the weights' initial values."""
+  from tests import mwms_graph_worker as worker  # pylint: disable=g-import-not-at-top
+
+  facts, arrays = trained
+  c = worker.constants()
+  f32 = np.float32
+  rate = f32(1) - f32(worker.DECAY)  # TF's EMA: 1 - decay, in float32
+  for facts_, held in zip(facts, arrays):
+    # The gradient all-reduced: C, or 2 C when the loss reduction is SUM.
+    scale = set(facts_["scale"])
+    assert len(scale) == 1 and scale <= {1, 2}
+    scale = f32(scale.pop())
+    grads = [c[n] * scale for n in ("net/b", "net/w")]  # key order
+    grad_u = c["net/u"] * scale
+    fast = _parts(held, "init/model")
+    # Every average starts at the initial values (worker 0's, broadcast).
+    for name in ("init/ema", "init/tf_ema"):
+      for got, want in zip(_parts(held, name), fast):
+        _assert_bits(got, want, name)
+    slow = [a.copy() for a in fast]  # taken at the first step
+    ema = [a.copy() for a in fast]
+    swa = None
+    u = held["init/u/0"]
+    for n in range(1, worker.STEPS + 1):
+      fast = [a - f32(worker.LR) * g for a, g in zip(fast, grads)]
+      if n % worker.K == 0:
+        slow = [p + f32(worker.ALPHA) * (a - p) for a, p in zip(fast, slow)]
+        fast = [p.copy() for p in slow]
+      ema = [e - (e - x) * rate for e, x in zip(ema, fast)]
+      if swa is None:
+        swa = [a.copy() for a in fast]
+      else:
+        swa = [m + (x - m) / f32(n) for m, x in zip(swa, fast)]
+      step = "step%d/" % n
+      for what, want in (
+        ("model", fast),
+        ("slow", slow),
+        ("ema", ema),
+        ("tf_ema", ema),
+        ("swa", swa),
+      ):
+        got = _parts(held, step + what)
+        assert len(got) == 2
+        for i, (a, b) in enumerate(zip(got, want)):
+          _assert_bits(
+            a, b, "worker %d %s%s/%d" % (facts_["index"], step, what, i)
+          )
+      # The in-step snapshot holds u as the step started, the update after.
+      _assert_bits(held[step + "u_slot/0"], u, step + "u_slot")
+      u = u - f32(worker.LR) * grad_u
+      _assert_bits(held[step + "u/0"], u, step + "u")
+    # Lookahead's evaluate_with: y = 3 w + b at the slow weights, then the
+    # fast weights put back.
+    _assert_bits(
+      held["lookahead/evaluated"], slow[1] * f32(3) + slow[0], "evaluated"
+    )
+    for got, want in zip(_parts(held, "lookahead/after"), fast):
+      _assert_bits(got, want, "lookahead/after")
+
+
+def test_a_nan_step_rolls_back_to_the_in_step_snapshot_on_both(trained):
+  """u's loss is NaN on worker 0's data only; the all-reduced gradients make
+  u NaN on both workers, and the all-reduced loss kept both slots: the slot
+  still holds u as the last finite step (STEPS) started."""
+  from tests import mwms_graph_worker as worker  # pylint: disable=g-import-not-at-top
+
+  facts, arrays = trained
+  for facts_, held in zip(facts, arrays):
+    assert facts_["nan_step_ruined"]
+    start = held["step%d/u_slot/0" % worker.STEPS]
+    _assert_bits(start, held["step%d/u/0" % (worker.STEPS - 1)], "start")
+    _assert_bits(held["nan/u_slot/0"], start, "slot after the NaN step")
+    _assert_bits(held["nan/evaluated"], start * np.float32(3), "evaluated")
+    _assert_bits(held["nan/restored/0"], start, "restored")
+
+
+def test_a_guard_and_a_trial_roll_back_both_workers(trained):
+  facts, arrays = trained
+  for facts_, held in zip(facts, arrays):
+    # The guarded step's loss, all-reduced, was NaN on both workers.
+    assert facts_["guard_failures"] == 1
+    before = _parts(held, "guard/before")
+    assert len(before) == len(facts_["keys"])
+    assert all(np.all(np.isfinite(a)) for a in before)
+    for name, got, want in zip(
+      facts_["keys"], _parts(held, "guard/after"), before
+    ):
+      _assert_bits(got, want, "guard " + name)
+    # The guard whose block raised after a step (a synchronization, which
+    # moved the slow weights and the counter) put it all back.
+    assert facts_["guard_raised"] == ["the block fails on every worker"]
+    raised = _parts(held, "guard/raised_trained")
+    for name, got, want in zip(facts_["keys"], raised, before):
+      if "slot_0" in name or "counter" in name:
+        assert got.tobytes() != want.tobytes(), name
+    for name, got, want in zip(
+      facts_["keys"], _parts(held, "guard/raised_after"), before
+    ):
+      _assert_bits(got, want, "raised " + name)
+    # The rejected trial's step (step STEPS + 1, a synchronization) moved
+    # the slow weights and the counter. (The fast weights come back to
+    # where they were: with a constant gradient g, k = 2 and alpha = 1/2,
+    # slow + (fast - 2 g - slow) / 2 = fast - g, as numpy's test above
+    # follows bit for bit.)
+    assert not facts_["trial_kept"]
+    trained_ = _parts(held, "trial/trained")
+    for name, got, want in zip(facts_["keys"], trained_, before):
+      if "slot_0" in name or "counter" in name:
+        assert got.tobytes() != want.tobytes(), name
+    for name, got, want in zip(
+      facts_["keys"], _parts(held, "trial/after"), before
+    ):
+      _assert_bits(got, want, "trial " + name)
