@@ -387,7 +387,11 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       helpers.Model(dtypes=(tf.float32,))
       with helpers.assert_raises_naming(
-        self, ValueError, r"Optimizer Adam has no variables yet", r"train op"
+        self,
+        ValueError,
+        r"Optimizer Adam has no variables yet",
+        r"train op",
+        r"snapstore.create_slots\(optimizer, var_list\)",
       ):
         snapstore.SnapshotStore(optimizer=tf.train.AdamOptimizer())
       with helpers.assert_raises_naming(

@@ -351,6 +351,96 @@ class SlowWeightsTest(tf.test.TestCase, parameterized.TestCase):
         )
 
 
+class InStepTest(tf.test.TestCase, parameterized.TestCase):
+  """`store.slots.snapshot_before` around a Lookahead step: its state (slow
+  weights, counter) is made by `create_slots`, before the store and the train
+  op, so the store covers it and a rollback undoes a synchronization."""
+
+  @parameterized.named_parameters(*helpers.VARIABLE_KINDS)
+  def test_a_nan_step_rolled_back_with_the_slow_weights(self, use_resource):
+    k, alpha = 2, 0.5
+    graph = tf.Graph()
+    with graph.as_default():
+      with tf.variable_scope("net", use_resource=use_resource):
+        variables = {
+          n: tf.get_variable(
+            n, shape, dtype, tf.random_normal_initializer(seed=3)
+          )
+          for n, (shape, dtype) in sorted(SHAPES.items())
+        }
+      grads = {
+        n: tf.placeholder(v.dtype.base_dtype, v.shape)
+        for n, v in variables.items()
+      }
+      opt = snapstore.Lookahead(_inner(True), k=k, alpha=alpha)
+      ordered = [v for _, v in sorted(variables.items())]
+      made = snapstore.create_slots(opt, ordered)
+      self.assertCountEqual(
+        [v.op.name for v in made],
+        [
+          "Lookahead_counter",
+          "net/b/Lookahead/slot_0",
+          "net/b/Momentum",
+          "net/w/Lookahead/slot_0",
+          "net/w/Momentum",
+        ],
+      )
+      store = snapstore.SnapshotStore(var_list=ordered, optimizer=opt)
+      self.assertEqual(len(store.keys), 7)  # the variables and all of `made`
+      # NaN where a gradient is (x * 0 keeps NaN), from the variables too.
+      loss = tf.add_n(
+        [
+          tf.reduce_sum(tf.cast(grads[n], tf.float32) * 0.0)
+          + tf.reduce_sum(tf.cast(v, tf.float32) * 0.0)
+          for n, v in sorted(variables.items())
+        ]
+      )
+      train = store.slots.snapshot_before(
+        lambda: opt.apply_gradients(
+          [(grads[n], v) for n, v in sorted(variables.items())]
+        ),
+        if_finite=loss,
+      )
+    steps = _FedGradients.random_grads(np.random.RandomState(6), 5)
+    nan = {n: g.copy() for n, g in steps[3].items()}
+    nan["w"][1, 2] = np.nan
+    with tf.Session(graph=graph) as sess:
+      helpers.init(sess)
+      theta0 = sess.run(variables)
+      feed = lambda g: {grads[n]: x for n, x in g.items()}  # noqa: E731
+      for g in steps[:3]:
+        sess.run(train, feed(g))
+      sess.run(train, feed(nan))  # step 4 synchronizes: NaN slow weights
+      self.assertTrue(
+        np.isnan(sess.run(opt.get_slot(variables["w"], "slow"))).any()
+      )
+      # The slot holds the start of the newest step whose loss was finite:
+      # step 3's (step 4's copy did not run), so step 3 runs again.
+      store.restore("before_step", session=sess)
+      for g in steps[2:]:
+        sess.run(train, feed(g))
+      fast, slow = numpy_lookahead(theta0, steps, k, alpha, True)[-1]
+      got_slow = sess.run(
+        {n: opt.get_slot(v, "slow") for n, v in variables.items()}
+      )
+      for n in sorted(variables):
+        helpers.assert_bit_equal(sess.run(variables[n]), fast[n], n)
+        helpers.assert_bit_equal(got_slow[n], slow[n], n + " slow")
+
+  def test_a_train_op_over_other_variables_is_refused(self):
+    with tf.Graph().as_default():
+      w = tf.get_variable("w", [2])
+      b = tf.get_variable("b", [2])
+      opt = snapstore.Lookahead(tf.train.GradientDescentOptimizer(0.1))
+      snapstore.create_slots(opt, [w])
+      with self.assertRaisesRegex(
+        ValueError,
+        r"made its slow weights for \['w'\] \(create_slots\), but this "
+        r"train op trains \['b', 'w'\]",
+      ):
+        opt.minimize(tf.reduce_sum(w + b))
+
+
 class LookaheadErrorsTest(tf.test.TestCase):
   def test_bad_arguments(self):
     sgd = tf.train.GradientDescentOptimizer(0.1)

@@ -314,7 +314,10 @@ class VariableSet(object):
         raise ValueError(
           "Optimizer %s has no variables yet. Build its train op (minimize() or "
           "apply_gradients()) before creating the store, so that its slots "
-          "exist." % getattr(opt, "_name", type(opt).__name__)
+          "exist; or, for store.slots.snapshot_before, which builds the train "
+          "op after the store, make them first with "
+          "snapstore.create_slots(optimizer, var_list)."
+          % getattr(opt, "_name", type(opt).__name__)
         )
       names = list(opt.get_slot_names())
       candidates = (

@@ -209,33 +209,17 @@ class Lookahead(WrapperOptimizer):
   def _build(self, grads_and_vars, name, inner_apply):
     fast = self._trained_variables(grads_and_vars)
     graph = fast[0].graph
-    store = SnapshotStore(
-      var_list=fast,
-      mode="device",
-      max_to_keep=1,
-      name=self._name,
-      saveable=True,
-    )
-    store.slots.pin(0, SLOW)
-    # (fast, slow) per component: a distributed variable's replicas each
-    # with their own slow weights, on their own device (replicas never mix).
-    pairs = [
-      pair
-      for theta, phis in zip(
-        store.variables.values(), store.slots.component_shadows(0).values()
-      )
-      for pair in zip(distributed.components(theta), phis)
-    ]
+    state = self._states.get(graph)  # made by create_slots, if it ran
+    if state is None:
+      state = self._make_state(fast)
+      self._set_state(graph, state)
+    else:
+      _check_prepared(state, fast, self._name)
+    self._mark_built(graph)
+    pairs = _pairs(state.store)
     fast = [theta for theta, _ in pairs]
     slow = [phi for _, phi in pairs]
-    counter = self._own_variable(
-      np.int64(0),
-      self._name + "_counter",
-      distributed.anchor(min(store.variables.values(), key=lambda v: v.name)),
-    )
-    self._set_state(
-      graph, _State(store, counter, {id(f): s for f, s in zip(fast, slow)})
-    )
+    counter = state.counter
 
     with tf.name_scope(name, self._name) as scope:
       start = tf.cond(
@@ -295,6 +279,33 @@ class Lookahead(WrapperOptimizer):
       fetches, feed_dict, tag=SLOW, session=session
     )
 
+  def _prepare(self, var_list):
+    """`snapstore.create_slots(lookahead, var_list)`: the slow weights and the
+    counter now, before the train op, so that a store covering them can be
+    built first (for `store.slots.snapshot_before`); the train op then uses
+    them."""
+    graph = var_list[0].graph
+    if self._states.get(graph) is None:
+      self._set_state(graph, self._make_state(var_list))
+
+  def _make_state(self, fast):
+    """The slow weights (a device store pinned at "slow") and the counter."""
+    store = SnapshotStore(
+      var_list=fast,
+      mode="device",
+      max_to_keep=1,
+      name=self._name,
+      saveable=True,
+    )
+    store.slots.pin(0, SLOW)
+    counter = self._own_variable(
+      np.int64(0),
+      self._name + "_counter",
+      distributed.anchor(min(store.variables.values(), key=lambda v: v.name)),
+    )
+    pairs = _pairs(store)
+    return _State(store, counter, {id(f): s for f, s in pairs})
+
   # -- tf.train.Optimizer's view of the state ------------------------------------------
 
   def get_slot(self, var, name):
@@ -317,6 +328,39 @@ class Lookahead(WrapperOptimizer):
       for phis in state.store.slots.component_shadows(0).values()
       for phi in phis
     ]
+
+
+def _pairs(store):
+  """(fast, slow) per component: a distributed variable's replicas each with
+  their own slow weights, on their own device (replicas never mix)."""
+  return [
+    pair
+    for theta, phis in zip(
+      store.variables.values(), store.slots.component_shadows(0).values()
+    )
+    for pair in zip(distributed.components(theta), phis)
+  ]
+
+
+def _check_prepared(state, trained, name):
+  """Refuses a train op over other variables than `create_slots` was given.
+
+  Raises:
+    ValueError: They differ; names both.
+  """
+  prepared = list(state.store.variables.values())
+  if set(map(id, prepared)) == set(map(id, trained)):
+    return
+  raise ValueError(
+    "Lookahead %r made its slow weights for %s (create_slots), but this "
+    "train op trains %s. Pass create_slots the variables the train op "
+    "trains (those with a gradient)."
+    % (
+      name,
+      sorted(v.op.name for v in prepared),
+      sorted(v.op.name for v in trained),
+    )
+  )
 
 
 # -- the eager engine: Lookahead next to a Keras optimizer -----------------------

@@ -261,6 +261,7 @@ class RollbackOptimizer(WrapperOptimizer):
         )
       check = self._build_check(loss, store, loss_before, armed, rollbacks)
     self._set_state(graph, _State(store, loss_before, armed, rollbacks, check))
+    self._mark_built(graph)
     return train_op
 
   def _build_check(self, loss, store, loss_before, armed, rollbacks):

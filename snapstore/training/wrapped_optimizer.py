@@ -13,6 +13,7 @@ variables, which `tf.train.Optimizer` keys by graph.
 
 import weakref
 
+from snapstore._tf import create_slots
 from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.core import attached
@@ -42,6 +43,9 @@ class WrapperOptimizer(tf.train.Optimizer):
     super(WrapperOptimizer, self).__init__(use_locking, name)
     self._optimizer = optimizer
     self._states = attached.PerObject("optimizer_state")  # on each graph
+    # Graphs in which the train op is built (a state may come first, from
+    # `create_slots`).
+    self._built = attached.PerObject("optimizer_built")
     self._graphs = weakref.WeakSet()  # the graphs with a state
 
   @property
@@ -92,12 +96,27 @@ class WrapperOptimizer(tf.train.Optimizer):
         "No gradients provided for any variable: %s."
         % ([v.name for _, v in grads_and_vars],)
       )
-    if self._states.get(variables[0].graph) is not None:
+    if self._built.get(variables[0].graph):
       raise ValueError(
         "%s %r already has a train op in this graph; create one %s per train "
         "op." % (type(self).__name__, self._name, type(self).__name__)
       )
     return variables
+
+  def _create_slots(self, var_list):
+    """What `snapstore.create_slots(wrapper, var_list)` calls: the inner
+    optimizer's slots, then the wrapper's own state (`_prepare`)."""
+    create_slots(self._optimizer, var_list)
+    self._prepare(var_list)
+
+  def _prepare(self, var_list):
+    """Makes the wrapper's own variables for `var_list` before its train op,
+    where it can (Lookahead); by default nothing."""
+    del var_list
+
+  def _mark_built(self, graph):
+    """Records that `graph` has the wrapper's train op (one per graph)."""
+    self._built.set(graph, True)
 
   def _replaces(self, inner_op, train_op):
     """Lists `train_op` in the graph's TRAIN_OP collection instead of `inner_op`.
