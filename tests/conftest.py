@@ -7,11 +7,12 @@ A graph run calls `tf.compat.v1.disable_v2_behavior()` first, as a TF1-style
 program does, and leaves out tests/eager; an eager run collects only
 tests/eager (TensorFlow 2.x). The Makefile's test targets run both.
 
-`SNAPSTORE_TEST_SHARD=i/n` runs every n-th test from the i-th (0-based), so
-that n processes run a suite together, one per core (`make test-tf2`):
+`SNAPSTORE_TEST_SHARD=i/n` runs the i-th (0-based) of n parts of the
+suite, so that n processes run it together, one per core (`make test-tf2`):
   SNAPSTORE_TEST_SHARD=0/2 python -m pytest tests   # and 1/2 beside it
 """
 
+import collections
 import importlib.util
 import os
 
@@ -70,12 +71,10 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_collection_modifyitems(config, items):
   """Drops `tf.test.TestCase.test_session`, a helper pytest takes for a test,
-  and the tests of other shards (`SNAPSTORE_TEST_SHARD`).
+  and the tests of other shards (`SNAPSTORE_TEST_SHARD`, `shard_of`).
 
   TF defines `test_session` on every `tf.test.TestCase` and skips it when run
-  ("Not a test."), which showed as one skipped test per test class. Shards
-  take the tests in turn, in collection order: each gets a part of every
-  file, so slow files spread over them.
+  ("Not a test."), which showed as one skipped test per test class.
   """
   from tensorflow.python.framework import test_util  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
 
@@ -87,8 +86,50 @@ def pytest_collection_modifyitems(config, items):
     or item.name != "test_session"
   ]
   if SHARD_COUNT > 1:
-    others = [
-      item for i, item in enumerate(items) if i % SHARD_COUNT != SHARD_INDEX
-    ]
-    items[:] = items[SHARD_INDEX::SHARD_COUNT]
+    shards = shard_of(items, SHARD_COUNT)
+    others = [item for item, k in zip(items, shards) if k != SHARD_INDEX]
+    items[:] = [item for item, k in zip(items, shards) if k == SHARD_INDEX]
     config.hook.pytest_deselected(items=others)
+
+
+def shard_of(items, count):
+  """The shard of each of `items` (0 to count - 1).
+
+  Tests that share an expensive set-up stay together, so that it runs in one
+  shard only: a module's tests that use one of its module-scoped fixtures
+  (two-worker clusters), a class's tests when the class has a `setUpClass`
+  of the suite's own (loopback servers). Groups go, in collection order, to
+  the shard with the fewest tests so far: single tests alternate, and each
+  shard gets a part of every file.
+  """
+  sizes = collections.OrderedDict()
+  keys = [_group(item) for item in items]
+  for key in keys:
+    sizes[key] = sizes.get(key, 0) + 1
+  loads, where = [0] * count, {}
+  for key, size in sizes.items():
+    k = loads.index(min(loads))
+    where[key] = k
+    loads[k] += size
+  return [where[key] for key in keys]
+
+
+def _group(item):
+  """What `item` must share a shard with (`shard_of`)."""
+  path = item.nodeid.split("::")[0]
+  defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+  if any(d.scope == "module" for ds in defs.values() for d in ds):
+    return (path,)
+  cls = getattr(item, "cls", None)
+  if cls is not None and _own_set_up_class(cls):
+    return (path, cls.__name__)
+  return (item.nodeid,)
+
+
+def _own_set_up_class(cls):
+  """True if a class of the suite (not TF, absl, unittest) defines
+  `setUpClass` for `cls`."""
+  for klass in cls.__mro__:
+    if "setUpClass" in vars(klass):
+      return klass.__module__.split(".")[0] == "tests"
+  return False

@@ -13,10 +13,29 @@ from tests import conftest
 
 
 class _Item:
-  cls = None
-
-  def __init__(self, name):
+  def __init__(self, name, module="tests/test_a.py", cls=None, scopes=()):
     self.name = name
+    self.cls = cls
+    self.nodeid = "%s::%s%s" % (
+      module,
+      cls.__name__ + "::" if cls else "",
+      name,
+    )
+    self._fixtureinfo = mock.Mock(
+      name2fixturedefs={
+        "f%d" % i: [mock.Mock(scope=scope)] for i, scope in enumerate(scopes)
+      }
+    )
+
+
+class _WithServers(tf.test.TestCase):
+  @classmethod
+  def setUpClass(cls):  # the suite's own: its tests share it
+    super(_WithServers, cls).setUpClass()
+
+
+class _Plain(tf.test.TestCase):  # TF's setUpClass only
+  pass
 
 
 class _Config:
@@ -53,6 +72,26 @@ class ShardTest(tf.test.TestCase, parameterized.TestCase):
     self.assertCountEqual(kept, items)  # none lost, none twice
     sizes = [len(_run_shard(i, count, items)[0]) for i in range(count)]
     self.assertLessEqual(max(sizes) - min(sizes), 1)
+
+  def test_tests_sharing_an_expensive_set_up_share_a_shard(self):
+    cluster = [
+      _Item("c%d" % i, "tests/test_b.py", scopes=("function", "module"))
+      for i in range(4)
+    ]
+    servers = [_Item("s%d" % i, cls=_WithServers) for i in range(3)]
+    plain = [_Item("p%d" % i, cls=_Plain) for i in range(4)]
+    alone = [_Item("a%d" % i, scopes=("function",)) for i in range(5)]
+    items = alone[:2] + cluster + servers + plain + alone[2:]
+    for count in (2, 3):
+      shards = dict(zip(items, conftest.shard_of(items, count)))
+      self.assertLen(set(shards[i] for i in cluster), 1)
+      self.assertLen(set(shards[i] for i in servers), 1)
+      self.assertGreater(len(set(shards[i] for i in plain)), 1)  # spread
+      kept = []
+      for index in range(count):
+        mine, _ = _run_shard(index, count, items)
+        kept.extend(mine)
+      self.assertCountEqual(kept, items)
 
   @parameterized.parameters("2", "2/2", "-1/2", "a/b", "0/0")
   def test_a_bad_shard_is_refused(self, text):
