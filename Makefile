@@ -37,7 +37,7 @@ demo-tf2: venv-tf2
 # each run every other test (SNAPSTORE_TEST_SHARD, tests/conftest.py), so
 # that a stack's suites stay under CI's 10 minutes.
 EAGER := SNAPSTORE_TEST_ENGINE=eager
-PYTEST := -m pytest -q -p no:cacheprovider
+PYTEST := -m pytest -q -p no:cacheprovider --durations=10
 # Every suite runs even if one fails; the process fails if any did.
 TF2_SUITES = rc=0; $(PY_TF2) $(PYTEST) tests || rc=1; \
 	  $(EAGER) $(PY_TF2) $(PYTEST) tests/eager || rc=1; \
