@@ -34,7 +34,7 @@ demo-tf2: venv-tf2
 
 # The graph-mode suite, then the eager engine's (tests/eager) with each Keras:
 # tf-keras, and Keras 3 (TF_USE_LEGACY_KERAS=0). Two processes, one per core,
-# each run every other test (SNAPSTORE_TEST_SHARD, tests/conftest.py), so
+# each run half of the tests (SNAPSTORE_TEST_SHARD, tests/conftest.py), so
 # that a stack's suites stay under CI's 10 minutes.
 EAGER := SNAPSTORE_TEST_ENGINE=eager
 PYTEST := -m pytest -q -p no:cacheprovider --durations=10
