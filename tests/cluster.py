@@ -221,6 +221,104 @@ def free_ports(n):
       s.close()
 
 
+_WORKERS_TIMEOUT = 120  # seconds for a whole two-worker run, startup included
+
+
+def run_workers(module, scenario, out, count=2):
+  """Runs `count` worker processes of `python -m module PORTS INDEX SCENARIO
+  OUT` on free loopback ports; returns ([facts], [arrays]) per worker.
+
+  Each worker writes OUT/<index>.json and .npz and says "ok"
+  (`finish_worker`), then serves until its stdin closes, which happens once
+  every worker has written (or one failed, or the run took more than
+  `_WORKERS_TIMEOUT` seconds: then all are killed). A worker exiting first
+  could take its server from under another's last collective.
+
+  Raises:
+    AssertionError: A worker failed; its log's end is in the message.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  ports = free_ports(count)
+  env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+  env.pop("TF_CONFIG", None)
+  procs = []
+  for index in range(count):
+    log = open(os.path.join(out, "%d.log" % index), "w+")
+    command = [sys.executable, "-m", module]
+    command += [json.dumps(ports), str(index), scenario, out]
+    proc = subprocess.Popen(
+      command,
+      stdin=subprocess.PIPE,
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      cwd=_ROOT,
+      env=env,
+    )
+    procs.append((proc, log))
+  deadline = time.time() + _WORKERS_TIMEOUT
+  done = lambda: all(  # noqa: E731
+    os.path.exists(os.path.join(out, "%d.json" % i)) for i in range(count)
+  )
+  try:
+    while not done() and time.time() < deadline:
+      if any(p.poll() is not None for p, _ in procs):
+        break  # one exited before all were done: it failed
+      time.sleep(0.1)
+    for proc, _ in procs:
+      proc.stdin.close()
+    for proc, _ in procs:
+      proc.wait(max(1, deadline - time.time()))
+  except subprocess.TimeoutExpired:
+    pass
+  finally:
+    for proc, _ in procs:
+      if proc.poll() is None:
+        proc.kill()
+      proc.wait()
+  problems = []
+  for index, (proc, log) in enumerate(procs):
+    log.seek(0)
+    text = log.read()
+    log.close()
+    if proc.returncode != 0 or "ok" not in text.split():
+      problems.append(
+        "worker %d exited with %s:\n%s" % (index, proc.returncode, text[-3000:])
+      )
+  assert not problems, "\n".join(problems)
+  facts, arrays = [], []
+  for index in range(count):
+    with open(os.path.join(out, "%d.json" % index)) as f:
+      facts.append(json.load(f))
+    with np.load(os.path.join(out, "%d.npz" % index)) as held:
+      arrays.append({k: held[k] for k in held.files})
+  return facts, arrays
+
+
+def worker_config(ports, index):
+  """The TF_CONFIG of worker `index` of a cluster of workers on `ports`."""
+  return json.dumps(
+    {
+      "cluster": {"worker": ["127.0.0.1:%d" % p for p in ports]},
+      "task": {"type": "worker", "index": index},
+    }
+  )
+
+
+def finish_worker(out, index, arrays, facts):
+  """A worker's end under `run_workers`: writes what it saw, says "ok",
+  serves until stdin closes, then exits at once (TF 1.15's Server.__del__
+  fails at interpreter exit; nothing else needs closing)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  np.savez(os.path.join(out, "%d.npz" % index), **arrays)
+  with open(os.path.join(out, "%d.json" % index), "w") as f:
+    json.dump(facts, f)
+  print("ok", flush=True)
+  sys.stdin.read()
+  os._exit(0)  # pylint: disable=protected-access
+
+
 def _serve(spec, job, task):
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 

@@ -44,17 +44,14 @@ import json
 import os
 import sys
 
+from tests import cluster
+
 _MODES = ("device", "host", "disk")
 _TIMEOUT = 2.0  # seconds a refused restore waits for the other worker
 
 
 def main(ports, index, scenario, out):
-  os.environ["TF_CONFIG"] = json.dumps(
-    {
-      "cluster": {"worker": ["127.0.0.1:%d" % p for p in ports]},
-      "task": {"type": "worker", "index": index},
-    }
-  )
+  os.environ["TF_CONFIG"] = cluster.worker_config(ports, index)
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
   from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
 
@@ -80,18 +77,9 @@ def main(ports, index, scenario, out):
       _hook(strategy, server, config, index, arrays, facts, scenario == "hook")
     else:
       raise ValueError("unknown scenario %r" % scenario)
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
-  np.savez(os.path.join(out, "%d.npz" % index), **arrays)
-  with open(os.path.join(out, "%d.json" % index), "w") as f:
-    json.dump(facts, f)
-  print("ok", flush=True)
-  # Serve until the test closes stdin, which it does once both workers said
-  # ok: a worker exiting first could take its server from under the other's
-  # last all-reduce. Then exit at once (TF 1.15's Server.__del__ fails at
-  # interpreter exit; sessions to the other server need no closing).
-  sys.stdin.read()
-  os._exit(0)
+  # Serves until every worker said ok: a worker exiting first could take
+  # its server from under the other's last all-reduce.
+  cluster.finish_worker(out, index, arrays, facts)
 
 
 def _run(strategy, fn):

@@ -15,8 +15,6 @@ tests/eager/test_multi_worker.py. Runs on TF 1.15 and TF 2.x (graph mode).
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -24,71 +22,12 @@ import pytest
 
 from tests import cluster
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TIMEOUT = 120  # seconds for a whole two-worker run, startup included
 _MODES = ("device", "host", "disk")
 
 
 def _run(scenario, out):
-  """Runs both workers of `scenario`; returns ([facts], [arrays]) per worker.
-
-  Each worker serves until its stdin closes, which happens once both said
-  "ok" (or one failed, or the run exceeded `_TIMEOUT`: then both are killed).
-  """
-  ports = cluster.free_ports(2)
-  env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-  env.pop("TF_CONFIG", None)
-  procs = []
-  for index in range(2):
-    log = open(os.path.join(out, "%d.log" % index), "w+")
-    command = [sys.executable, "-m", "tests.mwms_graph_worker"]
-    command += [json.dumps(ports), str(index), scenario, out]
-    proc = subprocess.Popen(
-      command,
-      stdin=subprocess.PIPE,
-      stdout=log,
-      stderr=subprocess.STDOUT,
-      cwd=_ROOT,
-      env=env,
-    )
-    procs.append((proc, log))
-  deadline = time.time() + _TIMEOUT
-  done = lambda: all(  # noqa: E731
-    os.path.exists(os.path.join(out, "%d.json" % i)) for i in range(2)
-  )
-  try:
-    while not done() and time.time() < deadline:
-      if any(p.poll() is not None for p, _ in procs):
-        break  # one exited before both were done: it failed
-      time.sleep(0.1)
-    for proc, _ in procs:
-      proc.stdin.close()
-    for proc, _ in procs:
-      proc.wait(max(1, deadline - time.time()))
-  except subprocess.TimeoutExpired:
-    pass
-  finally:
-    for proc, _ in procs:
-      if proc.poll() is None:
-        proc.kill()
-      proc.wait()
-  problems = []
-  for index, (proc, log) in enumerate(procs):
-    log.seek(0)
-    text = log.read()
-    log.close()
-    if proc.returncode != 0 or "ok" not in text.split():
-      problems.append(
-        "worker %d exited with %s:\n%s" % (index, proc.returncode, text[-3000:])
-      )
-  assert not problems, "\n".join(problems)
-  facts, arrays = [], []
-  for index in range(2):
-    with open(os.path.join(out, "%d.json" % index)) as f:
-      facts.append(json.load(f))
-    with np.load(os.path.join(out, "%d.npz" % index)) as held:
-      arrays.append({k: held[k] for k in held.files})
-  return facts, arrays
+  """Runs both workers of `scenario` (`cluster.run_workers`)."""
+  return cluster.run_workers("tests.mwms_graph_worker", scenario, out)
 
 
 @pytest.fixture(scope="module")

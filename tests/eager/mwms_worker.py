@@ -5,7 +5,7 @@
 PORTS is a JSON list of the workers' loopback ports, INDEX this worker's,
 OUT a directory: the worker writes OUT/<INDEX>.npz (arrays the test compares
 across workers and against numpy) and OUT/<INDEX>.json (messages, counts),
-then prints "ok". Scenarios:
+prints "ok", and serves until its stdin closes (`cluster.run_workers`). Scenarios:
 
 - `stores`: for each mode, a store over a Keras model and its optimizer,
   snapshot, training steps (gradients all-reduced), a coordinated restore;
@@ -30,17 +30,14 @@ import json
 import os
 import sys
 
+from tests import cluster
+
 _MODES = ("device", "host", "disk")
 _TIMEOUT = 2.0  # seconds a refused restore waits for the other worker
 
 
 def main(ports, index, scenario, out):
-  os.environ["TF_CONFIG"] = json.dumps(
-    {
-      "cluster": {"worker": ["127.0.0.1:%d" % p for p in ports]},
-      "task": {"type": "worker", "index": index},
-    }
-  )
+  os.environ["TF_CONFIG"] = cluster.worker_config(ports, index)
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -57,13 +54,9 @@ def main(ports, index, scenario, out):
     _averages(strategy, index, arrays, facts, np, tf)
   else:
     raise ValueError("unknown scenario %r" % scenario)
-  # Both workers finish together: the coordination service's leader
-  # (worker 0) must outlive the other's last call.
-  strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-  np.savez(os.path.join(out, "%d.npz" % index), **arrays)
-  with open(os.path.join(out, "%d.json" % index), "w") as f:
-    json.dump(facts, f)
-  print("ok", flush=True)
+  # Serves until every worker said ok: the coordination service's leader
+  # (worker 0) and each server must outlive the other's last call.
+  cluster.finish_worker(out, index, arrays, facts)
 
 
 def _components(v):

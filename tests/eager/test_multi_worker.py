@@ -10,82 +10,15 @@ and a `fit` whose NaN batch (on one worker's data) is rolled back at the
 same batch on both workers. See `snapstore/eager/multi_worker.py`.
 """
 
-import json
-import os
-import subprocess
-import sys
-import time
-
-import numpy as np
 import pytest
 
 from tests import cluster
 from tests.eager import common
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-_TIMEOUT = 120  # seconds for a whole two-worker run, startup included
-
 
 def _run(scenario, out):
-  """Runs both workers of `scenario`; returns ([facts], [arrays]) per worker.
-
-  Both are killed if either fails or the run exceeds `_TIMEOUT`.
-  """
-  ports = cluster.free_ports(2)
-  env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-  env.pop("TF_CONFIG", None)
-  procs = []
-  for index in range(2):
-    log = open(os.path.join(out, "%d.log" % index), "w+")
-    procs.append(
-      (
-        subprocess.Popen(
-          [
-            sys.executable,
-            "-m",
-            "tests.eager.mwms_worker",
-            json.dumps(ports),
-            str(index),
-            scenario,
-            out,
-          ],
-          stdout=log,
-          stderr=subprocess.STDOUT,
-          cwd=_ROOT,
-          env=env,
-        ),
-        log,
-      )
-    )
-  deadline = time.time() + _TIMEOUT
-  try:
-    while any(p.poll() is None for p, _ in procs):
-      failed = [p for p, _ in procs if p.poll() not in (None, 0)]
-      if failed or time.time() > deadline:
-        break
-      time.sleep(0.1)
-  finally:
-    for proc, _ in procs:
-      if proc.poll() is None:
-        proc.kill()
-      proc.wait()
-  problems = []
-  for index, (proc, log) in enumerate(procs):
-    log.seek(0)
-    text = log.read()
-    log.close()
-    if proc.returncode != 0:
-      problems.append(
-        "worker %d exited with %s:\n%s" % (index, proc.returncode, text[-3000:])
-      )
-  assert not problems, "\n".join(problems)
-  facts, arrays = [], []
-  for index in range(2):
-    with open(os.path.join(out, "%d.json" % index)) as f:
-      facts.append(json.load(f))
-    with np.load(os.path.join(out, "%d.npz" % index)) as held:
-      arrays.append({k: held[k] for k in held.files})
-  return facts, arrays
+  """Runs both workers of `scenario` (`cluster.run_workers`)."""
+  return cluster.run_workers("tests.eager.mwms_worker", scenario, out)
 
 
 @pytest.fixture(scope="module")
