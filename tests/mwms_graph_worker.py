@@ -544,15 +544,9 @@ def _estimator(index, out, arrays, facts):
 
   import snapstore  # pylint: disable=g-import-not-at-top
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
+  from tests import helpers  # pylint: disable=g-import-not-at-top
 
-  def model_fn(features, labels, mode):
-    with tf.variable_scope("net"):
-      w = tf.get_variable("w", [3], initializer=tf.zeros_initializer())
-    loss = tf.reduce_mean(tf.square(tf.tensordot(features["x"], w, 1) - labels))
-    train_op = tf.train.MomentumOptimizer(0.01, 0.9).minimize(
-      loss, global_step=tf.train.get_global_step()
-    )
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+  model_fn = helpers.estimator_model_fn
 
   def input_fn():
     rng = np.random.RandomState(1)
