@@ -260,7 +260,7 @@ def step_bench(args, tf, keras):
   return rounds(methods, args.repeats, args.warmup)
 
 
-class _EpochTimer(object):
+class EpochTimer(object):
   """Seconds per batch of each epoch after the first (callbacks made by
   `make`, so that the class is a callback of the Keras in use)."""
 
@@ -376,7 +376,7 @@ def fit_bench(args, tf, keras, width, batch, label, batches=None):
     order = names[r % len(names) :] + names[: r % len(names)]
     for name in order:
       m, callbacks = setups[name]
-      timer = _EpochTimer.make(keras, batches)
+      timer = EpochTimer.make(keras, batches)
       m.fit(
         x,
         y,

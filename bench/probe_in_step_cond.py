@@ -14,12 +14,13 @@ interleaved round by round; medians and minimums. Not run by `make bench`.
 import argparse
 import os
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+
+import bench_eager  # noqa: E402  (this folder: the fit timer)
 
 import snapstore  # noqa: E402
 from snapstore import _tf  # noqa: E402
@@ -52,18 +53,6 @@ def main(argv=None):
     m.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
     return m
 
-  class Timer(keras.callbacks.Callback):
-    def __init__(self):
-      super(Timer, self).__init__()
-      self.per_batch = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-      self._start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-      if epoch > 0:
-        self.per_batch.append((time.perf_counter() - self._start) / BATCHES)
-
   rng = np.random.RandomState(0)
   x = rng.rand(32 * BATCHES, 3).astype(np.float32)
   y = rng.rand(32 * BATCHES, 1).astype(np.float32)
@@ -76,7 +65,7 @@ def main(argv=None):
       eager_callback.keep_cond_as_call = (
         (lambda output: None) if v.endswith("lowered") else kept
       )
-      timer = Timer()
+      timer = bench_eager.EpochTimer.make(keras, BATCHES)
       callbacks = (
         [] if v == "bare" else [snapstore.SnapshotCallback(in_step=True)]
       )
