@@ -441,25 +441,25 @@ def test_a_guard_and_a_trial_roll_back_both_workers(trained):
     # The guard whose block raised after a step (a synchronization, which
     # moved the slow weights and the counter) put it all back.
     assert facts_["guard_raised"] == ["the block fails on every worker"]
-    raised = _parts(held, "guard/raised_trained")
-    for name, got, want in zip(facts_["keys"], raised, before):
-      if "slot_0" in name or "counter" in name:
-        assert got.tobytes() != want.tobytes(), name
-    for name, got, want in zip(
-      facts_["keys"], _parts(held, "guard/raised_after"), before
-    ):
-      _assert_bits(got, want, "raised " + name)
+    _moved_then_put_back(
+      facts_["keys"], held, "guard/raised_trained", "guard/raised_after", before
+    )
     # The rejected trial's step (step STEPS + 1, a synchronization) moved
     # the slow weights and the counter. (The fast weights come back to
     # where they were: with a constant gradient g, k = 2 and alpha = 1/2,
     # slow + (fast - 2 g - slow) / 2 = fast - g, as numpy's test above
     # follows bit for bit.)
     assert not facts_["trial_kept"]
-    trained_ = _parts(held, "trial/trained")
-    for name, got, want in zip(facts_["keys"], trained_, before):
-      if "slot_0" in name or "counter" in name:
-        assert got.tobytes() != want.tobytes(), name
-    for name, got, want in zip(
-      facts_["keys"], _parts(held, "trial/after"), before
-    ):
-      _assert_bits(got, want, "trial " + name)
+    _moved_then_put_back(
+      facts_["keys"], held, "trial/trained", "trial/after", before
+    )
+
+
+def _moved_then_put_back(keys, held, trained, after, before):
+  """The rolled-back step (arrays `trained`) moved the slow weights and the
+  counter, and the arrays `after` the rollback are `before`, bit for bit."""
+  for name, got, want in zip(keys, _parts(held, trained), before):
+    if "slot_0" in name or "counter" in name:
+      assert got.tobytes() != want.tobytes(), name
+  for name, got, want in zip(keys, _parts(held, after), before):
+    _assert_bits(got, want, "%s %s" % (after, name))
