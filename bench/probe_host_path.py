@@ -117,8 +117,9 @@ class Probe(object):
       mode = self.store._h.mode  # pylint: disable=protected-access
       self.copies = mode._copies  # pylint: disable=protected-access
       self.reads = mode._reads  # pylint: disable=protected-access
-      self.placeholders = mode._feeder.placeholders  # pylint: disable=protected-access
-      self.load_op = mode._load_op  # pylint: disable=protected-access
+      writer = mode._load  # pylint: disable=protected-access
+      self.placeholders = writer._feeder.placeholders  # pylint: disable=protected-access
+      self.load_op = writer._op  # pylint: disable=protected-access
       # Consumes every placeholder without writing anything.
       self.feed_only = tf.group(*[tf.identity(p).op for p in self.placeholders])
       zero = tf.Variable(
