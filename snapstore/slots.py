@@ -21,7 +21,10 @@ naming the eager way, and `snapshot_in_step` does in graph mode.
 Host and disk stores have no slots: `store.slots` raises `ModeError` once,
 naming the mode that has them. A store with `pack=True` has slots but no
 shadow per variable: `shadows()` and `past()` raise `ModeError`
-(`per_variable` tells).
+(`per_variable` tells). A graph-mode store over `tf.distribute` variables
+has a shadow per replica component: `component_shadows()` gives them,
+`past()` rewires each component to its own, and `shadows()` (one variable
+per key) raises `ModeError`.
 """
 
 import collections
@@ -98,7 +101,8 @@ class Slots(object):
     """An OrderedDict from key to the shadow variable of slot `slot`.
 
     Raises:
-      ModeError: The store packs variables (`pack=True`).
+      ModeError: The store packs variables (`pack=True`), or is a graph-mode
+        store over `tf.distribute` variables (see `component_shadows`).
     """
     values = self._set.shadows(self._check_slot(slot))
     return collections.OrderedDict(zip(self._h.varset.keys, values))
@@ -128,8 +132,18 @@ class Slots(object):
     what is copied, what is refused and why; gradients never flow into the
     shadows.
 
+    Over `tf.distribute` variables (`MirroredStrategy`), each component is
+    rewired to its own shadow (`component_shadows`), so each copied op reads
+    the shadow of the component its original read: an output computed in
+    `strategy.run` reads its replica's, one computed in cross-replica
+    context the primary's (a sync-on-read variable's aggregate, all of
+    them). A `PerReplica` of such outputs (what `strategy.run` returns)
+    gives a `PerReplica` of their past tensors, replica by replica; fetch
+    them with `strategy.experimental_local_results(...)`.
+
     Args:
-      outputs: A tensor, or a list, tuple or dict of tensors, of the model.
+      outputs: A tensor, a `PerReplica` of tensors, or a list, tuple or dict
+        of them, of the model.
       slot: The slot to read.
 
     Returns:
@@ -148,10 +162,25 @@ class Slots(object):
     slot = self._check_slot(slot)
     with self._h.lock:
       if self._rewirer is None:
+        # A distributed variable is read through its components (each
+        # replica its own, a cross-replica read the primary or all of them):
+        # each component maps to its own shadow, so every copied read reads
+        # the shadow of the component its original read.
         self._rewirer = rewire.Rewirer(
           self._h.name,
-          self._h.varset.variables,
-          [self._set.shadows(k, "past") for k in range(self._set.num_slots)],
+          [
+            part
+            for v in self._h.varset.variables
+            for part in distributed.components(v)
+          ],
+          [
+            [
+              shadow
+              for parts in self._set.component_shadows(k, "past")
+              for shadow in parts
+            ]
+            for k in range(self._set.num_slots)
+          ],
         )
       return self._rewirer.past(outputs, slot)
 

@@ -336,11 +336,12 @@ class CountingHook(tf.train.SessionRunHook):
     self.runs += 1
 
 
-def placements(sess, fetch):
+def placements(sess, fetch, feed_dict=None):
   """{node name: device it ran on} for one traced run of `fetch`."""
   metadata = tf.RunMetadata()
   sess.run(
     fetch,
+    feed_dict,
     options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
     run_metadata=metadata,
   )

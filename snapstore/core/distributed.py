@@ -82,6 +82,34 @@ def components(variable):
   return [variable]
 
 
+def replica_tensors(value):
+  """The tensors of a `PerReplica` (or `Mirrored`) of tensors, or None.
+
+  What `strategy.run` (TF 1.15: `experimental_run_v2`) returns from a
+  replica function: one tensor per replica, in the strategy's device order.
+  None for anything else, a distributed variable included (its values are
+  variables).
+  """
+  if not is_distributed(value):
+    return None
+  values = list(value.values)
+  if not values or not all(isinstance(v, tf.Tensor) for v in values):
+    return None
+  return values
+
+
+def like(value, tensors):
+  """A `PerReplica` (or `Mirrored`) like `value`, holding `tensors`.
+
+  Args:
+    value: What `replica_tensors` accepts.
+    tensors: One tensor per replica, in the order of `value.values`.
+  """
+  if hasattr(value, "device_map"):  # TF 1.15: values keyed by a DeviceMap
+    return type(value)(value.device_map, tensors, value.logical_device)
+  return type(value)(tensors)
+
+
 def check_chief_of_ps(what):
   """Refuses `what` on a task of a `ParameterServerStrategy` v1 cluster that
   is not the chief, when it runs in that strategy's scope (an Estimator

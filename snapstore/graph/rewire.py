@@ -22,6 +22,14 @@ flag), `tf.layers` and `tf.keras` layers. Copies are named
 `<store name>/past_<slot>/<original name>`, placed and colocated like the
 originals, and join no collection (a past loss is not in `LOSSES`).
 
+A `tf.distribute` variable (graph-mode `MirroredStrategy`) is covered as its
+components, each mapped to its own shadow: TF reads it through one of them
+(a replica function its replica's; a cross-replica read the primary, or a
+sync-on-read variable's every component for the aggregate), so each copy
+reads the shadow of the component its original read, and a replica's past
+outputs are computed from that replica's snapshot. A `PerReplica` of
+outputs gives a `PerReplica` of past tensors.
+
 Rules:
 - Built once. Results are cached per slot at op granularity: asking again for
   the same outputs, or for any tensor inside an earlier copy, returns the same
@@ -54,6 +62,7 @@ from snapstore._tf import is_ref_dtype
 from snapstore._tf import registered_gradient
 from snapstore._tf import tf
 from snapstore.core import checks
+from snapstore.core import distributed
 from snapstore.core import variables
 from snapstore import errors
 from snapstore.graph import subgraph
@@ -102,7 +111,8 @@ class Rewirer(object):
 
   Args:
     name: The store's name; copies are named `<name>/past_<slot>/...`.
-    primaries: The covered variables.
+    primaries: The covered variables (a distributed variable's components,
+      see module doc).
     slots: Per slot, the shadow of each primary, in the same order.
   """
 
@@ -133,8 +143,18 @@ class Rewirer(object):
       self._contexts.append({})
 
   def past(self, outputs, slot):
-    """`outputs` computed from slot `slot` (see `SnapshotStore.past`)."""
-    leaves = tf.nest.flatten(outputs)
+    """`outputs` computed from slot `slot` (see `SnapshotStore.past`).
+
+    A `PerReplica` of tensors (what `strategy.run` returns) is one leaf to
+    `tf.nest` (a composite tensor, not expanded): its tensors are rewired
+    one by one, each replica's copy reading its own components' shadows,
+    and returned as a `PerReplica` again.
+    """
+    structure = tf.nest.flatten(outputs)
+    groups = [distributed.replica_tensors(leaf) for leaf in structure]
+    leaves = []
+    for leaf, group in zip(structure, groups):
+      leaves.extend([leaf] if group is None else group)
     self._check_outputs(leaves)
     tensor_map = self._tensors[slot]
     missing = [
@@ -147,9 +167,14 @@ class Rewirer(object):
     for t in missing:
       if t not in tensor_map:
         self._unchanged[slot].add(t)
-    return tf.nest.pack_sequence_as(
-      outputs, [tensor_map.get(t, t) for t in leaves]
-    )
+    rewired = iter([tensor_map.get(t, t) for t in leaves])
+    result = []
+    for leaf, group in zip(structure, groups):
+      if group is None:
+        result.append(next(rewired))
+      else:
+        result.append(distributed.like(leaf, [next(rewired) for _ in group]))
+    return tf.nest.pack_sequence_as(outputs, result)
 
   def lookup(self, fetches, feed_dict, slot):
     """Rewired `(fetches, feed_dict)` for slot `slot`, or None if not all are.

@@ -39,9 +39,13 @@ copies per (component, shadow) pair on its device, so every replica's bits
 are kept and restored and nothing crosses devices. `arrays()` gives one array
 per variable, as a host snapshot reads it; arrays written into a slot
 (`load_arrays`) reach the components as a host restore writes them. Its
-shadows are not one distributed variable, so `shadows()` and `past()` are
-refused; `component_shadows()` gives them per component (what
-`MovingAverage` and `Lookahead` update, each component from its own).
+shadows are not one distributed variable, so `shadows()` is refused;
+`component_shadows()` gives them per component (what `MovingAverage` and
+`Lookahead` update, each component from its own). `past()` rewires each
+component to its own shadow (`snapstore.graph.rewire`): TF reads a
+distributed variable through its components (a replica its own, a
+cross-replica read the primary, a sync-on-read aggregate all of them), so
+every copied read reads the shadow of the component its original read.
 """
 
 import functools
@@ -264,7 +268,8 @@ class DeviceMode(slot_book.SlotBook):
         "variable, whose shadows in a graph-mode store are one per replica "
         "component, not a distributed variable. Get them with "
         "store.slots.component_shadows(slot) (a list per key, as "
-        "snapstore.MovingAverage and Lookahead use them), evaluate at a "
+        "snapstore.MovingAverage and Lookahead use them), compute outputs "
+        "from a slot with store.slots.past(outputs, slot), evaluate at a "
         "snapshot with store.evaluate_with(fetches, tag=...), snapshot and "
         "restore with store.snapshot() and store.restore(); or use the "
         "eager engine, whose shadows of a distributed variable are "
