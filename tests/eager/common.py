@@ -61,9 +61,21 @@ def batches(n, seed=1, nan_at=()):
     x = rng.rand(16, 3).astype(np.float32)
     y = rng.rand(16, 1).astype(np.float32)
     if i in nan_at:
-      x[0, 0] = np.nan
+      spoil(x, y, 0)
     out.append((x, y))
   return out
+
+
+def spoil(x, y, rows):
+  """Makes the examples `rows` of (x, y) NaN, in place: their loss is NaN.
+
+  The target too, not only the input: on a CPU where TensorFlow runs oneDNN,
+  a traced Dense layer with a ReLU (one fused kernel) can turn a NaN input
+  into 0s, so that the loss of a NaN input alone is finite while its
+  gradient is NaN (an update that makes the weights NaN, not a NaN loss).
+  """
+  x[rows, 0] = np.nan
+  y[rows, 0] = np.nan
 
 
 def mse(y, prediction):

@@ -174,8 +174,8 @@ def _averages(strategy, index, arrays, facts, np, tf):
   facts["in_step/step_changed"] = not _same(start, second)
   x, y = data[1]
   if index == 0:  # NaN on worker 0 only: neither worker's slot is written
-    x = x.copy()
-    x[0, 0] = np.nan
+    x, y = x.copy(), y.copy()
+    common.spoil(x, y, 0)
   step(x, y)
   # The slot still holds the start of the newest step whose loss was
   # finite everywhere: the first.
@@ -298,7 +298,7 @@ def _fit(strategy, index, arrays, facts, np, tf, in_step=False):
   y = np.concatenate([b[1] for b in common.batches(5)])
   good = x.copy()
   if index == 0:  # step 2 NaN on worker 0 only: worker 1 sees it through
-    x[16, 0] = np.nan  # the all-reduced gradients and loss
+    common.spoil(x, y, 16)  # the all-reduced gradients and loss
   losses, rollbacks, restored = [], [], []
   options = dict(in_step=True) if in_step else dict(every_n_batches=1)
   callback = snapstore.SnapshotCallback(

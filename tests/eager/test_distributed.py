@@ -307,7 +307,7 @@ def test_a_guard_rolls_every_replica_back_from_a_nan_step(
 
   (x, y), (bad, y2) = common.batches(2, seed=4)
   step(x, y)
-  bad[9, 0] = np.nan  # the second replica's half
+  common.spoil(bad, y2, 9)  # the second replica's half
   saved = [_components(v) for v in variables]
   with snapstore.Guard(store, watch=True, reraise=False) as guard:
     guard.run(step, bad, y2)
