@@ -31,7 +31,9 @@ batch 256), the in-step snapshot (`store.slots.snapshot_in_step()`, begin at
 the top and commit after the update) against the bare compiled step; and `fit` per batch (the second epoch of a 2-epoch
 fit, `--fit-batches` batches, timed by a callback) bare, with
 `SnapshotCallback(every_n_batches=1)`, with `SnapshotCallback(in_step=True)`
-and with a callback calling an empty traced function per batch (the floor of
+(copying the state in every step), with `SnapshotCallback(in_step=True,
+in_step_undo="skip")` (the update skipped when the loss is not finite, no
+copy) and with a callback calling an empty traced function per batch (the floor of
 any hook that runs TensorFlow work),
 on the tests' small model (Dense 8 - BatchNorm - Dense 1, batch 32), on an
 MLP of the size of Keras's MNIST example (784-128-10, batch 128), on
@@ -362,6 +364,10 @@ def fit_bench(args, tf, keras, width, batch, label, batches=None):
       model(),
       lambda: [snapstore.SnapshotCallback(in_step=True)],
     ),
+    "fit + in-step skip callback": (
+      model(),
+      lambda: [snapstore.SnapshotCallback(in_step=True, in_step_undo="skip")],
+    ),
     # The floor of any batch hook that runs TensorFlow work: one call of an
     # empty traced function per batch (what a hook-taken snapshot cannot
     # cost less than).
@@ -506,6 +512,12 @@ def main(argv=None):
       (
         "fit + in-step / bare (%s)" % label,
         "fit + in-step callback (%s)" % label,
+        "fit, bare (%s)" % label,
+        target,
+      ),
+      (
+        "fit + in-step skip / bare (%s)" % label,
+        "fit + in-step skip callback (%s)" % label,
         "fit, bare (%s)" % label,
         target,
       ),

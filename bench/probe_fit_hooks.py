@@ -13,7 +13,9 @@ second epoch of a 2-epoch fit), interleaved round by round:
   that runs TensorFlow work cannot cost less than);
 - the store's snapshot function called from that hook (the copy alone,
   without the store's Python layer);
-- `SnapshotCallback(every_n_batches=1)` and `SnapshotCallback(in_step=True)`.
+- `SnapshotCallback(every_n_batches=1)`, `SnapshotCallback(in_step=True)`
+  (a copy of the state in every step) and `SnapshotCallback(in_step=True,
+  in_step_undo="skip")` (the update skipped when the loss is not finite).
 
 Medians and minimums per batch, and their ratios to the first bare row.
 Not run by `make bench`.
@@ -118,6 +120,10 @@ def main(argv=None):
   setups["SnapshotCallback(in_step=True)"] = (
     model(),
     lambda: [snapstore.SnapshotCallback(in_step=True)],
+  )
+  setups["in_step=True, in_step_undo='skip'"] = (
+    model(),
+    lambda: [snapstore.SnapshotCallback(in_step=True, in_step_undo="skip")],
   )
   names = list(setups)
   times = dict((n, []) for n in names)

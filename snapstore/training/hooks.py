@@ -453,11 +453,27 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
       no batch hook does any copy and `steps_per_execution > 1` stays exact
       (see "In-step mode" in `snapstore/training/eager_callback.py`). With a
       store of your own, a device store (1 slot is enough).
+    in_step_undo: With `in_step`, how a step is undone. "copy" (default):
+      the whole state is read at each step's start, kept in the store's slot
+      when the logged value is finite (the start of the newest such step)
+      and written back when it is not; a step whose start has weights that
+      are not finite (an update whose loss was finite made them so) goes
+      one step further back, to the slot. "skip": nothing is copied; the
+      optimizer's update is applied only when the logged value is finite,
+      and what the rest of the step writes (batch-norm statistics, seed
+      states, metrics) is read at its start and put back when it was not.
+      It costs a few ops per step instead of a copy of the state, and has no
+      older state to go back to (weights made non-finite by an update whose
+      loss was finite raise `NonFiniteError` at the next rollback). It needs
+      Keras's own train step, a `monitor` that is one of its metrics
+      ("loss"), one replica, and no store or tag of your own.
 
   Raises:
     ValueError: Both or neither of `every_n_batches` and `every_n_secs`
       (without `in_step`); a `backoff` that is not > 0; `in_step` with
-      `every_n_batches`, `every_n_secs` or `monitor=None`.
+      `every_n_batches`, `every_n_secs` or `monitor=None`; an
+      `in_step_undo` that is not "copy" or "skip", or "skip" without
+      `in_step=True` or with a store of your own.
     TypeError: A bad `store`, `on_rollback`, `backoff` or `in_step`.
     RuntimeError: Made in graph mode where `tf.keras` is Keras 3, which has
       no graph mode.
@@ -473,6 +489,7 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
     on_rollback=None,
     backoff=None,
     in_step=False,
+    in_step_undo="copy",
   ):
     if uses_keras_3() and not builds_eagerly():
       raise RuntimeError(
@@ -482,6 +499,7 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
         "TensorFlow 2's default. For graph mode, %s" % KERAS_3_FIX
       )
     super(SnapshotCallback, self).__init__()
+    in_step_undo = _in_step_undo(in_step_undo, in_step, store)
     in_step = _in_step_tag(in_step, every_n_batches, every_n_secs, monitor)
     self._configure(
       store,
@@ -499,6 +517,7 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
     self._monitor = monitor
     self._backoff = backoff
     self._in_step = in_step  # the slot's tag, or None
+    self._in_step_undo = in_step_undo
     self._eager = None  # the eager engine's keeper, kept across fits
 
   def set_model(self, model):
@@ -518,6 +537,7 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
           self._max_consecutive,
           self._on_rollback,
           self._backoff,
+          self._in_step_undo,
         )
       elif self._eager is None:
         self._eager = eager_callback.EagerKeeper(
@@ -634,6 +654,27 @@ def _in_step_ops(store, tag, loss):
         "was finite." % (tag, loss.name, op.name, condition.name)
       )
   return ops
+
+
+_IN_STEP_UNDO = ("copy", "skip")
+
+
+def _in_step_undo(undo, in_step, store):
+  """SnapshotCallback's `in_step_undo`, checked against its other arguments."""
+  if undo not in _IN_STEP_UNDO:
+    raise ValueError(
+      "Invalid in_step_undo %r; must be one of %s."
+      % (undo, ", ".join(_IN_STEP_UNDO))
+    )
+  if undo == "skip" and (store is not None or in_step is not True):
+    raise ValueError(
+      "in_step_undo='skip' undoes a step by not applying its update and "
+      "copies nothing, so it needs in_step=True, with no store and no tag "
+      "of your own (got in_step=%r%s). For a slot you can restore, use "
+      "in_step_undo='copy'."
+      % (in_step, " and a store" if store is not None else "")
+    )
+  return undo
 
 
 def _in_step_tag(in_step, every_n_batches, every_n_secs, monitor):

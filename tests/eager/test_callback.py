@@ -443,16 +443,23 @@ def _compiled(spe=1, jit_compile=False, dropout=False, learning_rate=0.01):
   return model
 
 
+# How in_step undoes a step: copying the state, or skipping the update.
+UNDO = ["copy", "skip"]
+
+
+@pytest.mark.parametrize("undo", UNDO)
 @pytest.mark.parametrize("spe", [1, 4])
 @pytest.mark.parametrize("bad", [3, 0])
-def test_in_step_fit_ends_bit_identical_to_fit_without_the_batch(spe, bad):
+def test_in_step_fit_ends_bit_identical_to_fit_without_the_batch(
+  undo, spe, bad
+):
   # steps_per_execution=4: the batch hooks see one boundary per 4 steps, but
   # the bad step is undone inside the compiled loop, alone. Without XLA.
   x, y = _data(bad)
   clean = _compiled(spe)
   clean_history = _fit(clean, *_without(x, y, bad))
   model = _compiled(spe)
-  callback = snapstore.SnapshotCallback(in_step=True)
+  callback = snapstore.SnapshotCallback(in_step=True, in_step_undo=undo)
   history = _fit(model, x, y, [callback])
   assert callback.rollbacks == 2  # the bad step, in each epoch
   assert callback.snapshots == 0  # no batch hook copies
@@ -460,11 +467,42 @@ def test_in_step_fit_ends_bit_identical_to_fit_without_the_batch(spe, bad):
   assert len(expected) > 20
   common.assert_bits_equal(expected, _state(model))
   assert history.history["loss"] == clean_history.history["loss"]
-  keys = callback.store.keys
-  assert "bn/moving_mean" in keys
-  assert any(k.startswith("metrics/") for k in keys)  # built before the trace
-  assert callback.trusted == "before_step"
+  if undo == "copy":
+    keys = callback.store.keys
+    assert "bn/moving_mean" in keys
+    assert any(k.startswith("metrics/") for k in keys)  # built before trace
+    assert callback.trusted == "before_step"
+  else:  # nothing kept
+    assert callback.store is None and callback.trusted is None
   assert "train_step" not in vars(model)  # put back at on_train_end
+
+
+def test_skip_puts_back_what_the_step_writes_outside_the_update():
+  # Batch-norm statistics and the metrics (written by the forward pass and
+  # the logs' running means); not the weights or Adam's state, which only
+  # the skipped update writes. (The exactness is the test above's.)
+  x, y = _data(3)
+  model = _compiled()
+  callback = snapstore.SnapshotCallback(in_step=True, in_step_undo="skip")
+  _fit(model, x, y, [callback], epochs=1)
+  restored = set(_tf_names(callback._eager._restored))  # pylint: disable=protected-access
+  metrics = set(_tf_names(v for m in model.metrics for v in m.variables))
+  assert metrics and metrics <= restored
+  bn = model.get_layer("bn")
+  assert set(_tf_names([bn.moving_mean, bn.moving_variance])) <= restored
+  written_only_by_the_update = set(
+    _tf_names(model.trainable_variables + model.optimizer.variables)
+  )
+  assert not restored & written_only_by_the_update
+
+
+def _tf_names(variables):
+  """The names of the `tf.Variable`s behind `variables` (Keras 3's too)."""
+  out = []
+  for v in variables:
+    inner = _tf.keras_variable_value(v) if common.KERAS_3 else v
+    out.append((inner if inner is not None else v).name)
+  return out
 
 
 def test_negative_control_the_callback_mode_with_steps_per_execution_differs():
@@ -488,34 +526,37 @@ def test_negative_control_the_callback_mode_with_steps_per_execution_differs():
   )
 
 
+@pytest.mark.parametrize("undo", UNDO)
 @pytest.mark.parametrize("bad", [3, 0])
-def test_in_step_with_xla_is_exact_against_the_same_program(bad):
+def test_in_step_with_xla_is_exact_against_the_same_program(undo, bad):
   # XLA fuses the step with the in-step ops otherwise than the bare step
   # (FINDINGS section 6: batch-norm statistics then differ in the last bit
   # from a run without the callback). The reference is the same compiled
   # program, trained with the callback on the data without the bad batch.
   x, y = _data(bad)
   clean = _compiled(4, jit_compile=True)
-  reference = snapstore.SnapshotCallback(in_step=True)
+  reference = snapstore.SnapshotCallback(in_step=True, in_step_undo=undo)
   _fit(clean, *_without(x, y, bad), callbacks=[reference])
   assert reference.rollbacks == 0
   model = _compiled(4, jit_compile=True)
-  callback = snapstore.SnapshotCallback(in_step=True)
+  callback = snapstore.SnapshotCallback(in_step=True, in_step_undo=undo)
   _fit(model, x, y, [callback])
   assert callback.rollbacks == 2
   common.assert_bits_equal(_state(clean), _state(model))
 
 
 @common.needs_keras_3
-def test_in_step_rolls_the_dropout_seed_state_back():
+@pytest.mark.parametrize("undo", UNDO)
+def test_in_step_rolls_the_dropout_seed_state_back(undo):
   x, y = _data(3)
   clean = _compiled(4, dropout=True)
   _fit(clean, *_without(x, y, 3))
   model = _compiled(4, dropout=True)
-  callback = snapstore.SnapshotCallback(in_step=True)
+  callback = snapstore.SnapshotCallback(in_step=True, in_step_undo=undo)
   _fit(model, x, y, [callback])
   assert callback.rollbacks == 2
-  assert any("seed_generator" in k for k in callback.store.keys)
+  if undo == "copy":
+    assert any("seed_generator" in k for k in callback.store.keys)
   common.assert_bits_equal(_state(clean), _state(model))
 
 
@@ -542,12 +583,16 @@ def test_in_step_with_a_store_of_your_own_restores_the_metrics_too():
   assert np.all(np.isfinite(history.history["loss"]))
 
 
-def test_in_step_backoff_and_on_rollback_count_each_step():
+@pytest.mark.parametrize("undo", UNDO)
+def test_in_step_backoff_and_on_rollback_count_each_step(undo):
   x, y = _data(3)
   model = _compiled(4, learning_rate=0.01)
   calls = []
   callback = snapstore.SnapshotCallback(
-    in_step=True, backoff=0.5, on_rollback=lambda: calls.append(1)
+    in_step=True,
+    in_step_undo=undo,
+    backoff=0.5,
+    on_rollback=lambda: calls.append(1),
   )
   _fit(model, x, y, [callback])
   assert callback.rollbacks == 2 and len(calls) == 2
@@ -576,6 +621,30 @@ def test_in_step_weights_made_non_finite_by_an_update_roll_back_one_further():
   common.assert_bits_equal(recorder.before[2], recorder.before[4])
 
 
+def test_skip_weights_made_non_finite_by_an_update_raise():
+  # As above: skipping keeps no older state to go back to, so the rollback
+  # of step 3 (whose start is not finite) raises, naming the way out.
+  x, y = _data()
+  model = _compiled()
+
+  class Poison(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+      if batch == 3:
+        model.get_layer("out").kernel.assign(
+          tf.fill([8, 1], np.float32(np.nan))
+        )
+
+  callback = snapstore.SnapshotCallback(in_step=True, in_step_undo="skip")
+  with pytest.raises(
+    snapstore.NonFiniteError,
+    match=r"at batch 3, and the weights were already not finite when that "
+    r"step started.*Use in_step_undo='copy'",
+  ):
+    _fit(model, x, y, [Poison(), callback], epochs=1)
+  assert callback.rollbacks == 1
+  assert "train_step" not in vars(model)
+
+
 def _lowering_of_step_conds(model, x, y, callback):
   """{If op name: its _lower_using_switch_merge} in the wrapped step's trace."""
   seen = {}
@@ -598,16 +667,20 @@ def _lowering_of_step_conds(model, x, y, callback):
   return seen
 
 
-def test_in_step_rollback_branch_runs_as_a_call_not_as_dead_nodes():
+@pytest.mark.parametrize("undo", UNDO)
+def test_in_step_rollback_branch_runs_as_a_call_not_as_dead_nodes(undo):
   # Lowered to switch/merge, the rollback branch's nodes pass through the
   # executor as dead ones at every step (1-2% of a small model's step,
   # bench/probe_in_step_cond.py): the decision's If stays a call,
-  # and the rollbacks stay exact (the tests above).
+  # and the rollbacks stay exact (the tests above). Skipping has two: the
+  # put-back's (a call) and the update's, lowered: its ops then run in the
+  # step's executor, and go through as dead ones only when skipped.
   x, y = _data(3)
   model = _compiled(1)
-  callback = snapstore.SnapshotCallback(in_step=True)
+  callback = snapstore.SnapshotCallback(in_step=True, in_step_undo=undo)
   conds = _lowering_of_step_conds(model, x, y, callback)
-  assert list(conds.values()) == [False], conds
+  want = [False, True] if undo == "skip" else [False]
+  assert sorted(conds.values()) == want, conds
   assert callback.rollbacks == 1
 
 
@@ -628,13 +701,14 @@ def test_a_fit_after_the_in_step_fit_runs_the_plain_step():
   assert callback.rollbacks == 2
 
 
-def test_in_step_too_many_consecutive_rollbacks_raise():
+@pytest.mark.parametrize("undo", UNDO)
+def test_in_step_too_many_consecutive_rollbacks_raise(undo):
   x, y = _data()
   common.spoil(x, y, slice(3 * B, None))  # batches 3.. are all bad
   model = _compiled()
   recorder = _Recorder()
   callback = snapstore.SnapshotCallback(
-    in_step=True, max_consecutive_rollbacks=1
+    in_step=True, in_step_undo=undo, max_consecutive_rollbacks=1
   )
   with pytest.raises(
     snapstore.NonFiniteError,
@@ -649,16 +723,20 @@ def test_in_step_too_many_consecutive_rollbacks_raise():
   assert "train_step" not in vars(model)  # put back before raising
 
 
-def test_in_step_without_finite_weights_raises():
+@pytest.mark.parametrize(
+  "undo, message",
+  [
+    ("copy", "no snapshot with finite weights to roll back to: neither"),
+    ("skip", "the weights were already not finite when that step started"),
+  ],
+)
+def test_in_step_without_finite_weights_raises(undo, message):
   x, y = _data()
   model = _compiled()
   # The output layer's: a NaN kernel of d1 can give a finite loss (common.spoil)
   model.get_layer("out").kernel.assign(tf.fill([8, 1], np.float32(np.nan)))
-  callback = snapstore.SnapshotCallback(in_step=True)
-  with pytest.raises(
-    snapstore.NonFiniteError,
-    match="no snapshot with finite weights to roll back to: neither",
-  ):
+  callback = snapstore.SnapshotCallback(in_step=True, in_step_undo=undo)
+  with pytest.raises(snapstore.NonFiniteError, match=message):
     _fit(model, x, y, [callback], epochs=1)
   assert "train_step" not in vars(model)
 
@@ -701,12 +779,105 @@ def test_in_step_store_function_must_return_a_store():
     (dict(every_n_secs=1.0), ValueError, "every_n_batches/every_n_secs do"),
     (dict(monitor=None), ValueError, r"pass monitor= \(e.g. 'loss'\)"),
     (dict(in_step=""), TypeError, "A tag must be an int or a non-empty"),
+    (
+      dict(in_step_undo="fast"),
+      ValueError,
+      "Invalid in_step_undo 'fast'; must be one of copy, skip",
+    ),
+    (
+      dict(in_step_undo="skip", in_step="mine"),
+      ValueError,
+      r"copies nothing, so it needs in_step=True, with no store and no tag "
+      r"of your own \(got in_step='mine'\)",
+    ),
+    (
+      dict(in_step_undo="skip", in_step=False),
+      ValueError,
+      r"needs in_step=True, .*\(got in_step=False\)",
+    ),
+    (
+      dict(in_step_undo="skip", store=lambda model: None),
+      ValueError,
+      r"\(got in_step=True and a store\)",
+    ),
   ],
 )
 def test_bad_in_step_options_are_refused(kwargs, error, message):
   kwargs.setdefault("in_step", True)
   with pytest.raises(error, match=message):
     snapstore.SnapshotCallback(**kwargs)
+
+
+class OwnStep(keras.Sequential):
+  """A model with a train step of its own (the default one, re-spelled)."""
+
+  def train_step(self, data):
+    return super(OwnStep, self).train_step(data)
+
+
+def _refused_skip(model, message, monitor="loss"):
+  """Fits `model` with a skip callback: refused at the first trace."""
+  x, y = _data()
+  callback = snapstore.SnapshotCallback(
+    in_step=True, in_step_undo="skip", monitor=monitor
+  )
+  before = common.values(model.variables)
+  with pytest.raises(ValueError, match=message):
+    _fit(model, x, y, [callback], epochs=1)
+  assert "train_step" not in vars(model)  # put back
+  common.assert_bits_equal(before, common.values(model.variables))
+
+
+def test_skip_refuses_a_train_step_of_your_own():
+  model = OwnStep(common.small_model(seed=3).layers)
+  model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+  _fit(model, *_data(), epochs=1)  # built
+  _refused_skip(
+    model,
+    r"cannot undo this train step by skipping its update: OwnStep has its "
+    r"own train_step, so the logged 'loss' is not known where the "
+    r"optimizer's update is called. Use in_step_undo='copy'",
+  )
+
+
+def test_skip_refuses_a_monitor_updated_after_the_update():
+  # The compiled metrics are updated after the optimizer's update.
+  _refused_skip(
+    _compiled(),
+    r"the train step updates 'mae' after the optimizer's update \(Keras "
+    r"updates the compiled metrics after it, the loss before it\); monitor "
+    r"'loss'. Use in_step_undo='copy'",
+    monitor="mae",
+  )
+
+
+def test_skip_refuses_a_monitor_that_is_no_metric():
+  _refused_skip(
+    _compiled(), r"the logged 'acc' is no metric of the model", monitor="acc"
+  )
+
+
+def test_skip_refuses_a_step_writing_a_variable_outside_the_model():
+  # A layer counting its calls in a variable the model does not track: a
+  # skipped step could not put it back.
+  calls = tf.Variable(0.0, trainable=False, name="outside_calls")
+
+  class Counting(keras.layers.Layer):
+    def call(self, x):
+      calls.assign_add(1.0)
+      return x
+
+  keras.utils.set_random_seed(3)
+  model = keras.Sequential(
+    [keras.Input((3,)), Counting(), keras.layers.Dense(1, name="out")]
+  )
+  model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+  _refused_skip(
+    model,
+    r"ops of the train step outside the optimizer's update may write "
+    r"resources that are no variables of the model, its optimizer or its "
+    r"metrics, which a skipped step would not put back \(.*AssignAdd",
+  )
 
 
 needs_two_cpus = pytest.mark.skipif(
@@ -759,6 +930,34 @@ def test_under_mirrored_strategy_every_replica_rolls_back_exactly(
   assert [a.tobytes() for a in got] == [a.tobytes() for a in expected]
   assert history.history["loss"] == clean_history.history["loss"]
   assert "train_step" not in vars(model)
+
+
+def _weight_components(model):
+  """Every component of the model's variables, as numpy arrays."""
+  return [
+    c.numpy()
+    for v in common.state_variables(model, model.optimizer)[
+      : len(model.variables)
+    ]
+    for c in getattr(v, "values", [v])
+  ]
+
+
+@needs_two_cpus
+def test_skip_under_replicas_is_refused_before_the_step_changes():
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  with strategy.scope():
+    model = _compiled()
+  before = _weight_components(model)
+  callback = snapstore.SnapshotCallback(in_step=True, in_step_undo="skip")
+  with pytest.raises(
+    ValueError,
+    match=r"in_step_undo='skip'\) cannot run under MirroredStrategy with 2 "
+    r"replicas: .* Use in_step_undo='copy'",
+  ):
+    _fit(model, *_data(3), [callback], epochs=1)
+  assert "train_step" not in vars(model)
+  common.assert_bits_equal(before, _weight_components(model))
 
 
 def _host_store(mode, tmp_path):
