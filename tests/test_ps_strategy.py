@@ -16,7 +16,13 @@ how the strategy makes `AggregatingVariable`s on a CPU-only machine.
 Checked: every shadow sits on its variable's (or part's) ps task, device
 copies run there with no parameter data crossing tasks, a host snapshot
 reads each variable once on its task in one run, and snapshot, restore,
-`evaluate_with` and an in-step snapshot are bit-exact.
+`evaluate_with` and an in-step snapshot are bit-exact. Training helpers
+(`PsTrainingTest`): `MovingAverage` (both forms, a separate non-trainable
+rate, the warm-up on the strategy's step) and `Lookahead` (around SGD on a
+linear loss) bit for bit against numpy, their updates run on each
+variable's ps task; a `Guard` rolling a NaN step back (also with a retry,
+and of an in-step tag) and a `Trial` rejecting or keeping a step, bit for
+bit.
 """
 
 import contextlib
