@@ -63,8 +63,9 @@ class Holdings(object):
     self.closed = False
     self._pending = _NOTHING  # current values a failed put-back left
     # Parameter-server strategies (v2) whose ClusterCoordinator may be
-    # writing the variables: every eager call checks nothing is in flight.
-    self._ps_strategies = (
+    # writing the variables: every eager call checks nothing is in flight
+    # (and guards wait for what their block scheduled).
+    self.ps_strategies = (
       eager_distributed.coordinated_strategies(s.variable for s in varset)
       if eager
       else []
@@ -88,7 +89,7 @@ class Holdings(object):
           "with eager execution on), without sessions. Call it without "
           "session=." % (what, session)
         )
-      eager_distributed.check_no_functions_in_flight(self._ps_strategies, what)
+      eager_distributed.check_no_functions_in_flight(self.ps_strategies, what)
       return None
     if not required and session is None and tf.get_default_session() is None:
       return None

@@ -161,6 +161,59 @@ def check_no_functions_in_flight_eagerly(strategies, call):
     check_no_functions_in_flight(strategies, call)
 
 
+def _coordinators(strategies):
+  """The `ClusterCoordinator`s made for `strategies` (at most one each)."""
+  found = [s._cluster_coordinator for s in strategies]  # pylint: disable=protected-access
+  return [c for c in found if c is not None]
+
+
+def functions_in_flight(strategies):
+  """True while functions scheduled on a coordinator of `strategies` are
+  queued or running (`ClusterCoordinator.done()` is False).
+
+  Raises:
+    Exception: The error of a scheduled function that failed, as
+      `ClusterCoordinator.done()` raises it.
+  """
+  return any(not c.done() for c in _coordinators(strategies))
+
+
+def join(strategies):
+  """Waits until no function scheduled on a coordinator of `strategies` runs
+  (`ClusterCoordinator.join()`), every coordinator's, even when one raises.
+
+  Raises:
+    Exception: The first error of a scheduled function, as `join()` raises
+      it; TensorFlow has then cancelled that coordinator's other functions,
+      so none is left running.
+  """
+  error = None
+  for coordinator in _coordinators(strategies):
+    try:
+      coordinator.join()
+    except Exception as e:  # pylint: disable=broad-except
+      error = error or e
+  if error is not None:
+    raise error
+
+
+# What `ClusterCoordinator.schedule` returns (TF 2.x; none in TF 1.15).
+_REMOTE_VALUE = getattr(
+  getattr(tf2.distribute.experimental, "coordinator", None),
+  "RemoteValue",
+  (),
+)
+
+
+def fetched(value):
+  """`value`, or what it holds if it is a `RemoteValue` (the result of a
+  function scheduled on a `ClusterCoordinator`), fetched: waits for that
+  function, and raises its error if it failed."""
+  if isinstance(value, _REMOTE_VALUE):
+    return value.fetch()
+  return value
+
+
 def check_no_functions_in_flight(strategies, call):
   """Refuses `call` while functions scheduled on a coordinator may run.
 
@@ -171,12 +224,10 @@ def check_no_functions_in_flight(strategies, call):
     ValueError: A coordinator of `strategies` has functions queued or
       running (`ClusterCoordinator.done()` is False).
   """
-  for strategy in strategies:
-    coordinator = strategy._cluster_coordinator  # pylint: disable=protected-access
-    if coordinator is not None and not coordinator.done():
-      raise ValueError(
-        "%s() while functions scheduled on the ClusterCoordinator may still "
-        "be running on the workers and writing the variables: the store "
-        "would copy (or write) a mix of states. Call coordinator.join() "
-        "first, then %s()." % (call, call)
-      )
+  if functions_in_flight(strategies):
+    raise ValueError(
+      "%s() while functions scheduled on the ClusterCoordinator may still "
+      "be running on the workers and writing the variables: the store "
+      "would copy (or write) a mix of states. Call coordinator.join() "
+      "first, then %s()." % (call, call)
+    )

@@ -73,6 +73,26 @@ An eager guard takes its snapshot on entry, always: a tag pinned by
 `store.slots.snapshot_in_step()` is refused (see `_check_unpinned`), since
 the guard cannot see when the user's `tf.function` writes that slot.
 
+Parameter servers (v2: an eager store over variables made in a
+`tf.distribute.experimental.ParameterServerStrategy`'s scope, steps
+scheduled on a `ClusterCoordinator`). The block schedules its steps, and
+`guard.run(coordinator.schedule, train_step, args=(x, y))` checks the
+step's result: a `RemoteValue` (there, or returned by a trial's metric) is
+fetched, which waits for that step. Entering a guard or trial while
+functions scheduled before it may still run is refused (ValueError: call
+`coordinator.join()` first), since its snapshot would catch their writes
+half done. A rollback first waits for every function the block scheduled
+(`coordinator.join()`; they are all the block's, and one fetched may not
+count as done yet), then restores; a trial waits for them before it
+evaluates its metric again. If one of them failed with an error the block
+did not raise itself, that error is raised after the rollback, from the
+block's failure (the coordinator's next `join()` would have raised it).
+
+    guard = snapstore.Guard(store, watch="loss", reraise=False)
+    for x, y in batches:
+      with guard:
+        guard.run(coordinator.schedule, train_step, args=(x, y))
+
 Guards and trials are plain Python objects: creating one per step adds no
 graph ops.
 
@@ -98,6 +118,7 @@ from snapstore.core import attached
 from snapstore.core import checks
 from snapstore.core import sessions
 from snapstore import errors
+from snapstore.eager import distributed as eager_distributed
 from snapstore.graph import in_step
 
 
@@ -183,7 +204,10 @@ class Guard(object):
     TypeError: A watched value that is not a float tensor (eager: a `watch`
       that is not one of the forms above); a bad `catch`, `retries`,
       `reraise` or `tag`; a `session` on an eager store.
-    ValueError: Negative `retries`.
+    ValueError: Negative `retries`. On entry (`with` or iteration): the
+      tag is pinned (see above); or, on an eager store over
+      parameter-server variables (v2), functions scheduled on the
+      `ClusterCoordinator` may still be running (see the module doc).
     GraphMismatchError: A watched tensor of another graph than the store's.
   """
 
@@ -355,7 +379,7 @@ class Guard(object):
       )
     # With a train op that snapshots under the tag in its run, each attempt's
     # first run takes the snapshot (see _Attempt.snapshot_for).
-    tag = _enter(self._store, own, self._session, snapshot=not steps)
+    tag = _enter(self._store, own, self._session, "Guard", not steps)
     self._use = _Use(
       self._store,
       self._session,
@@ -642,8 +666,15 @@ class Trial(object):
     tag: The store tag of the trial's snapshot.
     session: As for the store's methods (graph mode).
 
+  Under parameter-server training (v2), the trial waits for the functions
+  the block scheduled on the `ClusterCoordinator` before it evaluates the
+  metric again or rolls back, and refuses to enter while functions
+  scheduled before it may still run (see the module doc).
+
   Raises:
-    ValueError: `accept` without `metric`.
+    ValueError: `accept` without `metric`. On entry: a pinned tag; on an
+      eager store over parameter-server variables (v2), functions scheduled
+      on the `ClusterCoordinator` that may still be running.
     TypeError: A non-callable `accept`, or a bad `tag`; on an eager store, a
       `metric` that is not callable, a `feed_dict` or a `session`.
     GraphMismatchError: A metric of another graph than the store's.
@@ -706,7 +737,7 @@ class Trial(object):
     self.before = self.after = self.kept = None
     own = _own_tag(self._store, self._requested)
     _check_unpinned(self._store, own, "trial")
-    self._tag = _enter(self._store, own, self._session)
+    self._tag = _enter(self._store, own, self._session, "Trial")
     try:
       if self._metric is not None:
         self.before = self._evaluate()
@@ -727,6 +758,10 @@ class Trial(object):
       return False
     decision = self._decision
     if decision is None and self._metric is not None:
+      failed = _join_block(self._store, None)  # the block's steps first
+      if failed is not None:
+        self._roll_back(failed)
+        raise failed
       self.after = self._evaluate()
       decision = bool(self._accept(self.before, self.after))
     if decision is None:
@@ -783,12 +818,17 @@ def _own_tag(store, tag):
   return own
 
 
-def _enter(store, own, session, snapshot=True):
+def _enter(store, own, session, what, snapshot=True):
   """Registers a guard or trial entering under tag `own`; snapshots unless told not.
 
   Returns:
     `own`.
+
+  Raises:
+    ValueError: Functions scheduled on a `ClusterCoordinator` may be
+      writing the store's variables (see `_check_nothing_in_flight`).
   """
+  _check_nothing_in_flight(store, what)
   if snapshot:
     store.snapshot(own, session=session)
   active = _ACTIVE.get(store)
@@ -800,11 +840,77 @@ def _enter(store, own, session, snapshot=True):
 
 
 def _roll_back(store, tag, session, exc):
-  """Restores `tag`; a snapstore error is raised from `exc`, the block's failure."""
+  """Restores `tag`; a snapstore error is raised from `exc`, the block's failure.
+
+  First waits for the functions the block scheduled on a
+  `ClusterCoordinator` (`_join_block`): if one of them failed with another
+  error than `exc`, that error is raised, from `exc`, once the variables
+  are restored.
+  """
+  failed = _join_block(store, exc)
   try:
     store.restore(tag, session=session)
   except errors.Error as e:
     raise e from exc
+  if failed is not None:
+    raise failed from exc
+
+
+def _check_nothing_in_flight(store, what):
+  """Refuses entering a guard or trial (`what`: "Guard" or "Trial") of an
+  eager store over parameter-server variables (v2) while functions
+  scheduled on the `ClusterCoordinator` may run.
+
+  They were scheduled before the block: their writes would interleave with
+  the snapshot taken on entry, which would then hold no state the block
+  starts from. Whether they belong before the block is the caller's to say,
+  by joining them. The functions the block schedules are the guard's:
+  `_join_block` waits for them.
+
+  Raises:
+    ValueError: Such functions may be running.
+  """
+  if not eager_distributed.functions_in_flight(store._h.ps_strategies):  # pylint: disable=protected-access
+    return
+  waits = {
+    "Guard": "before it rolls back",
+    "Trial": "before it evaluates the metric after the block or rolls back",
+  }[what]
+  raise ValueError(
+    "Entering snapstore.%s while functions scheduled on the "
+    "ClusterCoordinator may still be running on the workers and writing "
+    "the store's variables: the snapshot it takes on entry would hold a mix "
+    "of states, not the state the block starts from. Call "
+    "coordinator.join() before the block (the %s itself waits for the "
+    "functions the block schedules, %s)." % (what, what.lower(), waits)
+  )
+
+
+def _join_block(store, exc):
+  """Waits for the functions a guarded block scheduled on a
+  `ClusterCoordinator` (eager store over parameter-server variables, v2).
+
+  Entering the guard or trial made sure none ran before the block, so every
+  function running now is the block's: a rollback must wait for them, or
+  they would write over the restored values (and a trial's metric would
+  see a mix). A `RemoteValue` the block fetched does not tell: TensorFlow
+  sets it before it counts its function done.
+
+  Args:
+    store: The guarded store.
+    exc: The block's failure, or None.
+
+  Returns:
+    The error a scheduled function raised, unless it is `exc` (the block
+    saw it already), else None. Waiting took it from the coordinator, whose
+    next `join()` would have raised it; TensorFlow has cancelled the
+    coordinator's other functions, so none runs any more.
+  """
+  try:
+    eager_distributed.join(store._h.ps_strategies)  # pylint: disable=protected-access
+  except Exception as e:  # pylint: disable=broad-except
+    return None if e is exc else e
+  return None
 
 
 def _check_unpinned(store, tag, what):
@@ -946,7 +1052,7 @@ def _eager(store, session, what):
     TypeError: `session` given for an eager store.
   """
   eager = store._h.eager  # pylint: disable=protected-access
-  if eager:
+  if eager and session is not None:
     store._h.session(session, "snapstore.%s" % what)  # pylint: disable=protected-access
   return eager
 
@@ -967,7 +1073,9 @@ def _check_eager_metric(metric, feed_dict):
 
 
 def _numpy(value):
-  """An eager tensor's (or Keras variable's) numpy value; else `value`."""
+  """An eager tensor's (or Keras variable's) numpy value, a `RemoteValue`'s
+  fetched value; else `value`."""
+  value = eager_distributed.fetched(value)
   return value.numpy() if hasattr(value, "numpy") else value
 
 
@@ -1006,6 +1114,8 @@ class _Picker(object):
     spec = self.spec
     if spec is None or spec is False:
       return [], []
+    # `guard.run(coordinator.schedule, step, ...)`: the step's result.
+    result = eager_distributed.fetched(result)
     if spec is True:
       return _leaves("result", result)
     if isinstance(spec, (int, str)):
@@ -1023,7 +1133,9 @@ class _Picker(object):
 
 
 def _leaves(name, value):
-  """(names, values) of the leaves of a nest of lists, tuples and dicts."""
+  """(names, values) of the leaves of a nest of lists, tuples and dicts
+  (a `RemoteValue` fetched)."""
+  value = eager_distributed.fetched(value)
   if isinstance(value, dict):
     names, values = [], []
     for key in sorted(value, key=repr):

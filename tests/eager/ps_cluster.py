@@ -6,8 +6,10 @@ cluster, which must not leak into the other tests): two workers and two
 parameter servers on loopback ports, in-process servers, a
 `ClusterCoordinator`, a variable sharded across both servers and one that is
 not: a store in each mode, then `MovingAverage` and `Lookahead` over them
-(bit for bit against numpy, refused while steps are in flight), and
-(tf-keras, Keras 2) `fit` with `SnapshotCallback` on both workers. Each check
+(bit for bit against numpy, refused while steps are in flight), `Guard` and
+`Trial` rolling scheduled steps back bit for bit (refused on entry while
+steps are in flight), and (tf-keras, Keras 2) `fit` with `SnapshotCallback`
+on both workers. Each check
 raises on failure; on success the script prints one line per check and
 "ALL OK".
 
@@ -169,6 +171,163 @@ def _averages(strategy, coordinator):
   print("averages: OK")
 
 
+def _refused(enter, what):
+  """Asserts that `enter()` raises the refusal of entering `what` (a guard
+  or trial) while scheduled steps may run, naming the fix."""
+  try:
+    enter()
+  except ValueError as e:
+    for part in (
+      "Entering snapstore.%s while functions scheduled on the "
+      "ClusterCoordinator may still be running" % what,
+      "Call coordinator.join() before the block",
+    ):
+      if part not in str(e):
+        raise
+  else:
+    raise AssertionError("a %s entered with steps in flight" % what)
+
+
+def _guards(strategy, coordinator, spill_dir):
+  """Guard and Trial over a sharded and a plain variable.
+
+  A block whose scheduled step makes the loss NaN is rolled back bit for
+  bit, in every mode, also while the block's other steps still run (the
+  rollback waits for them); a retry trains from exactly the state before;
+  a step that raises is rolled back; a trial judges (or rejects) the
+  block's steps once they have run. Entering a guard or trial while steps
+  scheduled before it may run is refused, having done nothing.
+  """
+  with strategy.scope():
+    u = tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3), name="gu")
+    c = tf.Variable(np.array([0.3, -2.0, 7.5], np.float32), name="gc")
+  if len(u.variables) != 2:
+    raise AssertionError("u is not sharded: %s" % u)
+
+  def loss():
+    return tf.reduce_sum(tf.convert_to_tensor(u)) + tf.reduce_sum(c)
+
+  @tf.function
+  def step(x):
+    new_u, new_c = u * 0.75 + x, c * -1.5 + 0.25
+    u.assign(new_u)
+    c.assign(new_c)
+    # The loss of what it wrote (another worker may write in between):
+    # NaN exactly when x is.
+    return {"loss": tf.reduce_sum(new_u) + tf.reduce_sum(new_c)}
+
+  @tf.function
+  def checked_step(x):  # raises on the worker when x is NaN
+    return step(tf.debugging.check_numerics(x, "x"))
+
+  @tf.function
+  def drift():  # writes c only, and keeps it bounded
+    c.assign(c * 0.5 + 1.0)
+
+  nan, one = tf.constant(np.nan), tf.constant(1.0)
+
+  def many(n=200):  # steps still running long after the call
+    for _ in range(n):
+      coordinator.schedule(drift)
+
+  for mode in ("device", "host", "disk"):
+    options = {}
+    if mode == "disk":
+      options = dict(
+        spill_path=os.path.join(spill_dir, "guards.h5"), memory_budget=0
+      )
+    store = snapstore.SnapshotStore(
+      var_list=[u, c], mode=mode, name="guards_" + mode, **options
+    )
+    before = _parts([u, c])
+    with snapstore.Guard(store, watch="loss", reraise=False) as guard:
+      guard.run(coordinator.schedule, step, args=(nan,))
+    if not guard.failed or not isinstance(
+      guard.failures[0], snapstore.NonFiniteError
+    ):
+      raise AssertionError("%s: failures %s" % (mode, guard.failures))
+    _same(before, _parts([u, c]), "%s guard rollback" % mode)
+    store.close()
+
+  store = snapstore.SnapshotStore(var_list=[u, c], max_to_keep=3)
+  coordinator.schedule(step, args=(one,))
+  coordinator.join()
+  before = _parts([u, c])
+  store.snapshot("before")
+  # The NaN step's loss is checked while the block's other steps run.
+  with snapstore.Guard(store, watch=True, reraise=False) as guard:
+    first = coordinator.schedule(step, args=(nan,))
+    many()
+    guard.check(first.fetch()["loss"])
+  if not guard.failed:
+    raise AssertionError("the NaN step passed the guard")
+  _same(before, _parts([u, c]), "rollback with steps in flight")
+  # A step raising on its worker: the block sees its error, rolled back.
+  with snapstore.Guard(store, reraise=False) as guard:
+    coordinator.schedule(step, args=(one,))
+    coordinator.schedule(checked_step, args=(nan,)).fetch()
+  if not isinstance(guard.failures[0], tf.errors.InvalidArgumentError):
+    raise AssertionError("failures: %s" % guard.failures)
+  _same(before, _parts([u, c]), "rollback of a raising step")
+  # A NaN loss while another step of the block fails on its worker: rolled
+  # back, then that step's error raised (the next join would have raised
+  # it), from the NaN.
+  try:
+    with snapstore.Guard(store, watch="loss", reraise=False) as guard:
+      first = coordinator.schedule(step, args=(nan,))
+      coordinator.schedule(checked_step, args=(nan,))
+      guard.run(lambda: first)
+  except tf.errors.InvalidArgumentError as e:
+    if not isinstance(e.__cause__, snapstore.NonFiniteError):
+      raise
+  else:
+    raise AssertionError("the failed step's error was not raised")
+  _same(before, _parts([u, c]), "rollback, then the step's error")
+  # Retried: the second attempt trains from the state before the first.
+  for attempt in snapstore.Guard(store, watch="loss", retries=1):
+    with attempt:
+      x = nan if attempt.number == 0 else one
+      attempt.run(coordinator.schedule, step, args=(x,))
+  coordinator.join()
+  retried = _parts([u, c])
+  store.restore("before")
+  coordinator.schedule(step, args=(one,))
+  coordinator.join()
+  _same(_parts([u, c]), retried, "retried")
+  store.restore("before")
+  # A trial judges the block's steps after they ran: the NaN one is
+  # rejected even though the metric would be finite before it runs.
+  with snapstore.Trial(store, metric=loss) as trial:
+    coordinator.schedule(step, args=(nan,))
+    many()
+  if trial.kept or not np.isnan(trial.after) or not np.isfinite(trial.before):
+    raise AssertionError(
+      "trial kept %s: %s -> %s" % (trial.kept, trial.before, trial.after)
+    )
+  _same(before, _parts([u, c]), "trial rejected by its metric")
+  with snapstore.Trial(store) as trial:
+    many()
+    trial.reject()
+  _same(before, _parts([u, c]), "trial rejected")
+  # Entering with steps in flight is refused, before any snapshot.
+  guard = snapstore.Guard(store, tag="refused_guard")
+  trial = snapstore.Trial(store, tag="refused_trial")
+  for what, block in (("Guard", guard), ("Trial", trial)):
+    tag = "refused_" + what.lower()
+    many()
+    _refused(block.__enter__, what)
+    coordinator.join()
+    if tag in store:
+      raise AssertionError("the refused %s took a snapshot" % what)
+    with block:  # not left entered: its tag is its own, not "<tag>/1"
+      if block.tag != tag:
+        raise AssertionError("%s tag %r" % (what, block.tag))
+      if what == "Trial":
+        block.keep()
+  store.close()
+  print("guards: OK")
+
+
 def _fit_two_workers(strategy):
   """tf-keras fit with SnapshotCallback on both workers' steps.
 
@@ -265,6 +424,7 @@ def main(spill_dir):
     store.close()
     print("%s: OK" % mode)
   _averages(strategy, coordinator)
+  _guards(strategy, coordinator, spill_dir)
   from tests.eager import common  # noqa: E402 (Keras, after the cluster)
 
   if not common.KERAS_3:  # Keras 3's fit has no PS support (test's skip)

@@ -46,6 +46,9 @@ def test_shards_and_variables_on_parameter_servers_in_every_mode(tmp_path):
   # MovingAverage and Lookahead over a sharded variable equal numpy, and
   # refuse to update while scheduled steps may run.
   assert "averages: OK" in out
+  # Guard and Trial roll a block's scheduled steps back bit for bit, waiting
+  # for those still running, and refuse to enter while earlier ones may run.
+  assert "guards: OK" in out
   if not common.KERAS_3:  # tf-keras's fit, SnapshotCallback on two workers
     assert "fit on two workers: OK" in out
 
