@@ -528,14 +528,25 @@ def main(argv=None):
         None,
       ),
     ]
-  print("\n%-38s %8s %8s %8s" % ("ratio", "median", "min", "target"))
+  # "paired": the median over rounds of each round's ratio (both methods
+  # timed in the same round, one after the other), which a drift of the
+  # machine's speed across rounds moves less than a ratio of medians.
+  print(
+    "\n%-38s %8s %8s %8s %8s" % ("ratio", "median", "min", "paired", "target")
+  )
   out = {"stack": _tf.stack(), "median_ms": med, "min_ms": low, "ratios": {}}
   for label, a, b, target in ratios:
     r, m = med[a] / med[b], low[a] / low[b]
-    out["ratios"][label] = {"median": r, "min": m, "target": target}
+    paired = float(np.median(np.array(results[a]) / np.array(results[b])))
+    out["ratios"][label] = {
+      "median": r,
+      "min": m,
+      "paired": paired,
+      "target": target,
+    }
     print(
-      "%-38s %8.3f %8.3f %8s"
-      % (label, r, m, "<= %.2f" % target if target else "-")
+      "%-38s %8.3f %8.3f %8.3f %8s"
+      % (label, r, m, paired, "<= %.2f" % target if target else "-")
     )
   print("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
   if args.json:
