@@ -81,6 +81,18 @@ def _parts(variables):
   return out
 
 
+def _store(variables, mode, spill_dir, name):
+  """A store of `variables` in `mode` (disk: spilled at once, in spill_dir)."""
+  options = {}
+  if mode == "disk":
+    options = dict(
+      spill_path=os.path.join(spill_dir, name + ".h5"), memory_budget=0
+    )
+  return snapstore.SnapshotStore(
+    var_list=variables, mode=mode, name=name, **options
+  )
+
+
 def _same(expected, actual, what):
   if [a.tobytes() for a in expected] != [a.tobytes() for a in actual]:
     raise AssertionError("%s: %s != %s" % (what, expected, actual))
@@ -231,14 +243,7 @@ def _guards(strategy, coordinator, spill_dir):
       coordinator.schedule(drift)
 
   for mode in ("device", "host", "disk"):
-    options = {}
-    if mode == "disk":
-      options = dict(
-        spill_path=os.path.join(spill_dir, "guards.h5"), memory_budget=0
-      )
-    store = snapstore.SnapshotStore(
-      var_list=[u, c], mode=mode, name="guards_" + mode, **options
-    )
+    store = _store([u, c], mode, spill_dir, "guards_" + mode)
     before = _parts([u, c])
     with snapstore.Guard(store, watch="loss", reraise=False) as guard:
       guard.run(coordinator.schedule, step, args=(nan,))
@@ -379,14 +384,7 @@ def main(spill_dir):
     coordinator.join()
 
   for mode in ("device", "host", "disk"):
-    options = {}
-    if mode == "disk":
-      options = dict(
-        spill_path=os.path.join(spill_dir, "spill.h5"), memory_budget=0
-      )
-    store = snapstore.SnapshotStore(
-      var_list=[w, b], mode=mode, name=mode, **options
-    )
+    store = _store([w, b], mode, spill_dir, mode)
     if store.keys != ("b", "w/part_0", "w/part_1"):
       raise AssertionError("keys: %s" % (store.keys,))
     if mode == "device":
