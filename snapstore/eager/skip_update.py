@@ -29,9 +29,10 @@ falls back to copying.
       logs = step(data)                                  # the real trace
     gate.applied                                         # a bool tensor
 
-Under a strategy with replicas the update all-reduces the gradients, which
-TensorFlow refuses inside control flow in replica context (`merge_call`):
-the gate is for one replica.
+Under `MirroredStrategy` (with one replica too) the update aggregates the
+gradients with a `merge_call`, which TensorFlow refuses inside control flow
+in replica context: the gate is for the default strategy and
+`OneDeviceStrategy`.
 """
 
 import contextlib

@@ -106,8 +106,9 @@ reason, for a model with its own `train_step` (or `compute_metrics`,
 runs), a `monitor` that is not a metric updated before the update, a step
 that calls `apply_gradients` other than once or writes, outside the update,
 a resource that is no variable of the model, its optimizer or its metrics;
-and at `on_train_begin` under a strategy with replicas (the update's
-all-reduce cannot run inside a `tf.cond` in replica context).
+and at `on_train_begin` under any strategy but the default one and
+`OneDeviceStrategy` (`MirroredStrategy` even with one replica: there the
+update's `merge_call` cannot run inside a `tf.cond` in replica context).
 
 With `jit_compile=True`, XLA compiles the step with the in-step ops into
 other fusions than the step without them: batch-norm statistics may differ
@@ -516,13 +517,14 @@ class InStepKeeper(_Keeper):
       )
     rate = _learning_rate(model, self._backoff)
     replicas = strategy.num_replicas_in_sync
-    if self.undo == "skip" and replicas > 1:
+    if self.undo == "skip" and _merges_updates(strategy):
       raise ValueError(
-        "SnapshotCallback(in_step_undo='skip') cannot run under %s with %d "
-        "replicas: it puts the optimizer's update under a tf.cond, and the "
-        "update all-reduces the gradients (a merge_call), which TensorFlow "
-        "refuses inside control flow in replica context. Use "
-        "in_step_undo='copy'." % (type(strategy).__name__, replicas)
+        "SnapshotCallback(in_step_undo='skip') cannot run under %s (%d "
+        "replica%s): it puts the optimizer's update under a tf.cond, and "
+        "there the update aggregates the gradients across replicas (a "
+        "merge_call), which TensorFlow refuses inside control flow in "
+        "replica context. Use in_step_undo='copy'."
+        % (type(strategy).__name__, replicas, "" if replicas == 1 else "s")
       )
     if isinstance(self._store_arg, SnapshotStore):
       _check_in_step_store(self._store_arg)
@@ -932,6 +934,15 @@ class InStepKeeper(_Keeper):
       # Not under replicas, whose branches write components on several devices.
       keep_cond_as_call(decided)
     return logs
+
+
+def _merges_updates(strategy):
+  """Whether an optimizer's update under `strategy` runs a `merge_call` in
+  replica context (every `tf.distribute.Strategy` but `OneDeviceStrategy`;
+  not the default strategy, which is no `tf.distribute.Strategy`)."""
+  return isinstance(strategy, tf2.distribute.Strategy) and not isinstance(
+    strategy, tf2.distribute.OneDeviceStrategy
+  )
 
 
 def _check_logs(logs, monitor):

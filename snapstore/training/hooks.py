@@ -466,7 +466,8 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
       older state to go back to (weights made non-finite by an update whose
       loss was finite raise `NonFiniteError` at the next rollback). It needs
       Keras's own train step, a `monitor` that is one of its metrics
-      ("loss"), one replica, and no store or tag of your own.
+      ("loss"), no strategy but the default one or `OneDeviceStrategy`, and
+      no store or tag of your own.
 
   Raises:
     ValueError: Both or neither of `every_n_batches` and `every_n_secs`

@@ -944,20 +944,42 @@ def _weight_components(model):
 
 
 @needs_two_cpus
-def test_skip_under_replicas_is_refused_before_the_step_changes():
-  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+@pytest.mark.parametrize(
+  "devices, replicas",
+  [(["/cpu:0", "/cpu:1"], "2 replicas"), (["/cpu:0"], "1 replica")],
+)
+def test_skip_under_mirrored_strategy_is_refused_before_the_step_changes(
+  devices, replicas
+):
+  # With one replica too: its update still merges in replica context, which
+  # TensorFlow refuses inside the tf.cond (a RuntimeError from the trace).
+  strategy = tf.distribute.MirroredStrategy(devices)
   with strategy.scope():
     model = _compiled()
   before = _weight_components(model)
   callback = snapstore.SnapshotCallback(in_step=True, in_step_undo="skip")
   with pytest.raises(
     ValueError,
-    match=r"in_step_undo='skip'\) cannot run under MirroredStrategy with 2 "
-    r"replicas: .* Use in_step_undo='copy'",
+    match=r"in_step_undo='skip'\) cannot run under MirroredStrategy \(%s\): "
+    r".* Use in_step_undo='copy'" % replicas,
   ):
     _fit(model, *_data(3), [callback], epochs=1)
   assert "train_step" not in vars(model)
   common.assert_bits_equal(before, _weight_components(model))
+
+
+def test_skip_under_one_device_strategy_ends_as_without_the_batch():
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  x, y = _data(3)
+  with strategy.scope():
+    clean = _compiled()
+  _fit(clean, *_without(x, y, 3))
+  with strategy.scope():
+    model = _compiled()
+  callback = snapstore.SnapshotCallback(in_step=True, in_step_undo="skip")
+  _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2
+  common.assert_bits_equal(_state(clean), _state(model))
 
 
 def _host_store(mode, tmp_path):
