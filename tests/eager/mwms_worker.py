@@ -16,7 +16,8 @@ prints "ok", and serves until its stdin closes (`cluster.run_workers`). Scenario
   `strategy.run`, a step whose loss is NaN on worker 0's data only), then
   `MovingAverage.update()` and `Lookahead.update()` after steps; each
   worker records its components before and after each update for the test
-  to check against numpy.
+  to check against numpy. Then a `Guard` and two `Trial`s over a step whose
+  loss is NaN on worker 0's data only (and one without).
 - `fit`, `fit_in_step`: Keras `fit` with `SnapshotCallback(every_n_batches=1)`
   (`in_step=True`) over the same batches on both workers (sharding off), one
   of them NaN on worker 0; then a reference `fit` without that batch.
@@ -221,6 +222,47 @@ def _averages(strategy, index, arrays, facts, np, tf):
   facts["ema/trainable"] = [
     bool(v.trainable) for v in ema_store.variables.values()
   ]
+  _guards(strategy, index, model, opt, data, facts, np, tf)
+
+
+def _guards(strategy, index, model, opt, data, facts, np, tf):
+  """Guard and Trial: a step whose loss is NaN on worker 0's data only.
+
+  The step returns the loss summed over every replica of every worker, so
+  both workers' guards (and trials' metrics) see NaN and roll back
+  together; a rollback is a restore, coordinated across the workers.
+  """
+  import snapstore  # pylint: disable=g-import-not-at-top
+  from tests.eager import common  # pylint: disable=g-import-not-at-top
+
+  store = snapstore.SnapshotStore(var_list=model, optimizer=opt, name="g")
+  step = common.replicated_step(strategy, model, opt, reduce=True)
+
+  @tf.function
+  def held_out():  # the metric: every worker's loss on its first batch
+    x, y = data[0]
+    losses = strategy.run(lambda x, y: common.mse(y, model(x)), args=(x, y))
+    return strategy.reduce("SUM", losses, axis=None)
+
+  x, y = data[2]
+  bad_x, bad_y = x.copy(), y.copy()
+  if index == 0:
+    common.spoil(bad_x, bad_y, 0)
+  before = _state(store)
+  with snapstore.Guard(store, watch=True, reraise=False) as guard:
+    guard.run(step, bad_x, bad_y)
+  facts["guard/failed"] = bool(guard.failed)
+  facts["guard/restored"] = _same(before, _state(store))
+  with snapstore.Trial(store, metric=held_out) as trial:
+    step(bad_x, bad_y)
+  facts["trial/rejected"] = not trial.kept
+  facts["trial/restored"] = _same(before, _state(store))
+  finite = lambda before, after: bool(np.isfinite(after))  # noqa: E731
+  with snapstore.Trial(store, metric=held_out, accept=finite) as trial:
+    step(x, y)
+  facts["trial/kept"] = bool(trial.kept)
+  facts["trial/changed"] = not _same(before, _state(store))
+  store.close()
 
 
 def _shadow_state(store):

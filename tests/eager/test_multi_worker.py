@@ -127,6 +127,19 @@ def test_a_nan_batch_in_fit_is_rolled_back_identically(fitted):
   )
 
 
+def test_guard_and_trial_roll_back_on_both_workers(averaged):
+  facts, _ = averaged
+  for worker in facts:
+    # The loss is NaN on worker 0's data only, and summed over every
+    # replica of every worker: both guards fail and restore (coordinated),
+    # each worker's components exactly as they were.
+    assert worker["guard/failed"] and worker["guard/restored"]
+    # The same step in a trial: the metric after it is NaN on both.
+    assert worker["trial/rejected"] and worker["trial/restored"]
+    # A good step in a trial is kept.
+    assert worker["trial/kept"] and worker["trial/changed"]
+
+
 def test_in_step_snapshot_on_both_workers(averaged):
   facts, arrays = averaged
   for worker in facts:
