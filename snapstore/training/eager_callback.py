@@ -938,11 +938,13 @@ class InStepKeeper(_Keeper):
 
 def _merges_updates(strategy):
   """Whether an optimizer's update under `strategy` runs a `merge_call` in
-  replica context (every `tf.distribute.Strategy` but `OneDeviceStrategy`;
-  not the default strategy, which is no `tf.distribute.Strategy`)."""
-  return isinstance(strategy, tf2.distribute.Strategy) and not isinstance(
-    strategy, tf2.distribute.OneDeviceStrategy
-  )
+  replica context: under every strategy but `OneDeviceStrategy` and the
+  default one (the one in effect outside any scope; TensorFlow has no
+  public test for it, but `has_strategy()` is False in its scope only)."""
+  if isinstance(strategy, tf2.distribute.OneDeviceStrategy):
+    return False
+  with strategy.scope():
+    return tf2.distribute.has_strategy()
 
 
 def _check_logs(logs, monitor):

@@ -840,6 +840,30 @@ def test_skip_refuses_a_train_step_of_your_own():
   )
 
 
+@common.needs_keras_3
+def test_skip_refuses_a_retrace_without_the_update():
+  # Keras 3's train step calls no update once no weight is trainable: a
+  # retrace then (here forced after freezing the model mid-fit) has nothing
+  # to gate, and says so instead of running unguarded.
+  x, y = _data()
+
+  class Freeze(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+      if batch == 2:
+        self.model.trainable = False
+        self.model.make_train_function(force=True)
+
+  model = _compiled()
+  callback = snapstore.SnapshotCallback(in_step=True, in_step_undo="skip")
+  with pytest.raises(
+    ValueError,
+    match=r"the train step did not call the optimizer's apply_gradients "
+    r"this time, though its first trace did; pass in_step_undo='copy'",
+  ):
+    _fit(model, x, y, [Freeze(), callback], epochs=1)
+  assert "train_step" not in vars(model)
+
+
 def test_skip_refuses_a_monitor_updated_after_the_update():
   # The compiled metrics are updated after the optimizer's update.
   _refused_skip(
