@@ -46,10 +46,12 @@ TF2_SUITES = rc=0; $(PY_TF2) $(PYTEST) tests || rc=1; \
 TF215_SUITES = rc=0; $(PY_TF215) $(PYTEST) tests || rc=1; \
 	  $(EAGER) $(PY_TF215) $(PYTEST) tests/eager || rc=1; exit $$rc
 
+# Single quotes: `$$rc` must reach run_parallel's shells, not be expanded
+# (to nothing) by this one (tests/test_shards.py, MakeTargetsTest).
 test-tf2: venv-tf2 venv
 	./scripts/run_parallel \
-	  "export SNAPSTORE_TEST_SHARD=0/2; $(TF2_SUITES)" \
-	  "export SNAPSTORE_TEST_SHARD=1/2; $(TF2_SUITES)"
+	  'export SNAPSTORE_TEST_SHARD=0/2; $(TF2_SUITES)' \
+	  'export SNAPSTORE_TEST_SHARD=1/2; $(TF2_SUITES)'
 
 bench-tf2: venv-tf2
 	$(PY_TF2) bench/run_all.py
@@ -59,8 +61,8 @@ venv-tf2:
 
 test-tf215: venv-tf215 venv
 	./scripts/run_parallel \
-	  "export SNAPSTORE_TEST_SHARD=0/2; $(TF215_SUITES)" \
-	  "export SNAPSTORE_TEST_SHARD=1/2; $(TF215_SUITES)"
+	  'export SNAPSTORE_TEST_SHARD=0/2; $(TF215_SUITES)' \
+	  'export SNAPSTORE_TEST_SHARD=1/2; $(TF215_SUITES)'
 
 venv-tf215:
 	./scripts/bootstrap tf215

@@ -4,6 +4,9 @@ The Makefile's TF 2.x targets run every suite as two shards at once; a shard
 that lost or repeated tests would pass CI while testing less.
 """
 
+import os
+import re
+import subprocess
 from unittest import mock
 
 from absl.testing import parameterized
@@ -106,3 +109,49 @@ class ShardTest(tf.test.TestCase, parameterized.TestCase):
 
 if __name__ == "__main__":
   tf.test.main()
+
+
+class MakeTargetsTest(parameterized.TestCase):
+  """`make test-tf2` / `test-tf215` fail when a suite of theirs fails.
+
+  Each target hands its shards' commands to scripts/run_parallel as quoted
+  strings ending in `exit $rc`; if the Makefile's shell expanded `$rc` there
+  (unset: empty), every shard would exit with the status of its last
+  assignment, 0, and CI would pass whatever the suites did.
+  """
+
+  def _shard_commands(self, target):
+    """The commands `target` hands to run_parallel, as run_parallel gets them."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    recipe = subprocess.run(
+      ["make", "-s", "-n", target],
+      cwd=root,
+      capture_output=True,
+      text=True,
+      check=True,
+    ).stdout
+    recipe = recipe[recipe.index("./scripts/run_parallel") :]
+    listed = subprocess.run(
+      [
+        "bash",
+        "-c",
+        recipe.replace("./scripts/run_parallel", "printf '%s\\0'"),
+      ],
+      cwd=root,
+      capture_output=True,
+      text=True,
+      check=True,
+    ).stdout
+    return [c for c in listed.split("\0") if c.strip()]
+
+  @parameterized.parameters("test-tf2", "test-tf215")
+  def test_a_failing_suite_fails_the_shard(self, target):
+    commands = self._shard_commands(target)
+    self.assertLen(commands, 2)
+    for command in commands:
+      for python, rc in (("false", 1), ("true", 0)):
+        # Every suite's interpreter replaced: all fail, or all pass.
+        run = re.sub(r"\S*\.venv-tf2\d*/bin/python", python, command)
+        self.assertNotEqual(run, command)
+        done = subprocess.run(["bash", "-c", run], capture_output=True)
+        self.assertEqual(done.returncode, rc, run)
