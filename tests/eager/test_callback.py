@@ -477,6 +477,34 @@ def test_in_step_fit_ends_bit_identical_to_fit_without_the_batch(
   assert "train_step" not in vars(model)  # put back at on_train_end
 
 
+@pytest.mark.parametrize("undo", UNDO)
+def test_in_step_with_a_loss_scale_optimizer_and_averages(undo):
+  # A LossScaleOptimizer (its own tf.cond on finite gradients, and its scale)
+  # around Adam; with Keras 3, Adam's own moving average of the weights
+  # (use_ema) too: all inside the one update that skipping gates.
+  def compiled():
+    model = common.small_model(seed=3)
+    if common.KERAS_3:
+      scaled = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.Adam(0.01, use_ema=True)
+      )
+    else:
+      scaled = keras.mixed_precision.LossScaleOptimizer(
+        keras.optimizers.Adam(0.01)
+      )
+    model.compile(optimizer=scaled, loss="mse", metrics=["mae"])
+    return model
+
+  x, y = _data(3)
+  clean = compiled()
+  _fit(clean, *_without(x, y, 3))
+  model = compiled()
+  callback = snapstore.SnapshotCallback(in_step=True, in_step_undo=undo)
+  _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2
+  common.assert_bits_equal(_state(clean), _state(model))
+
+
 def test_skip_puts_back_what_the_step_writes_outside_the_update():
   # Batch-norm statistics and the metrics (written by the forward pass and
   # the logs' running means); not the weights or Adam's state, which only
