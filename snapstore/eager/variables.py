@@ -16,9 +16,12 @@ eager execution has no collections or variable scopes). A store covers:
 - a `tf.Module`: its variables, keyed by attribute path (`layers/0/w`).
 
 `optimizer=` adds a Keras optimizer's state: its iteration counter and its
-slots (moments, EMA averages), under `optimizer/...`. The learning rate is
-left out (Keras 3 keeps it in a variable), so that a rollback never undoes a
-learning-rate change. An optimizer that has not built its slots yet is built
+slots (moments, EMA averages), under `optimizer/...`, and every other variable
+it tracks, as a `tf.train.Checkpoint` of it would save them (tf-keras keeps a
+`LossScaleOptimizer`'s loss scale and `Nadam`'s momentum product outside
+`optimizer.variables`). The learning rate is left out (Keras 3 keeps it in a
+variable), and so are a legacy optimizer's other hyperparameters, so that a
+rollback never undoes a learning-rate change. An optimizer that has not built its slots yet is built
 for the model's trainable variables when `var_list` is a model
 (`optimizer.build`, what Keras does on the first step); otherwise it is
 refused, with that fix.
@@ -165,6 +168,7 @@ def _optimizer_pairs(optimizer, model):
     optimizer.build(model.trainable_variables)
     variables = _optimizer_variables(optimizer)
   rates = set(id(r) for r in _learning_rates(optimizer))
+  rates.update(id(h) for h in _hyperparameters(optimizer))
   prefix = _opt_name(optimizer)
   model_prefix = (getattr(model, "name", "") or "") if model else ""
   pairs = []
@@ -176,7 +180,54 @@ def _optimizer_pairs(optimizer, model):
     if model_prefix and name.startswith(model_prefix + "_"):
       name = name[len(model_prefix) + 1 :]  # Keras 3 slots: model_layer_w_m
     pairs.append(("optimizer/" + _strip(name, model_prefix), inner))
+  listed = set(id(v) for v in variables)
+  for path, var in _tracked_variables(optimizer):
+    if id(var) not in listed and id(var) not in rates:
+      pairs.append(("optimizer/" + path, var))
   return pairs
+
+
+def _tracked_variables(optimizer):
+  """(path, tf.Variable) of every variable `optimizer` tracks, breadth first.
+
+  What a `tf.train.Checkpoint` of the optimizer saves, keyed by the same
+  attribute paths. tf-keras optimizers keep state outside their `variables`
+  list: `LossScaleOptimizer`'s loss scale and its count of good steps,
+  `Nadam`'s running product of momentum factors (`_u_product`). Keras 3
+  optimizers list all of theirs in `variables` (and track Keras variables,
+  not `tf.Variable`s, so none is found here). Slots are not children of the
+  optimizer in this graph; they are all in `variables`.
+  """
+  view = tf2.train.TrackableView(optimizer)
+  seen, found = set([id(optimizer)]), []
+  queue = [("", optimizer)]
+  while queue:
+    path, obj = queue.pop(0)
+    for name, child in sorted(view.children(obj).items()):
+      if id(child) in seen:
+        continue
+      seen.add(id(child))
+      where = path + "/" + name if path else name
+      if isinstance(child, tf_variables.Variable):
+        found.append((where, child))
+      else:
+        queue.append((where, child))
+  return found
+
+
+def _hyperparameters(optimizer):
+  """The hyperparameter variables of a legacy Keras optimizer (`_hyper`:
+  beta_1, decay, momentum...), of it and of any optimizer it wraps: set by
+  the user, never by a step, and left out as the learning rate is."""
+  found = []
+  while optimizer is not None:
+    hyper = getattr(optimizer, "_hyper", None)
+    if isinstance(hyper, dict):
+      found.extend(v for v in hyper.values() if _is_variable(v))
+    optimizer = getattr(optimizer, "inner_optimizer", None) or getattr(
+      optimizer, "_optimizer", None
+    )
+  return found
 
 
 def _optimizer_variables(optimizer):

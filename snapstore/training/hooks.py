@@ -464,7 +464,10 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
       states, metrics) is read at its start and put back when it was not.
       It costs a few ops per step instead of a copy of the state, and has no
       older state to go back to (weights made non-finite by an update whose
-      loss was finite raise `NonFiniteError` at the next rollback). It needs
+      loss was finite raise `NonFiniteError` at the next rollback). A fit
+      ends bit for bit as the same fit without the bad batches; against one
+      without the callback, the gated update may round otherwise (TensorFlow's
+      graph optimizer does not rewrite arithmetic across the gate). It needs
       Keras's own train step, a `monitor` that is one of its metrics
       ("loss"), no strategy but the default one or `OneDeviceStrategy`, and
       no store or tag of your own.

@@ -142,12 +142,35 @@ def state_variables(model, optimizer):
   for v in list(model.variables) + list(_opt_vars(optimizer)):
     inner = _tf.keras_variable_value(v) if KERAS_3 else v
     out.append(inner if inner is not None else v)
-  return out
+  return out + optimizer_extras(optimizer, out)
 
 
 def _opt_vars(optimizer):
   variables = optimizer.variables
   return variables() if callable(variables) else variables
+
+
+# Hyperparameters (set by the user, never by a step; a legacy optimizer keeps
+# each in a variable), which a rollback leaves alone.
+_HYPERPARAMETERS = frozenset(
+  ["learning_rate", "beta_1", "beta_2", "decay", "momentum", "rho", "epsilon"]
+)
+
+
+def optimizer_extras(optimizer, listed=()):
+  """The `tf.Variable`s a checkpoint of `optimizer` saves beyond `listed`
+  (its `variables`), hyperparameters left out: tf-keras keeps a
+  LossScaleOptimizer's loss scale and Nadam's momentum product there."""
+  known = set(id(v) for v in listed)
+  out = []
+  for obj in tf.train.TrackableView(optimizer).descendants():
+    if not isinstance(obj, tf.Variable) or id(obj) in known:
+      continue
+    if obj.name.split(":")[0].split("/")[-1] in _HYPERPARAMETERS:
+      continue
+    known.add(id(obj))
+    out.append(obj)
+  return out
 
 
 needs_keras_3 = pytest.mark.skipif(

@@ -247,14 +247,35 @@ def test_a_subclassed_keras_model_is_a_keras_model():
   assert_bits_equal(saved, values(state))
 
 
+def _optimizer(kind):
+  if kind == "adam":
+    return keras.optimizers.Adam(0.01)
+  if kind == "nadam":  # tf-keras: its momentum product is no `variables` one
+    return keras.optimizers.Nadam(0.01)
+  # tf-keras: the loss scale and its count of good steps are neither
+  if common.KERAS_3:
+    return keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
+  return keras.mixed_precision.LossScaleOptimizer(keras.optimizers.Adam(0.01))
+
+
+@pytest.mark.parametrize("kind", ["adam", "nadam", "loss_scale"])
 @pytest.mark.parametrize("mode", MODES)
-def test_a_gradient_tape_loop_rolls_back_weights_and_optimizer(mode, tmp_path):
+def test_a_gradient_tape_loop_rolls_back_weights_and_optimizer(
+  mode, kind, tmp_path
+):
   model = common.small_model()
-  opt = keras.optimizers.Adam(0.01)
+  opt = _optimizer(kind)
   store = snapstore.SnapshotStore(
     var_list=model, optimizer=opt, mode=mode, **mode_options(mode, tmp_path)
   )
   state = common.state_variables(model, opt)
+  if kind != "adam" and not common.KERAS_3:
+    listed = opt.variables() if callable(opt.variables) else opt.variables
+    names = [v.name for v in common.optimizer_extras(opt, listed)]
+    if kind == "nadam":
+      assert names == ["Variable:0"]  # tf-keras's `_u_product`
+    else:
+      assert sorted(names) == ["current_loss_scale:0", "good_steps:0"]
   loss_fn = keras.losses.MeanSquaredError()
 
   @tf.function
