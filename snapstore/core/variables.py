@@ -299,13 +299,17 @@ class VariableSet(object):
         raise TypeError(
           "optimizer %r is a Keras 3 optimizer. %s" % (opt, KERAS_3_FIX)
         )
-      if not all(
-        hasattr(opt, a) for a in ("variables", "get_slot", "get_slot_names")
-      ):
+      if not _is_optimizer(opt):
         raise TypeError(
           "optimizer must be a tf.train.Optimizer or a Keras "
           "optimizer, got %r." % (opt,)
         )
+      parts = _loss_scale_parts(opt, graph)
+      if parts is not None:
+        base, scale = parts
+        pairs.extend(self._optimizer_pairs(base, primaries, graph))
+        pairs.extend((None, v) for v in scale)
+        continue
       with (
         graph.as_default()
       ):  # Optimizer.variables() filters by default graph.
@@ -465,6 +469,41 @@ def _parts(var, where):
       )
     raise TypeError("%s holds %r, which is not a tf.Variable." % (where, var))
   return [var]
+
+
+def _is_optimizer(opt):
+  return all(
+    hasattr(opt, a) for a in ("variables", "get_slot", "get_slot_names")
+  )
+
+
+def _loss_scale_parts(opt, graph):
+  """(wrapped optimizer, loss-scale variables) of a loss-scale wrapper whose
+  own `variables()` gives neither; None for any other optimizer.
+
+  TF 1.15's `MixedPrecisionLossScaleOptimizer` (what
+  `enable_mixed_precision_graph_rewrite` makes) keeps the optimizer it wraps
+  in `_optimizer` and a `DynamicLossScale` (the scale and its count of good
+  steps) in `_loss_scale`, and answers `variables()` and `get_slot` from its
+  own, empty, state; TF 1.15's Keras `LossScaleOptimizer` raises from
+  `variables()`. TF 2.x's wrappers answer for both, and are left as they are.
+  """
+  base = getattr(opt, "_optimizer", None)
+  scale = getattr(opt, "_loss_scale", None)
+  weights = getattr(scale, "_weights", None)  # {(name, graph key): variable}
+  if base is None or not _is_optimizer(base) or not isinstance(weights, dict):
+    return None
+  try:
+    with graph.as_default():
+      if list(opt.variables()):
+        return None
+  except AttributeError:  # TF 1.15's Keras wrapper
+    pass
+  return base, [
+    v
+    for _, v in sorted(weights.items(), key=lambda kv: kv[0][0])
+    if v.graph is graph
+  ]
 
 
 def _slots(opt, primary, names):
