@@ -183,7 +183,9 @@ def _optimizer_pairs(optimizer, model):
   listed = set(id(v) for v in variables)
   for path, var in _tracked_variables(optimizer):
     if id(var) not in listed and id(var) not in rates:
-      pairs.append(("optimizer/" + path, var))
+      pairs.append(
+        ("optimizer/" + path, _unwrap(var, "optimizer %s's" % prefix))
+      )
   return pairs
 
 
@@ -194,9 +196,9 @@ def _tracked_variables(optimizer):
   attribute paths. tf-keras optimizers keep state outside their `variables`
   list: `LossScaleOptimizer`'s loss scale and its count of good steps,
   `Nadam`'s running product of momentum factors (`_u_product`). Keras 3
-  optimizers list all of theirs in `variables` (and track Keras variables,
-  not `tf.Variable`s, so none is found here). Slots are not children of the
-  optimizer in this graph; they are all in `variables`.
+  optimizers list all of theirs in `variables` (not searched here). Slots
+  are not children of the optimizer in this graph; they are all in
+  `variables`.
   """
   view = tf2.train.TrackableView(optimizer)
   seen, found = set([id(optimizer)]), []
@@ -208,9 +210,11 @@ def _tracked_variables(optimizer):
         continue
       seen.add(id(child))
       where = path + "/" + name if path else name
-      if isinstance(child, tf_variables.Variable):
-        found.append((where, child))
-      else:
+      if isinstance(child, tf_variables.Variable) or is_sharded_variable(child):
+        found.append((where, child))  # (a sharded one's shards are its own)
+      elif not is_keras_3_object(child):
+        # Keras 3 optimizers list all their state in `variables`, and track
+        # the model's variables too (`_trainable_variables`): not searched.
         queue.append((where, child))
   return found
 
