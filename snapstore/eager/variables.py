@@ -16,15 +16,15 @@ eager execution has no collections or variable scopes). A store covers:
 - a `tf.Module`: its variables, keyed by attribute path (`layers/0/w`).
 
 `optimizer=` adds a Keras optimizer's state: its iteration counter and its
-slots (moments, EMA averages), under `optimizer/...`, and every other variable
-it tracks, as a `tf.train.Checkpoint` of it would save them (tf-keras keeps a
-`LossScaleOptimizer`'s loss scale and `Nadam`'s momentum product outside
-`optimizer.variables`). The learning rate is left out (Keras 3 keeps it in a
-variable), and so are a legacy optimizer's other hyperparameters, so that a
-rollback never undoes a learning-rate change. An optimizer that has not built its slots yet is built
-for the model's trainable variables when `var_list` is a model
-(`optimizer.build`, what Keras does on the first step); otherwise it is
-refused, with that fix.
+slots (moments, EMA averages), under `optimizer/...`, and every other
+variable it tracks, as a `tf.train.Checkpoint` of it would save them (tf-keras
+keeps a `LossScaleOptimizer`'s loss scale and `Nadam`'s momentum product
+outside `optimizer.variables`). The learning rate is left out (Keras 3 keeps
+it in a variable), and so are a legacy optimizer's other hyperparameters, so
+that a rollback never undoes a learning-rate change. An optimizer that has not
+built its slots yet is built for the model's trainable variables when
+`var_list` is a model (`optimizer.build`, what Keras does on the first step);
+otherwise it is refused, with that fix.
 
 Keys must be unique; two variables under one key are refused with both named,
 and the fix (a dict). Keys made from automatic names (`dense_1`,
@@ -181,12 +181,12 @@ def _optimizer_pairs(optimizer, model):
       name = name[len(model_prefix) + 1 :]  # Keras 3 slots: model_layer_w_m
     pairs.append(("optimizer/" + _strip(name, model_prefix), inner))
   listed = set(id(v) for v in variables)
-  for path, var in _tracked_variables(optimizer):
-    if id(var) not in listed and id(var) not in rates:
-      pairs.append(
-        ("optimizer/" + path, _unwrap(var, "optimizer %s's" % prefix))
-      )
-  return pairs
+  extra = [
+    ("optimizer/" + path, _unwrap(var, "optimizer %s's" % prefix))
+    for path, var in _tracked_variables(optimizer)
+    if id(var) not in listed and id(var) not in rates
+  ]
+  return pairs + _expand_shards(extra)
 
 
 def _tracked_variables(optimizer):
@@ -223,8 +223,9 @@ def _hyperparameters(optimizer):
   """The hyperparameter variables of a legacy Keras optimizer (`_hyper`:
   beta_1, decay, momentum...), of it and of any optimizer it wraps: set by
   the user, never by a step, and left out as the learning rate is."""
-  found = []
-  while optimizer is not None:
+  found, seen = [], set()
+  while optimizer is not None and id(optimizer) not in seen:
+    seen.add(id(optimizer))
     hyper = getattr(optimizer, "_hyper", None)
     if isinstance(hyper, dict):
       found.extend(v for v in hyper.values() if _is_variable(v))
