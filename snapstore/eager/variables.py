@@ -103,6 +103,7 @@ def _resolve(var_list):
         "Keras model %r has no variables yet; build it first (call it on a "
         "batch, or model.build(input_shape))." % prefix
       )
+    pairs += _model_state(var_list, pairs)
     return pairs, "Keras model %r" % prefix, var_list
   if isinstance(var_list, tf2.Module):
     pairs = [(k, v) for k, v in module_variable_paths(var_list)]
@@ -136,6 +137,69 @@ def _resolve(var_list):
     pairs.append((_name_of(var), inner))
   _check_listed_once(pairs, ["position %d" % i for i in range(len(pairs))])
   return _expand_shards(pairs), "var_list", None
+
+
+def _model_state(model, pairs):
+  """(key, variable) of state a Keras model holds outside `model.variables`.
+
+  A step writes it, so a rollback must restore it; neither Keras lists it:
+  a stateful RNN layer's states (tf-keras does not even track them: keyed
+  "<layer>/states/<i>"), a `tf.random.Generator`'s state, a `tf.Variable`
+  a Keras 3 layer holds as an attribute. Found as a `tf.train.Checkpoint` of
+  the model finds its variables, keyed by the same paths, leaving out what
+  optimizers and metrics the model holds (`optimizer=` adds an optimizer's
+  state; metrics are no model state).
+  """
+  known = set(id(v) for _, v in pairs)
+  flatten = getattr(model, "_flatten_layers", None)
+  layers = [
+    layer
+    for layer in (flatten() if callable(flatten) else ())
+    if layer is not model and not _is_metric(layer)  # tf-keras: layers too
+  ]
+  found = []
+  for layer in layers:
+    if getattr(layer, "stateful", False) is True:
+      states = getattr(layer, "states", None)
+      for i, state in enumerate(states if isinstance(states, list) else ()):
+        if _is_variable(state):
+          found.append(("%s/states/%d" % (layer.name, i), state))
+  for root in [model] + layers:  # each layer's own, keyed under its name
+    found += _tracked_by(root, "" if root is model else root.name)
+  out = []
+  for key, var in found:
+    inner = _unwrap(var, "the model's")
+    if id(inner) not in known:
+      known.add(id(inner))
+      out.append((key, inner))
+  return _expand_shards(out)
+
+
+def _is_metric(obj):
+  return hasattr(obj, "update_state") and hasattr(obj, "result")
+
+
+def _tracked_by(root, prefix):
+  """(path, variable) of what `root` tracks, not looking into layers (each is
+  a root of its own), optimizers, metrics or variables."""
+  view = tf2.train.TrackableView(root)
+  seen, queue, found = set([id(root)]), [(prefix, root)], []
+  while queue:
+    path, obj = queue.pop(0)
+    for name, child in sorted(view.children(obj).items()):
+      if id(child) in seen:
+        continue
+      seen.add(id(child))
+      where = path + "/" + name if path else name
+      if _is_variable(child) or is_sharded_variable(child):
+        found.append((where, child))
+      elif not (
+        _is_keras_model(child)  # a layer
+        or hasattr(child, "apply_gradients")  # an optimizer
+        or _is_metric(child)
+      ):
+        queue.append((where, child))
+  return found
 
 
 def _optimizer_pairs(optimizer, model):

@@ -1168,6 +1168,10 @@ def _learning_rate(model, backoff):
   if backoff is None:
     return None
   optimizer = model.optimizer
+  while getattr(optimizer, "inner_optimizer", None) is not None:
+    # A LossScaleOptimizer (mixed precision): the optimizer it wraps applies
+    # the rate (Keras 3's wrapper has a learning rate of its own, unused).
+    optimizer = optimizer.inner_optimizer
   # What the optimizer was given (a variable, or a schedule): tf-keras's
   # `learning_rate` with a schedule is a variable the schedule overwrites at
   # every step. Legacy optimizers have no `_learning_rate`.
