@@ -304,16 +304,18 @@ class VariableSet(object):
           "optimizer must be a tf.train.Optimizer or a Keras "
           "optimizer, got %r." % (opt,)
         )
-      parts = _loss_scale_parts(opt, graph)
+      parts = _wrapper_parts(opt, graph, primaries)
       if parts is not None:
-        base, scale = parts
+        base, own = parts
         pairs.extend(self._optimizer_pairs(base, primaries, graph))
-        pairs.extend((None, v) for v in scale)
+        pairs.extend((None, v) for v in own)
         continue
       with (
         graph.as_default()
       ):  # Optimizer.variables() filters by default graph.
         opt_vars = list(opt.variables())
+      if not opt_vars and _makes_no_state(opt):
+        continue  # GradientDescent: nothing to cover
       if not opt_vars:
         raise ValueError(
           "Optimizer %s has no variables yet. Build its train op (minimize() or "
@@ -477,33 +479,57 @@ def _is_optimizer(opt):
   )
 
 
-def _loss_scale_parts(opt, graph):
-  """(wrapped optimizer, loss-scale variables) of a loss-scale wrapper whose
-  own `variables()` gives neither; None for any other optimizer.
+def _makes_no_state(opt):
+  """A `tf.train.Optimizer` whose class makes no slots or non-slot variables
+  (GradientDescent, ProximalGradientDescent): it never has any."""
+  create = getattr(type(opt), "_create_slots", None)
+  return isinstance(opt, tf.train.Optimizer) and (
+    create is tf.train.Optimizer._create_slots  # pylint: disable=protected-access
+  )
 
-  TF 1.15's `MixedPrecisionLossScaleOptimizer` (what
-  `enable_mixed_precision_graph_rewrite` makes) keeps the optimizer it wraps
-  in `_optimizer` and a `DynamicLossScale` (the scale and its count of good
-  steps) in `_loss_scale`, and answers `variables()` and `get_slot` from its
-  own, empty, state; TF 1.15's Keras `LossScaleOptimizer` raises from
-  `variables()`. TF 2.x's wrappers answer for both, and are left as they are.
+
+def _wrapper_parts(opt, graph, primaries):
+  """(wrapped optimizer, the wrapper's own variables) of an optimizer wrapper
+  whose own `variables()` lists neither; None for any other optimizer.
+
+  TF 1.15's wrappers keep the optimizer they wrap in `_optimizer` or `_opt`
+  and answer `variables()` from their own, empty, state (or raise, when
+  they never ran `Optimizer.__init__`); their own state is
+  - `MixedPrecisionLossScaleOptimizer` (what
+    `enable_mixed_precision_graph_rewrite` makes) and Keras's
+    `LossScaleOptimizer`: the loss scale and its count of good steps
+    (`_loss_scale`);
+  - `tf.contrib.mixed_precision.LossScaleOptimizer`: its loss-scale
+    manager's variables (the scale, counts of good and bad steps);
+  - `tf.contrib.opt.MovingAverageOptimizer`: the averages of the covered
+    variables;
+  - `tf.contrib.opt.DropStaleGradientOptimizer`: none it keeps (the count
+    of dropped gradients behind its summary is made inside
+    `apply_gradients` and held by nothing: not covered).
+  TF 2.x's wrappers list both, and are left as they are.
   """
-  base = getattr(opt, "_optimizer", None)
-  scale = getattr(opt, "_loss_scale", None)
-  weights = getattr(scale, "_weights", None)  # {(name, graph key): variable}
-  if base is None or not _is_optimizer(base) or not isinstance(weights, dict):
+  base = getattr(opt, "_optimizer", None) or getattr(opt, "_opt", None)
+  if base is None or base is opt or not _is_optimizer(base):
     return None
   try:
     with graph.as_default():
       if list(opt.variables()):
         return None
-  except AttributeError:  # TF 1.15's Keras wrapper
+  except AttributeError:  # no Optimizer.__init__ (contrib's wrappers)
     pass
-  return base, [
-    v
-    for _, v in sorted(weights.items(), key=lambda kv: kv[0][0])
-    if v.graph is graph
-  ]
+  own = []
+  weights = getattr(getattr(opt, "_loss_scale", None), "_weights", None)
+  if isinstance(weights, dict):  # {(name, graph key): variable}
+    own += [v for _, v in sorted(weights.items(), key=lambda kv: kv[0][0])]
+  manager = getattr(opt, "_loss_scale_manager", None)
+  if manager is not None:
+    own += [
+      v for _, v in sorted(vars(manager).items()) if isinstance(v, tf.Variable)
+    ]
+  ema = getattr(opt, "_ema", None)
+  if ema is not None and hasattr(ema, "average"):
+    own += [a for a in (ema.average(p) for p in primaries) if a is not None]
+  return base, [v for v in own if v.graph is graph]
 
 
 def _slots(opt, primary, names):
