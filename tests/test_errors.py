@@ -402,6 +402,27 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
       ):
         snapstore.SnapshotStore(include_global_step=True)
 
+  def test_global_step_with_sync_replicas_is_refused(self):
+    # Restoring it hung training: every later gradient was stale.
+    with tf.Graph().as_default():
+      w = tf.Variable([1.0, 2.0], name="w")
+      step = tf.train.get_or_create_global_step()
+      opt = tf.train.SyncReplicasOptimizer(
+        tf.train.AdamOptimizer(0.1), replicas_to_aggregate=1
+      )
+      opt.minimize(tf.reduce_sum(w * w), global_step=step)
+      with helpers.assert_raises_naming(
+        self,
+        ValueError,
+        r"include_global_step=True with a SyncReplicasOptimizer",
+        r"token queue",
+        r"hang",
+        r"Leave the global step out",
+      ):
+        snapstore.SnapshotStore(optimizer=opt, include_global_step=True)
+      store = snapstore.SnapshotStore(var_list=[w], optimizer=opt)  # built
+      self.assertIn("beta1_power", store.keys)
+
   @parameterized.parameters(
     ("device", 0, r">= 1\b.*got 0"),
     ("device", -1, r">= 1\b.*got -1"),

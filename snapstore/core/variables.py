@@ -105,6 +105,7 @@ class VariableSet(object):
     if optimizer is not None:
       pairs += self._optimizer_pairs(optimizer, [v for _, v in pairs], graph)
     if include_global_step:
+      _check_no_sync_replicas(optimizer)
       step = tf.train.get_global_step(graph)
       if step is None:
         raise ValueError(
@@ -471,6 +472,28 @@ def _parts(var, where):
       )
     raise TypeError("%s holds %r, which is not a tf.Variable." % (where, var))
   return [var]
+
+
+def _check_no_sync_replicas(optimizer):
+  """Refuses the global step with a `SyncReplicasOptimizer`.
+
+  Raises:
+    ValueError: `optimizer` is or holds one.
+  """
+  optimizers = (
+    optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+  )
+  for opt in optimizers:
+    if isinstance(opt, tf.train.SyncReplicasOptimizer):
+      raise ValueError(
+        "include_global_step=True with a SyncReplicasOptimizer: it counts "
+        "steps by the global step in state that is no variable (its token "
+        "queue, its gradient accumulators, each worker's local step), which a "
+        "restore cannot put back, so restoring the global step would make "
+        "every later gradient stale and training would hang. Leave the global "
+        "step out of the store (the weights and the optimizer's slots are "
+        "restored as usual)."
+      )
 
 
 def _is_optimizer(opt):
