@@ -94,10 +94,14 @@ def _resolve(var_list):
       found = list(var_list.variables)
     except ValueError:  # tf-keras: "Weights for model ... not yet created"
       found = []
-    pairs = [
-      (_strip(_name_of(v), prefix), _unwrap(v, "the model's"))
-      for v in _dedupe(found)
-    ]
+    metrics = dict((id(v), key) for key, v in metric_pairs(var_list))
+    pairs = []
+    for v in _dedupe(found):
+      inner = _unwrap(v, "the model's")
+      # (tf-keras lists the variables of metrics a model holds as its own)
+      pairs.append(
+        (metrics.get(id(inner)) or _strip(_name_of(v), prefix), inner)
+      )
     if not pairs:
       raise ValueError(
         "Keras model %r has no variables yet; build it first (call it on a "
@@ -139,6 +143,70 @@ def _resolve(var_list):
   return _expand_shards(pairs), "var_list", None
 
 
+def metric_pairs(model):
+  """(key, tf.Variable) of the variables of `model.metrics`, each once:
+  "metrics/<path>" (Keras 3's path, "loss/total") or "metrics/<metric>/<name>"
+  (tf-keras names every Mean's variables "total" and "count")."""
+  try:
+    metrics = list(getattr(model, "metrics", None) or ())
+  except (AttributeError, ValueError):  # an unbuilt model's metrics
+    metrics = []
+  pairs, seen, keys = [], set(), set()
+  for metric in metrics:
+    for v in getattr(metric, "variables", ()):
+      inner = _unwrap(v, "metric %s's" % getattr(metric, "name", metric))
+      if id(inner) in seen:
+        continue
+      seen.add(id(inner))
+      name = getattr(v, "path", None) if is_keras_3_object(v) else None
+      key = "metrics/" + (name or "%s/%s" % (metric.name, _name_of(v)))
+      while key in keys:
+        key += "_"
+      keys.add(key)
+      pairs.append((key, inner))
+  return pairs
+
+
+def held_optimizers(model):
+  """`model.optimizer` and the other optimizers the model holds (a GAN's
+  `d_optimizer` and `g_optimizer`, set in its own `compile`), each once, in
+  the order a checkpoint of the model finds them."""
+  found = []
+  first = getattr(model, "optimizer", None)
+  if first is not None:
+    found.append(first)
+  view = tf2.train.TrackableView(model)
+  seen, queue = set([id(model)]), [model]
+  while queue:
+    obj = queue.pop(0)
+    for _, child in sorted(view.children(obj).items()):
+      if id(child) in seen:
+        continue
+      seen.add(id(child))
+      if _is_optimizer(child):
+        found.append(child)  # (one it wraps is its own)
+      elif not (_is_variable(child) or _is_metric(child)):
+        queue.append(child)
+  return _distinct(found)
+
+
+def _is_optimizer(obj):
+  return hasattr(obj, "apply_gradients") and hasattr(obj, "iterations")
+
+
+def is_built(optimizer):
+  """Whether a Keras optimizer has made its state (slots) yet."""
+  return _has_slots(optimizer, _optimizer_variables(optimizer))
+
+
+def _distinct(objects):
+  out = []
+  for o in objects:
+    if all(o is not p for p in out):
+      out.append(o)
+  return out
+
+
 def _model_state(model, pairs):
   """(key, variable) of state a Keras model holds outside `model.variables`.
 
@@ -150,7 +218,7 @@ def _model_state(model, pairs):
   optimizers and metrics the model holds (`optimizer=` adds an optimizer's
   state; metrics are no model state).
   """
-  known = set(id(v) for _, v in pairs)
+  known = set(id(v) for _, v in _expand_shards(pairs))
   flatten = getattr(model, "_flatten_layers", None)
   layers = [
     layer
@@ -167,12 +235,13 @@ def _model_state(model, pairs):
   for root in [model] + layers:  # each layer's own, keyed under its name
     found += _tracked_by(root, "" if root is model else root.name)
   out = []
-  for key, var in found:
-    inner = _unwrap(var, "the model's")
-    if id(inner) not in known:
-      known.add(id(inner))
-      out.append((key, inner))
-  return _expand_shards(out)
+  for key, var in _expand_shards(
+    [(key, _unwrap(var, "the model's")) for key, var in found]
+  ):  # (a sharded variable's shards may be listed, the variable tracked)
+    if id(var) not in known:
+      known.add(id(var))
+      out.append((key, var))
+  return out
 
 
 def _is_metric(obj):
@@ -195,7 +264,7 @@ def _tracked_by(root, prefix):
         found.append((where, child))
       elif not (
         _is_keras_model(child)  # a layer
-        or hasattr(child, "apply_gradients")  # an optimizer
+        or _is_optimizer(child)
         or _is_metric(child)
       ):
         queue.append((where, child))
@@ -205,7 +274,20 @@ def _tracked_by(root, prefix):
 def _optimizer_pairs(optimizer, model):
   """(key, variable) of a Keras optimizer's state, learning rate left out."""
   if isinstance(optimizer, (list, tuple)):
-    return [p for opt in optimizer for p in _optimizer_pairs(opt, model)]
+    optimizers = _distinct(optimizer)
+    if len(optimizers) == 1:
+      return _optimizer_pairs(optimizers[0], model)
+    pairs, labels = [], set()
+    for opt in optimizers:  # each under its name: all have an `iteration`
+      label = _opt_name(opt)
+      while label in labels:
+        label += "_"
+      labels.add(label)
+      pairs += [
+        ("optimizer/%s/%s" % (label, key[len("optimizer/") :]), var)
+        for key, var in _optimizer_pairs(opt, model)
+      ]
+    return pairs
   if not hasattr(optimizer, "variables") or not hasattr(
     optimizer, "iterations"
   ):

@@ -264,6 +264,23 @@ class EagerKeeper(_Keeper):
     self._coordinator = _coordinator(model)
     self._join()
     if self._default:
+      unbuilt = _unbuilt_optimizers(model)
+      if unbuilt:
+        raise ValueError(
+          "SnapshotCallback's store covers every optimizer %s holds, but "
+          "these have no state yet: %s. Keras makes an optimizer's state at "
+          "its first apply_gradients, after the snapshot taken before the "
+          "first batch, which could then not restore it. Build each before "
+          "fit (optimizer.build(<the variables it updates>)), or use "
+          "in_step=True, which makes them before its store."
+          % (
+            type(model).__name__,
+            ", ".join(
+              "%s (%s)" % (_held_name(model, o), type(o).__name__)
+              for o in unbuilt
+            ),
+          )
+        )
       optimizer = model.optimizer
       if self.store is None or self._built_for != (model, optimizer):
         self._set_store(_default_store(model), (model, optimizer))
@@ -1065,10 +1082,43 @@ def _build_compiled_metrics(model):
 
 def _default_variables(model):
   """The variables `_default_store` would cover now, unwrapped."""
-  varset = eager_variables.variable_set(
-    var_list=model, optimizer=model.optimizer
+  variables = [s.variable for s in _default_varset(model)]
+  listed = set(id(v) for v in variables)
+  return variables + [
+    v for v in _metric_variables(model) if id(v) not in listed
+  ]
+
+
+def _default_varset(model):
+  """The model's variables and those of every optimizer it holds: a GAN's
+  own, set in its `compile`, once built (`_unbuilt_optimizers`)."""
+  optimizers = [
+    o
+    for o in eager_variables.held_optimizers(model)
+    if o is model.optimizer or eager_variables.is_built(o)
+  ]
+  return eager_variables.variable_set(
+    var_list=model, optimizer=optimizers or None
   )
-  return [s.variable for s in varset] + _metric_variables(model)
+
+
+def _held_name(model, optimizer):
+  """The attribute of `model` holding `optimizer`, or its name."""
+  for name, value in vars(model).items():
+    if value is optimizer:
+      return name
+  return getattr(optimizer, "name", None) or "an optimizer"
+
+
+def _unbuilt_optimizers(model):
+  """Optimizers the model holds besides `model.optimizer` with no state yet
+  (Keras makes it at their first `apply_gradients`, with the variables given
+  there): a store made now could not cover it."""
+  return [
+    o
+    for o in eager_variables.held_optimizers(model)
+    if o is not model.optimizer and not eager_variables.is_built(o)
+  ]
 
 
 def _trainable_floats(model):
@@ -1113,21 +1163,16 @@ def _all_finite(variables):
 
 
 def _default_store(model, max_to_keep=2):
-  """Device store of the model, its optimizer's state and the metrics made."""
-  varset = eager_variables.variable_set(
-    var_list=model, optimizer=model.optimizer
-  )
+  """Device store of the model, its optimizers' state and the metrics made."""
+  varset = _default_varset(model)
   var_list = collections.OrderedDict((s.key, s.variable) for s in varset)
-  for metric in model.metrics:
-    for v in metric.variables:
-      inner = _inner(v)
-      # Keras 3: the path ("loss/total"); tf-keras names every Mean's
-      # variables "total:0" and "count:0".
-      name = getattr(v, "path", None) if is_keras_3_object(v) else None
-      key = "metrics/" + (name or "%s/%s" % (metric.name, v.name.split(":")[0]))
-      while key in var_list:
-        key += "_"
-      var_list[key] = inner
+  covered = set(id(v) for v in var_list.values())
+  for key, inner in eager_variables.metric_pairs(model):
+    if id(inner) in covered:  # tf-keras: the model lists them
+      continue
+    while key in var_list:
+      key += "_"
+    var_list[key] = inner
   return SnapshotStore(
     var_list=dict(var_list),
     mode="device",
