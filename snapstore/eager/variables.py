@@ -175,18 +175,15 @@ def held_optimizers(model):
   first = getattr(model, "optimizer", None)
   if first is not None:
     found.append(first)
-  view = tf2.train.TrackableView(model)
-  seen, queue = set([id(model)]), [model]
-  while queue:
-    obj = queue.pop(0)
-    for _, child in sorted(view.children(obj).items()):
-      if id(child) in seen:
-        continue
-      seen.add(id(child))
-      if _is_optimizer(child):
-        found.append(child)  # (one it wraps is its own)
-      elif not (_is_variable(child) or _is_metric(child)):
-        queue.append(child)
+  found += [  # (one an optimizer wraps is its own)
+    o
+    for _, o in _walk(
+      model,
+      "",
+      _is_optimizer,
+      lambda o: not (_is_variable(o) or _is_metric(o)),
+    )
+  ]
   return _distinct(found)
 
 
@@ -251,6 +248,19 @@ def _is_metric(obj):
 def _tracked_by(root, prefix):
   """(path, variable) of what `root` tracks, not looking into layers (each is
   a root of its own), optimizers, metrics or variables."""
+  return _walk(
+    root,
+    prefix,
+    lambda o: _is_variable(o) or is_sharded_variable(o),
+    lambda o: not (_is_keras_model(o) or _is_optimizer(o) or _is_metric(o)),
+  )
+
+
+def _walk(root, prefix, take, enter):
+  """(path, object) of what `root` tracks (as a `tf.train.Checkpoint` of it
+  finds it: the paths are its keys), breadth first: an object for which
+  `take` is true is taken, and not looked into; one for which `enter` is
+  true is looked into."""
   view = tf2.train.TrackableView(root)
   seen, queue, found = set([id(root)]), [(prefix, root)], []
   while queue:
@@ -260,13 +270,9 @@ def _tracked_by(root, prefix):
         continue
       seen.add(id(child))
       where = path + "/" + name if path else name
-      if _is_variable(child) or is_sharded_variable(child):
+      if take(child):
         found.append((where, child))
-      elif not (
-        _is_keras_model(child)  # a layer
-        or _is_optimizer(child)
-        or _is_metric(child)
-      ):
+      elif enter(child):
         queue.append((where, child))
   return found
 
@@ -346,23 +352,14 @@ def _tracked_variables(optimizer):
   are not children of the optimizer in this graph; they are all in
   `variables`.
   """
-  view = tf2.train.TrackableView(optimizer)
-  seen, found = set([id(optimizer)]), []
-  queue = [("", optimizer)]
-  while queue:
-    path, obj = queue.pop(0)
-    for name, child in sorted(view.children(obj).items()):
-      if id(child) in seen:
-        continue
-      seen.add(id(child))
-      where = path + "/" + name if path else name
-      if isinstance(child, tf_variables.Variable) or is_sharded_variable(child):
-        found.append((where, child))  # (a sharded one's shards are its own)
-      elif not is_keras_3_object(child):
-        # Keras 3 optimizers list all their state in `variables`, and track
-        # the model's variables too (`_trainable_variables`): not searched.
-        queue.append((where, child))
-  return found
+  # (A sharded variable's shards are its own. Keras 3 optimizers track the
+  # model's variables too, in `_trainable_variables`: not looked into.)
+  return _walk(
+    optimizer,
+    "",
+    lambda o: isinstance(o, tf_variables.Variable) or is_sharded_variable(o),
+    lambda o: not is_keras_3_object(o),
+  )
 
 
 def _hyperparameters(optimizer):

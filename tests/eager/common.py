@@ -157,6 +157,13 @@ _HYPERPARAMETERS = frozenset(
 )
 
 
+def loss_scale_optimizer(inner):
+  """Keras's LossScaleOptimizer around `inner` (Keras 3 or tf-keras)."""
+  if KERAS_3:
+    return keras.optimizers.LossScaleOptimizer(inner)
+  return keras.mixed_precision.LossScaleOptimizer(inner)
+
+
 def optimizer_extras(optimizer, listed=()):
   """The `tf.Variable`s a checkpoint of `optimizer` saves beyond `listed`
   (its `variables`), hyperparameters left out: tf-keras keeps a

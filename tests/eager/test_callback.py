@@ -484,14 +484,9 @@ def test_in_step_with_a_loss_scale_optimizer_and_averages(undo):
   # (use_ema) too: all inside the one update that skipping gates.
   def compiled():
     model = common.small_model(seed=3)
-    if common.KERAS_3:
-      scaled = keras.optimizers.LossScaleOptimizer(
-        keras.optimizers.Adam(0.01, use_ema=True)
-      )
-    else:
-      scaled = keras.mixed_precision.LossScaleOptimizer(
-        keras.optimizers.Adam(0.01)
-      )
+    # (Keras 3: Adam's own moving average too; tf-keras's Adam has none.)
+    ema = dict(use_ema=True) if common.KERAS_3 else {}
+    scaled = common.loss_scale_optimizer(keras.optimizers.Adam(0.01, **ema))
     model.compile(optimizer=scaled, loss="mse", metrics=["mae"])
     return model
 
@@ -526,14 +521,8 @@ def test_optimizer_state_outside_its_variables_is_rolled_back(kind, how):
     model = common.small_model(seed=3)
     if kind == "nadam":
       optimizer = keras.optimizers.Nadam(0.01)
-    elif common.KERAS_3:
-      optimizer = keras.optimizers.LossScaleOptimizer(
-        keras.optimizers.Adam(0.01)
-      )
     else:
-      optimizer = keras.mixed_precision.LossScaleOptimizer(
-        keras.optimizers.Adam(0.01)
-      )
+      optimizer = common.loss_scale_optimizer(keras.optimizers.Adam(0.01))
     model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
     return model
 
@@ -908,12 +897,7 @@ def test_backoff_cuts_the_rate_a_loss_scale_optimizer_applies(how):
   # reads; the cut went there, and the step kept 0.01.
   x, y = _data(3)
   model = common.small_model(seed=3)
-  if common.KERAS_3:
-    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
-  else:
-    scaled = keras.mixed_precision.LossScaleOptimizer(
-      keras.optimizers.Adam(0.01)
-    )
+  scaled = common.loss_scale_optimizer(keras.optimizers.Adam(0.01))
   model.compile(optimizer=scaled, loss="mse")
   callback = snapstore.SnapshotCallback(backoff=0.5, **_callback_args(how))
   _fit(model, x, y, [callback])

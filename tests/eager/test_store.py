@@ -253,9 +253,7 @@ def _optimizer(kind):
   if kind == "nadam":  # tf-keras: its momentum product is no `variables` one
     return keras.optimizers.Nadam(0.01)
   # tf-keras: the loss scale and its count of good steps are neither
-  if common.KERAS_3:
-    return keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
-  return keras.mixed_precision.LossScaleOptimizer(keras.optimizers.Adam(0.01))
+  return common.loss_scale_optimizer(keras.optimizers.Adam(0.01))
 
 
 @pytest.mark.parametrize("kind", ["adam", "nadam", "loss_scale"])
