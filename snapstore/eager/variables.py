@@ -366,16 +366,24 @@ def _hyperparameters(optimizer):
   """The hyperparameter variables of a legacy Keras optimizer (`_hyper`:
   beta_1, decay, momentum...), of it and of any optimizer it wraps: set by
   the user, never by a step, and left out as the learning rate is."""
-  found, seen = [], set()
-  while optimizer is not None and id(optimizer) not in seen:
-    seen.add(id(optimizer))
-    hyper = getattr(optimizer, "_hyper", None)
-    if isinstance(hyper, dict):
-      found.extend(v for v in hyper.values() if _is_variable(v))
+  return [
+    v
+    for opt in wrapped_chain(optimizer)
+    for v in (getattr(opt, "_hyper", None) or {}).values()
+    if _is_variable(v)
+  ]
+
+
+def wrapped_chain(optimizer):
+  """`optimizer` and those it wraps, outermost first (a LossScaleOptimizer's
+  `inner_optimizer`; a legacy one's `_optimizer`)."""
+  chain = []
+  while optimizer is not None and all(o is not optimizer for o in chain):
+    chain.append(optimizer)
     optimizer = getattr(optimizer, "inner_optimizer", None) or getattr(
       optimizer, "_optimizer", None
     )
-  return found
+  return chain
 
 
 def _optimizer_variables(optimizer):
@@ -394,14 +402,13 @@ def _has_slots(optimizer, variables):
 def _learning_rates(optimizer):
   """The learning-rate variables of `optimizer` and of any it wraps."""
   found = []
-  while optimizer is not None:
-    rate = getattr(optimizer, "_learning_rate", None)
+  for opt in wrapped_chain(optimizer):
+    rate = getattr(opt, "_learning_rate", None)
     if _is_variable(rate):  # not a schedule
       found.append(rate)
       inner = keras_variable_value(rate)
       if inner is not None:
         found.append(inner)
-    optimizer = getattr(optimizer, "inner_optimizer", None)
   return found
 
 

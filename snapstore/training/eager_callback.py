@@ -1142,14 +1142,7 @@ def _check_in_step_store(store):
 
 def _metric_variables(model):
   """The compiled metrics' variables, unwrapped, each once."""
-  out, seen = [], set()
-  for metric in model.metrics:
-    for v in metric.variables:
-      inner = _inner(v)
-      if id(inner) not in seen:
-        seen.add(id(inner))
-        out.append(inner)
-  return out
+  return [v for _, v in eager_variables.metric_pairs(model)]
 
 
 def _finite(value):
@@ -1212,11 +1205,10 @@ def _learning_rate(model, backoff):
   """The learning-rate `tf.Variable` that `backoff` multiplies, or None."""
   if backoff is None:
     return None
-  optimizer = model.optimizer
-  while getattr(optimizer, "inner_optimizer", None) is not None:
-    # A LossScaleOptimizer (mixed precision): the optimizer it wraps applies
-    # the rate (Keras 3's wrapper has a learning rate of its own, unused).
-    optimizer = optimizer.inner_optimizer
+  # Under a LossScaleOptimizer (mixed precision), the optimizer it wraps
+  # applies the rate (Keras 3's wrapper has a learning rate of its own, unused).
+  chain = eager_variables.wrapped_chain(model.optimizer)
+  optimizer = chain[-1] if chain else None
   # What the optimizer was given (a variable, or a schedule): tf-keras's
   # `learning_rate` with a schedule is a variable the schedule overwrites at
   # every step. Legacy optimizers have no `_learning_rate`.
