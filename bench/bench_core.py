@@ -952,7 +952,7 @@ def main(argv=None):
   if args.child:
     return child_main(args)
   # The load runs for the whole measurement, fresh processes included.
-  with busy_load.Load(args.load, args.load_kind) as load:
+  with busy_load.Load(args.load, args.load_kind, args.load_pin) as load:
     return _main(args, load)
 
 
@@ -1034,6 +1034,7 @@ def _main(args, load):
       "ckpt_fs": fstype,
       "load": args.load,
       "load_kind": args.load_kind,
+      "load_pin": args.load_pin,
     },
     "kinds": {},
   }

@@ -11,10 +11,13 @@ as the benchmark runs, and stops them (by their own pids) at the end:
   memcpy  a one-thread numpy copy of a 64 MiB array into another in a loop:
           competes for memory bandwidth as well as CPU
 
-The processes run at the benchmark's own priority (no nice). `describe()` says
-what runs, with the load average, for the benchmark's output.
+The processes run at the benchmark's own priority (no nice). With `pin=True`
+(`--load-pin`) process i is bound to CPU i (mod the CPUs this process may use),
+so that each core carries the same load all the time; unpinned, the scheduler
+moves them, and a benchmark thread sometimes gets a core to itself.
+`describe()` says what runs, with the load average, for the benchmark's output.
 
-    with busy_load.Load(2, "spin") as load:
+    with busy_load.Load(2, "spin", pin=True) as load:
       print(load.describe())
       ...  # the timed rounds
 """
@@ -73,6 +76,12 @@ def add_arguments(parser):
     default="spin",
     help="what each busy process does (default spin: a Python busy loop)",
   )
+  parser.add_argument(
+    "--load-pin",
+    action="store_true",
+    help="bind busy process i to CPU i, so each core carries one (default: "
+    "the scheduler places them)",
+  )
 
 
 def loadavg():
@@ -85,11 +94,13 @@ def loadavg():
 class Load(object):
   """`n` busy processes of `kind` while the context is open (see module doc)."""
 
-  def __init__(self, n, kind="spin"):
+  def __init__(self, n, kind="spin", pin=False):
     if kind not in KINDS:
       raise ValueError("load kind must be one of %s, got %r" % (KINDS, kind))
     self.n = n
     self.kind = kind
+    self.pin = pin
+    self._cpus = []
     self._procs = []
 
   def __enter__(self):
@@ -106,6 +117,12 @@ class Load(object):
           stderr=subprocess.DEVNULL,
         )
       )
+    if self.pin:
+      allowed = sorted(os.sched_getaffinity(0))
+      for i, p in enumerate(self._procs):
+        cpu = allowed[i % len(allowed)]
+        os.sched_setaffinity(p.pid, {cpu})
+        self._cpus.append(cpu)
     if self.n:
       time.sleep(2.0)  # let them start (imports) before anything is timed
     return self
@@ -120,20 +137,37 @@ class Load(object):
         p.kill()
         p.wait()
     self._procs = []
+    self._cpus = []
     return False
+
+  @property
+  def pids(self):
+    """The busy processes' pids (empty outside the context)."""
+    return [p.pid for p in self._procs]
+
+  @property
+  def cpus(self):
+    """The CPU each process is bound to (empty when not pinned)."""
+    return list(self._cpus)
 
   def describe(self):
     if not self.n:
       return "load: none started (--load 0); load average %s" % loadavg()
     alive = sum(p.poll() is None for p in self._procs)
+    where = (
+      "pinned to CPUs %s" % ",".join(str(c) for c in self._cpus)
+      if self.pin
+      else "unpinned"
+    )
     return (
-      "load: %d busy '%s' processes (bench/busy_load.py; %d running, pids %s) "
-      "on %s CPUs; load average %s"
+      "load: %d busy '%s' processes (bench/busy_load.py; %d running, pids %s, "
+      "%s) on %s CPUs; load average %s"
       % (
         self.n,
         self.kind,
         alive,
-        ",".join(str(p.pid) for p in self._procs),
+        ",".join(str(pid) for pid in self.pids),
+        where,
         os.cpu_count(),
         loadavg(),
       )

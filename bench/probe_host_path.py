@@ -292,7 +292,7 @@ def main(argv=None):
       args.repeats,
     )
   )
-  with busy_load.Load(args.load, args.load_kind) as load:
+  with busy_load.Load(args.load, args.load_kind, args.load_pin) as load:
     print(load.describe() + " (at start)", flush=True)
     for kind in args.kinds.split(","):
       probe = Probe(kind, shape, args.num_vars, config)
