@@ -152,6 +152,7 @@ no start of its own to go back to.
 
 import collections
 import functools
+import math
 
 import numpy as np
 
@@ -600,7 +601,7 @@ class InStepKeeper(_Keeper):
     """
     self.step += 1
     steps, self._last_batch = batch - self._last_batch, batch
-    value = (logs or {}).get(self._monitor)
+    value = _logged((logs or {}).get(self._monitor))
     if (
       steps == 1
       and self._replicas == 1
@@ -1145,8 +1146,17 @@ def _metric_variables(model):
   return [v for _, v in eager_variables.metric_pairs(model)]
 
 
+def _logged(value):
+  """A logged value as numpy: tf-keras hands a callback that takes its logs
+  as they come (`_supports_tf_logs`) tensors."""
+  numpy = getattr(value, "numpy", None)
+  return value if numpy is None else numpy()
+
+
 def _finite(value):
   """Whether every element of a logged value (number, array) is finite."""
+  if isinstance(value, (float, np.floating)):  # a loss: once per batch
+    return math.isfinite(value)
   return bool(np.all(np.isfinite(np.asarray(value))))
 
 

@@ -528,8 +528,12 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
     super(SnapshotCallback, self).set_model(model)
     # tf-keras refuses batch hooks under ParameterServerStrategy (v2) unless
     # the callback takes the logs as they come, a RemoteValue: this one does
-    # (snapstore/training/eager_callback.py, "Parameter servers").
-    self._supports_tf_logs = eager_callback.uses_coordinator(model)
+    # (snapstore/training/eager_callback.py, "Parameter servers"). In-step,
+    # it reads one value per batch: taking the logs as tensors spares tf-keras
+    # converting each of them at every batch.
+    self._supports_tf_logs = (
+      self._in_step is not None or eager_callback.uses_coordinator(model)
+    )
 
   def on_train_begin(self, logs=None):
     if builds_eagerly():
