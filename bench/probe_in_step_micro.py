@@ -16,8 +16,9 @@ callback's wrapped train function made by its `on_train_begin`.
 Per step: the median and minimum over blocks, the median of the per-block
 ratios to the first bare model's block ("paired"), and the added
 microseconds. Models: the tests' Dense 8 - BatchNorm - Dense 1 (batch 32) and
-an MLP the size of Keras's MNIST example (784-128-10, batch 128), Adam.
-Not run by `make bench`.
+an MLP the size of Keras's MNIST example (784-128-10, batch 128), Adam;
+`--jit-compile` compiles every variant's step with XLA. Not run by
+`make bench`.
 
     TF_USE_LEGACY_KERAS=0 .venv-tf2/bin/python bench/probe_in_step_micro.py
     TF_USE_LEGACY_KERAS=1 .venv-tf2/bin/python bench/probe_in_step_micro.py --model mnist
@@ -37,7 +38,7 @@ import snapstore  # noqa: E402
 from snapstore import _tf  # noqa: E402
 
 
-def _model(keras, name):
+def _model(keras, name, jit_compile=False):
   keras.utils.set_random_seed(0)
   if name == "mnist":
     layers = [
@@ -54,7 +55,10 @@ def _model(keras, name):
     ]
   model = keras.Sequential(layers)
   model.compile(
-    optimizer=keras.optimizers.Adam(1e-4), loss="mse", metrics=["mae"]
+    optimizer=keras.optimizers.Adam(1e-4),
+    loss="mse",
+    metrics=["mae"],
+    jit_compile=jit_compile,
   )
   return model
 
@@ -64,6 +68,11 @@ def main(argv=None):
   p.add_argument("--model", choices=["tests", "mnist"], default="tests")
   p.add_argument("--blocks", type=int, default=200)
   p.add_argument("--steps", type=int, default=100)
+  p.add_argument(
+    "--jit-compile",
+    action="store_true",
+    help="compile every variant's step with XLA (compile(jit_compile=True))",
+  )
   args = p.parse_args(argv)
   tf = _tf.tf2
   keras = tf.keras
@@ -85,7 +94,7 @@ def main(argv=None):
     ("in-step copy", "copy"),
     ("in-step skip", "skip"),
   ]:
-    model = _model(keras, args.model)
+    model = _model(keras, args.model, args.jit_compile)
     model.fit(x, y, batch_size=batch, verbose=0)  # built: optimizer, metrics
     if undo is None:
       model.make_train_function(force=True)
@@ -110,8 +119,14 @@ def main(argv=None):
       times[name].append((time.perf_counter() - start) / args.steps)
   base = np.array(times["bare"])
   print(
-    "%s model, batch %d: %d blocks of %d steps"
-    % (args.model, batch, args.blocks, args.steps)
+    "%s model, batch %d%s: %d blocks of %d steps"
+    % (
+      args.model,
+      batch,
+      ", jit_compile=True" if args.jit_compile else "",
+      args.blocks,
+      args.steps,
+    )
   )
   print(
     "%-14s %10s %10s %8s %9s"
