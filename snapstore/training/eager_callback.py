@@ -1147,8 +1147,11 @@ def _metric_variables(model):
 
 
 def _logged(value):
-  """A logged value as numpy: tf-keras hands a callback that takes its logs
-  as they come (`_supports_tf_logs`) tensors."""
+  """A logged value as numpy (the value itself when it is no tensor).
+
+  tf-keras hands a callback that takes its logs as they come
+  (`_supports_tf_logs`) tensors.
+  """
   numpy = getattr(value, "numpy", None)
   return value if numpy is None else numpy()
 
