@@ -159,9 +159,9 @@ def metric_pairs(model):
         continue
       seen.add(id(inner))
       name = getattr(v, "path", None) if is_keras_3_object(v) else None
-      key = "metrics/" + (name or "%s/%s" % (metric.name, _name_of(v)))
-      while key in keys:
-        key += "_"
+      key = unique_key(
+        "metrics/" + (name or "%s/%s" % (metric.name, _name_of(v))), keys
+      )
       keys.add(key)
       pairs.append((key, inner))
   return pairs
@@ -196,10 +196,20 @@ def is_built(optimizer):
   return _has_slots(optimizer, _optimizer_variables(optimizer))
 
 
-def _distinct(objects):
-  out = []
+def unique_key(key, taken):
+  """`key`, with "_" appended until no key in `taken` is the same."""
+  while key in taken:
+    key += "_"
+  return key
+
+
+def _distinct(objects, inner=lambda o: o):
+  """`objects` in order, each once: by identity of `inner(object)`."""
+  seen, out = set(), []
   for o in objects:
-    if all(o is not p for p in out):
+    key = id(inner(o))
+    if key not in seen:
+      seen.add(key)
       out.append(o)
   return out
 
@@ -285,9 +295,7 @@ def _optimizer_pairs(optimizer, model):
       return _optimizer_pairs(optimizers[0], model)
     pairs, labels = [], set()
     for opt in optimizers:  # each under its name: all have an `iteration`
-      label = _opt_name(opt)
-      while label in labels:
-        label += "_"
+      label = unique_key(_opt_name(opt), labels)
       labels.add(label)
       pairs += [
         ("optimizer/%s/%s" % (label, key[len("optimizer/") :]), var)
@@ -501,13 +509,10 @@ def _expand_shards(pairs):
 
 
 def _dedupe(variables):
-  seen, out = set(), []
-  for v in variables:
-    inner = keras_variable_value(v) if is_keras_3_object(v) else v
-    if id(inner) not in seen:
-      seen.add(id(inner))
-      out.append(v)
-  return out
+  """`variables` each once (a Keras 3 variable by the tf.Variable it holds)."""
+  return _distinct(
+    variables, lambda v: keras_variable_value(v) if is_keras_3_object(v) else v
+  )
 
 
 def _check_listed_once(pairs, where):

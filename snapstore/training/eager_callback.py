@@ -1083,24 +1083,28 @@ def _build_compiled_metrics(model):
 
 def _default_variables(model):
   """The variables `_default_store` would cover now, unwrapped."""
-  variables = [s.variable for s in _default_varset(model)]
-  listed = set(id(v) for v in variables)
-  return variables + [
-    v for v in _metric_variables(model) if id(v) not in listed
-  ]
+  return list(_default_var_list(model).values())
 
 
-def _default_varset(model):
-  """The model's variables and those of every optimizer it holds: a GAN's
-  own, set in its `compile`, once built (`_unbuilt_optimizers`)."""
+def _default_var_list(model):
+  """{key: variable} of `_default_store`: the model's variables, those of
+  every optimizer it holds (a GAN's own, set in its `compile`, once built:
+  `_unbuilt_optimizers`), and the metrics' variables the model does not list
+  (tf-keras lists them)."""
   optimizers = [
     o
     for o in eager_variables.held_optimizers(model)
     if o is model.optimizer or eager_variables.is_built(o)
   ]
-  return eager_variables.variable_set(
+  varset = eager_variables.variable_set(
     var_list=model, optimizer=optimizers or None
   )
+  var_list = collections.OrderedDict((s.key, s.variable) for s in varset)
+  covered = set(id(v) for v in var_list.values())
+  for key, inner in eager_variables.metric_pairs(model):
+    if id(inner) not in covered:
+      var_list[eager_variables.unique_key(key, var_list)] = inner
+  return var_list
 
 
 def _held_name(model, optimizer):
@@ -1170,17 +1174,8 @@ def _all_finite(variables):
 
 def _default_store(model, max_to_keep=2):
   """Device store of the model, its optimizers' state and the metrics made."""
-  varset = _default_varset(model)
-  var_list = collections.OrderedDict((s.key, s.variable) for s in varset)
-  covered = set(id(v) for v in var_list.values())
-  for key, inner in eager_variables.metric_pairs(model):
-    if id(inner) in covered:  # tf-keras: the model lists them
-      continue
-    while key in var_list:
-      key += "_"
-    var_list[key] = inner
   return SnapshotStore(
-    var_list=dict(var_list),
+    var_list=dict(_default_var_list(model)),
     mode="device",
     max_to_keep=max_to_keep,
     name="snapshot_callback",
