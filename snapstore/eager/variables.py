@@ -19,9 +19,10 @@ eager execution has no collections or variable scopes). A store covers:
 slots (moments, EMA averages), under `optimizer/...`, and every other
 variable it tracks, as a `tf.train.Checkpoint` of it would save them (tf-keras
 keeps a `LossScaleOptimizer`'s loss scale and `Nadam`'s momentum product
-outside `optimizer.variables`). The learning rate is left out (Keras 3 keeps
-it in a variable), and so are a legacy optimizer's other hyperparameters, so
-that a rollback never undoes a learning-rate change. An optimizer that has not
+outside `optimizer.variables`), not the variables it trains (a Keras 3
+optimizer tracks them; `var_list` covers them). The learning rate is left
+out (Keras 3 keeps it in a variable), and so are a legacy optimizer's other
+hyperparameters, so that a rollback never undoes a learning-rate change. An optimizer that has not
 built its slots yet is built for the model's trainable variables when
 `var_list` is a model (`optimizer.build`, what Keras does on the first step);
 otherwise it is refused, with that fix.
@@ -341,12 +342,29 @@ def _optimizer_pairs(optimizer, model):
       name = name[len(model_prefix) + 1 :]  # Keras 3 slots: model_layer_w_m
     pairs.append(("optimizer/" + _strip(name, model_prefix), inner))
   listed = set(id(v) for v in variables)
+  trained = set(id(v) for v in _trained_by(optimizer))
   extra = [
     ("optimizer/" + path, _unwrap(var, "optimizer %s's" % prefix))
     for path, var in _tracked_variables(optimizer)
-    if id(var) not in listed and id(var) not in rates
+    if id(var) not in listed and id(var) not in rates and id(var) not in trained
   ]
   return pairs + _expand_shards(extra)
+
+
+def _trained_by(optimizer):
+  """The variables `optimizer` (and any it wraps) was built for, unwrapped.
+
+  No state of it: a Keras 3 optimizer tracks them (`_trainable_variables`),
+  so that a checkpoint of it saves plain `tf.Variable`s it trains (a model's
+  are Keras variables, which the search does not take). Left out, a
+  variable in `var_list` is covered once, under its own key.
+  """
+  out = []
+  for opt in wrapped_chain(optimizer):
+    for var in getattr(opt, "_trainable_variables", None) or ():
+      inner = keras_variable_value(var) if is_keras_3_object(var) else var
+      out.append(var if inner is None else inner)
+  return out
 
 
 def _tracked_variables(optimizer):
@@ -361,7 +379,9 @@ def _tracked_variables(optimizer):
   `variables`.
   """
   # (A sharded variable's shards are its own. Keras 3 optimizers track the
-  # model's variables too, in `_trainable_variables`: not looked into.)
+  # variables they train too, in `_trainable_variables`: a model's are
+  # Keras 3 objects, not looked into; plain ones are found, and left out by
+  # `_trained_by`.)
   return _walk(
     optimizer,
     "",
