@@ -95,10 +95,7 @@ class SpillFile(object):
     try:
       self._file = journal.JournaledFile(self.path, writable, durable)
     except journal.LockedError:
-      raise errors.SnapshotFileError(
-        "%s is open for writing by another process (a running store); close "
-        "that store first, or read its snapshots through it." % self.path
-      )
+      raise _in_use(self.path)
     except journal.ForeignJournalError as e:
       raise errors.SnapshotFileError(
         "Cannot open %s: %s. Nothing was changed; if the file is yours, move "
@@ -137,7 +134,9 @@ class SpillFile(object):
       TypeError: `path` is not a path.
       ValueError: `path` is empty or a directory.
       SnapshotFileError: A missing or unwritable directory, an unwritable file,
-        or a file the constructor rejects.
+        a file another process is creating or writing (of two stores built
+        over one path at once, exactly one gets the file; see
+        `journal.create`), or a file the constructor rejects.
       IncompatibleSnapshotError: An existing file recorded other variables
         (names, shapes and dtypes all listed).
     """
@@ -159,6 +158,10 @@ class SpillFile(object):
         journal.create(
           path, lambda f: layout.initialize(f, varset.specs), durable
         )
+      except journal.LockedError:
+        raise _in_use(path)  # another process is creating it
+      except FileExistsError:
+        pass  # another process created it first: opened below, as any file
       except OSError as e:
         raise errors.SnapshotFileError(
           "Cannot create spill file %s: %s." % (path, e)
@@ -627,6 +630,13 @@ class SpillFile(object):
         "snapshots are intact on disk. Free space or fix the disk; the next "
         "operation tries again." % (self.path, self._broken)
       )
+
+
+def _in_use(path):
+  return errors.SnapshotFileError(
+    "%s is open for writing by another process (a running store); close "
+    "that store first, or read its snapshots through it." % path
+  )
 
 
 class SnapshotSource(object):

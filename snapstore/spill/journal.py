@@ -85,17 +85,11 @@ class JournaledFile(io.RawIOBase):
     self._writable = writable
     self._durable = durable
     self._lock = threading.Lock()
-    self._fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
-    try:
-      fcntl.flock(
-        self._fd, (fcntl.LOCK_EX if writable else fcntl.LOCK_SH) | fcntl.LOCK_NB
-      )
-    except OSError as e:
-      os.close(self._fd)
-      self._fd = None
-      if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
-        raise LockedError(e.errno, "in use by a process writing to it", path)
-      raise
+    self._fd = _open_locked(
+      path,
+      os.O_RDWR if writable else os.O_RDONLY,
+      fcntl.LOCK_EX if writable else fcntl.LOCK_SH,
+    )
     self._overlay = {}  # page -> bytes, for a read-only rollback
     self.rolled_back = False
     try:
@@ -427,18 +421,31 @@ class JournaledFile(io.RawIOBase):
 
 
 def create(path, build, durable=False):
-  """Creates the file `path` atomically: `build(file_object)` writes it in full.
+  """Creates the file `path`, missing or empty, atomically: `build(file_object)`
+  writes it in full.
 
   `build` writes a temporary file next to `path`, which is renamed into place,
-  so `path` never exists half-written.
+  so `path` never exists half-written. Two processes creating one path at
+  once (two workers given one spill path) must not both succeed: a rename
+  replaces whatever is at `path`, so each would go on to lock a file of its
+  own, one of them no longer at `path`. So the creator first claims `path`:
+  it creates it empty (`O_EXCL`), or takes the empty file there, and holds an
+  exclusive lock on that empty file until its rename replaces it. Another
+  creator finds the lock taken (`LockedError`), or, coming later, finds the
+  new file (`FileExistsError`), whose lock its writer contends for as any
+  opener does.
 
   Raises:
+    LockedError: Another process holds `path`: it is creating or writing it.
+    FileExistsError: `path` is a file that is not empty (another process
+      created it meanwhile): open it instead. `path` is unchanged.
     OSError: The file cannot be written; `path` is unchanged.
   """
+  claim = _claim_empty(path)
   tmp = "%s.%d.tmp" % (path, os.getpid())
-  fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-  os.close(fd)
   try:
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.close(fd)
     jf = JournaledFile(tmp, writable=True, durable=durable)
     try:
       build(jf)
@@ -455,6 +462,92 @@ def create(path, build, durable=False):
       except OSError:
         pass
     raise
+  finally:
+    os.close(claim)  # the empty file, replaced: its lock guards nothing now
+
+
+# Opens of a path that keeps being replaced while it is locked, before giving
+# up: each replacement is another process's creation, which holds the new file.
+_ATTEMPTS = 5
+
+
+def _claim_empty(path):
+  """A descriptor holding an exclusive lock on the empty file at `path`,
+  created if missing (see `create`).
+
+  Raises:
+    LockedError: Another process holds the file at `path`.
+    FileExistsError: The file at `path` is not empty.
+  """
+  for _ in range(_ATTEMPTS):
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+      try:
+        fd = os.open(path, os.O_RDWR)
+      except FileNotFoundError:
+        continue  # removed meanwhile
+    try:
+      _lock(fd, fcntl.LOCK_EX, path)
+      if os.fstat(fd).st_size:
+        raise FileExistsError(
+          errno.EEXIST, "created by another process meanwhile", path
+        )
+      if _is_at(fd, path):
+        return fd
+    except BaseException:
+      os.close(fd)
+      raise
+    os.close(fd)  # replaced since it was opened: look again
+  raise LockedError(
+    errno.EWOULDBLOCK, "being replaced by other processes", path
+  )
+
+
+def _open_locked(path, flags, lock):
+  """A descriptor of the file at `path`, opened with `flags`, holding `lock`
+  (`LOCK_EX` or `LOCK_SH`).
+
+  The lock is taken on the file the descriptor opened; checking afterwards
+  that `path` still names that file makes sure it is the file at `path`
+  that is locked, not one a creation has just replaced (`create`).
+
+  Raises:
+    LockedError: Another process holds a conflicting lock.
+    OSError: The file cannot be opened.
+  """
+  for _ in range(_ATTEMPTS):
+    fd = os.open(path, flags)
+    try:
+      _lock(fd, lock, path)
+      if _is_at(fd, path):
+        return fd
+    except BaseException:
+      os.close(fd)
+      raise
+    os.close(fd)
+  raise LockedError(
+    errno.EWOULDBLOCK, "being replaced by other processes", path
+  )
+
+
+def _lock(fd, lock, path):
+  try:
+    fcntl.flock(fd, lock | fcntl.LOCK_NB)
+  except OSError as e:
+    if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+      raise LockedError(e.errno, "in use by a process writing to it", path)
+    raise
+
+
+def _is_at(fd, path):
+  """Whether `path` names the file open as `fd` (False if it names none)."""
+  try:
+    named = os.stat(path)
+  except FileNotFoundError:
+    return False
+  held = os.fstat(fd)
+  return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _parse_journal(raw):
