@@ -60,7 +60,8 @@ class SnapshotStore(object):
   """In-memory snapshots of a set of variables, in one of several copy modes.
 
   Args:
-    var_list: Variables to cover: a list, or a `{key: variable}` dict.
+    var_list: Variables to cover: a list (keyed by name; names that collide
+      by "<name>/<position>" in it), or a `{key: variable}` dict.
     scope: A scope name or `tf.VariableScope`. Keys are variable names relative
       to it. Alone, it selects every global variable under the scope.
     collection: A graph collection to cover (filtered by `scope` if given).

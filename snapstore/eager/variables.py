@@ -15,23 +15,40 @@ eager execution has no collections or variable scopes). A store covers:
   without the model's own name (`d1/kernel`, not `sequential/d1/kernel`);
 - a `tf.Module`: its variables, keyed by attribute path (`layers/0/w`).
 
+Names that collide are keyed by position. A name that two or more variables
+of a list share (TensorFlow names every unnamed variable "Variable"; tf-keras
+names a nested model's weights without the model's name) is no key: each of
+them is keyed "<name>/<position>", by its position in the list (or in
+`model.variables`, as `get_weights()` orders weights), with "_" appended
+while that is another variable's name. A name that one variable alone has
+stays its key. The keys depend only on the names and their order, so the
+same program gets the same keys in every run:
+
+    w, a, b = tf.Variable(0.0, name="w"), tf.Variable(1.0), tf.Variable(2.0)
+    SnapshotStore(var_list=[w, a, b]).keys  # ('Variable/1', 'Variable/2', 'w')
+
 `optimizer=` adds a Keras optimizer's state: its iteration counter and its
 slots (moments, EMA averages), under `optimizer/...`, and every other
-variable it tracks, as a `tf.train.Checkpoint` of it would save them (tf-keras
-keeps a `LossScaleOptimizer`'s loss scale and `Nadam`'s momentum product
-outside `optimizer.variables`), not the variables it trains (a Keras 3
-optimizer tracks them; `var_list` covers them). The learning rate is left
-out (Keras 3 keeps it in a variable), and so are a legacy optimizer's other
-hyperparameters, so that a rollback never undoes a learning-rate change. An optimizer that has not
-built its slots yet is built for the model's trainable variables when
-`var_list` is a model (`optimizer.build`, what Keras does on the first step);
-otherwise it is refused, with that fix.
+variable it tracks, as a `tf.train.Checkpoint` of it would save them
+(tf-keras keeps a `LossScaleOptimizer`'s loss scale and `Nadam`'s momentum
+product outside `optimizer.variables`), not the variables it trains (a
+Keras 3 optimizer tracks them; `var_list` covers them). The learning rate is
+left out (Keras 3 keeps it in a variable), and so are a legacy optimizer's
+other hyperparameters, so that a rollback never undoes a learning-rate
+change. Slots named alike (those of variables that share a name) are keyed
+by their position in `optimizer.variables`. An optimizer that has not built
+its slots yet is built for the model's trainable variables when `var_list`
+is a model (`optimizer.build`, what Keras does on the first step); otherwise
+it is refused, with that fix.
 
-Keys must be unique; two variables under one key are refused with both named,
-and the fix (a dict). Keys made from automatic names (`dense_1`,
-`sequential_2`) depend on the order a process built its models in; a file
-written by one process loads into another with the same keys.
+A key that two variables still share (a listed variable named as an
+optimizer's key, "optimizer/iteration") is refused with both named, and the
+fix (a dict). Keys made from automatic names (`dense_1`, `sequential_2`)
+depend on the order a process built its models in; a file written by one
+process loads into another with the same keys.
 """
+
+import collections
 
 from snapstore._tf import in_graph_mode
 from snapstore._tf import is_keras_3_object
@@ -103,6 +120,8 @@ def _resolve(var_list):
       pairs.append(
         (metrics.get(id(inner)) or _strip(_name_of(v), prefix), inner)
       )
+    # (tf-keras names a nested model's weights without the model's name)
+    pairs = _by_position(pairs, range(len(pairs)))
     if not pairs:
       raise ValueError(
         "Keras model %r has no variables yet; build it first (call it on a "
@@ -141,7 +160,23 @@ def _resolve(var_list):
     inner = _unwrap(var, "var_list position %d" % i)
     pairs.append((_name_of(var), inner))
   _check_listed_once(pairs, ["position %d" % i for i in range(len(pairs))])
+  pairs = _by_position(pairs, range(len(pairs)))
   return _expand_shards(pairs), "var_list", None
+
+
+def _by_position(pairs, positions):
+  """`pairs` with each key that more than one of them has made unique by the
+  position given: "<key>/<position>" ("_" appended while that is another's
+  key). A key that one alone has is kept."""
+  count = collections.Counter(key for key, _ in pairs)
+  taken = set(key for key, n in count.items() if n == 1)
+  out = []
+  for (key, var), position in zip(pairs, positions):
+    if count[key] > 1:
+      key = unique_key("%s/%d" % (key, position), taken)
+      taken.add(key)
+    out.append((key, var))
+  return out
 
 
 def metric_pairs(model):
@@ -332,15 +367,19 @@ def _optimizer_pairs(optimizer, model):
   rates.update(id(h) for h in _hyperparameters(optimizer))
   prefix = _opt_name(optimizer)
   model_prefix = (getattr(model, "name", "") or "") if model else ""
-  pairs = []
-  for var in _dedupe(variables):
+  pairs, positions, seen = [], [], set()
+  for position, var in enumerate(variables):
     inner = _unwrap(var, "optimizer %s's" % prefix)
-    if id(inner) in rates or id(var) in rates:
+    if id(inner) in seen or id(inner) in rates or id(var) in rates:
       continue
+    seen.add(id(inner))
     name = _strip(_name_of(var), prefix)
     if model_prefix and name.startswith(model_prefix + "_"):
       name = name[len(model_prefix) + 1 :]  # Keras 3 slots: model_layer_w_m
     pairs.append(("optimizer/" + _strip(name, model_prefix), inner))
+    positions.append(position)
+  # (slots of variables that share a name share theirs)
+  pairs = _by_position(pairs, positions)
   listed = set(id(v) for v in variables)
   trained = set(id(v) for v in _trained_by(optimizer))
   extra = [
@@ -558,9 +597,8 @@ def _check_unique(pairs):
     seen[id(var)] = key
     if key in by_key:
       raise ValueError(
-        "Variables %s and %s both have the key %r (Keras and tf.Module names "
-        "are not unique). Pass var_list as a dict {key: variable} to name "
-        "them." % (by_key[key].name, var.name, key)
+        "Variables %s and %s both have the key %r. Pass var_list as a dict "
+        "{key: variable} to name them." % (by_key[key].name, var.name, key)
       )
     by_key[key] = var
 

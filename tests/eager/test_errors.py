@@ -53,14 +53,43 @@ def test_non_variables_are_refused():
 
 
 def test_duplicate_keys_are_refused_with_the_fix():
-  with pytest.raises(ValueError, match="both have the key 'w'.*as a dict"):
-    snapstore.SnapshotStore(var_list=[_v("w"), _v("w")])
+  # A list's names that collide are keyed by position; a name that is an
+  # optimizer's key is still two variables under one key.
+  w = _v("w")
+  opt = keras.optimizers.SGD(0.1)
+  opt.build([w])
+  with pytest.raises(
+    ValueError, match="both have the key 'optimizer/iteration'.*as a dict"
+  ):
+    snapstore.SnapshotStore(
+      var_list=[w, _v("optimizer/iteration")], optimizer=opt
+    )
 
 
 def test_a_variable_listed_twice_is_refused():
   v = _v()
   with pytest.raises(ValueError, match="names variable v:0 twice"):
     snapstore.SnapshotStore(var_list={"a": v, "b": v})
+  with pytest.raises(
+    ValueError,
+    match="names variable v:0 twice: at position 0 and at position 2",
+  ):
+    snapstore.SnapshotStore(var_list=[v, _v("w"), v])
+
+
+def test_the_optimizer_state_in_var_list_too_is_refused():
+  w = _v("w")
+  opt = keras.optimizers.Adam(0.1)
+  opt.build([w])
+  iterations = opt.iterations
+  if common.KERAS_3:
+    iterations = iterations.value
+  with pytest.raises(
+    ValueError,
+    match=r"is covered twice \(as '(\w+/)?iteration' and 'optimizer/iteration'\).*"
+    "List each variable once",
+  ):
+    snapstore.SnapshotStore(var_list=[w, iterations], optimizer=opt)
 
 
 def test_a_graph_variable_is_refused():
