@@ -25,6 +25,7 @@ from snapstore.core import places
 from snapstore.core import sessions
 from snapstore.eager import distributed as eager_distributed
 from snapstore.eager import multi_worker
+from snapstore.eager import restarts
 from snapstore.graph import multi_worker as graph_multi_worker
 from snapstore import errors
 
@@ -114,14 +115,15 @@ class Holdings(object):
       self.mode.unstash(self._pending, sess)
     self._pending = _NOTHING
 
-  def put_back(self, token, sess):
-    """Writes back values `mode.stash` set aside; kept for later if it fails."""
+  def put_back(self, token, sess, lost=None):
+    """Writes back values `mode.stash` set aside; kept for later if it fails
+    (unless `lost`, as for `failures.translated`, says they are gone)."""
 
     def keep():  # written back by the next call's prepare, or recover()
       self._pending = token
       return ""
 
-    with failures.translated("put_back", note=keep):
+    with failures.translated("put_back", note=keep, lost=lost):
       self.mode.unstash(token, sess)
 
   def run(self, fetches, feed_dict, sess, what):
@@ -215,8 +217,38 @@ class Holdings(object):
 
   def read(self, tag, sess, what):
     """Snapshot `tag` as arrays in key order (`arrays`, `save_npz`)."""
-    with failures.translated("read", tag, self.mode.uninitialized, what):
+    with failures.translated(
+      "read", tag, self.mode.uninitialized, what, lost=self.lost(tag, what)
+    ):
       return self.mode.arrays(tag, sess)
+
+  def lost(self, tag, what, wrote=False):
+    """For `failures.translated` in call `what` of held snapshot `tag`: a
+    function from an OpError to the error to raise instead (None: none)
+    when it says parameter servers of the variables restarted
+    (`eager/restarts.py`), which first drops the device snapshots; None in
+    graph mode, where `existing` finds restarts before anything runs.
+    `wrote`: whether the step writes variables."""
+    if not self.eager:
+      return None
+
+    def check(error):
+      tasks, words = restarts.restarted(error, self.varset.variables)
+      if not tasks:
+        return None
+      device = self.mode.tier(tag) == "device"
+      pinned = self.catalog.pinned()
+      dropped = [
+        t
+        for t in self.catalog.tags()
+        if self.mode.tier(t) == "device" and t not in pinned
+      ]
+      for t in dropped:
+        self.forget(t, restarts.lost_note(t, tasks, words))
+      others = [t for t in dropped if t != tag]
+      return restarts.lost_error(what, tag, tasks, words, device, others, wrote)
+
+    return check
 
   # -- where device snapshots live (core/places.py) ------------------------------
 

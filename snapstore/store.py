@@ -293,19 +293,29 @@ class SnapshotStore(object):
       UnknownTagError: The store holds no snapshot `tag` (the message lists
         the tags it holds).
       SessionMismatchError: A device snapshot held by another session, or
-        dropped because its session was closed or its cluster restarted.
+        dropped because its session was closed or its cluster restarted
+        (eagerly: a parameter server of its variables restarted, which the
+        store learns when a call fails there, see
+        `snapstore/eager/restarts.py`).
       NoSessionError, GraphMismatchError: As for `snapshot`; also a closed
         session.
       RestoreError: TensorFlow failed part-way; the snapshot is intact and
         calling `restore` again finishes the job. Or the snapshot's device
         slot is not initialized in this session: nothing was written, and the
-        message names the initializer to run.
+        message names the initializer to run. Or, eagerly, a parameter server
+        of the variables restarted: the message says so, and how to carry
+        the (host or file) snapshot over.
     """
     sess = self._h.session(session, "restore")
     with self._h.lock:
       self._h.prepare(sess)
       tag = self._h.existing(tag, sess, "restore")
-      with failures.translated("restore", tag, self._h.mode.uninitialized):
+      with failures.translated(
+        "restore",
+        tag,
+        self._h.mode.uninitialized,
+        lost=self._h.lost(tag, "restore", wrote=True),
+      ):
         self._h.mode.restore(tag, sess)
       return tag
 
@@ -375,14 +385,19 @@ class SnapshotStore(object):
       rewired = self._rewired(fetches, feed_dict, tag)
       if rewired is not None:
         return sess.run(rewired[0], feed_dict=rewired[1])
-      with failures.translated("set_aside"):
+      with failures.translated(
+        "set_aside", lost=self._h.lost(tag, "evaluate_with")
+      ):
         token = self._h.mode.stash(sess)
+      wrote = self._h.lost(tag, "evaluate_with", wrote=True)
       try:
-        with failures.translated("load", tag, self._h.mode.uninitialized):
+        with failures.translated(
+          "load", tag, self._h.mode.uninitialized, lost=wrote
+        ):
           self._h.mode.restore(tag, sess)
         return self._h.run(fetches, feed_dict, sess, "evaluate_with")
       finally:
-        self._h.put_back(token, sess)
+        self._h.put_back(token, sess, wrote)
 
   def evaluate_each(
     self, fetches, feed_dict=None, tags=None, together=True, session=None

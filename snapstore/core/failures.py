@@ -128,7 +128,9 @@ def translate(error, kind, tag=None, what=None, uninitialized=None, note=""):
 
 
 @contextlib.contextmanager
-def translated(kind, tag=None, uninitialized=None, what=None, note=None):
+def translated(
+  kind, tag=None, uninitialized=None, what=None, note=None, lost=None
+):
   """Raises `translate(...)` from an OpError the block raises.
 
   Args:
@@ -136,10 +138,17 @@ def translated(kind, tag=None, uninitialized=None, what=None, note=None):
     note: None, or a function of no arguments called on failure (after the
       block, before the message is made) that returns the note: the
       bookkeeping of what the failure lost, and the sentence saying so.
+    lost: None, or a function from the OpError to the error to raise
+      instead, or None: for a failure that lost the variables for good (a
+      parameter server restarted, `Holdings.lost`), which calling again
+      cannot mend.
   """
   try:
     yield
   except tf.errors.OpError as e:
+    instead = lost(e) if lost is not None else None
+    if instead is not None:
+      raise instead from e
     raise translate(
       e, kind, tag, what, uninitialized, note() if note is not None else ""
     ) from e

@@ -68,3 +68,15 @@ def test_snapshot_callback_in_fit_rolls_back_exactly():
   assert "every_n_batches rollback: OK" in out
   assert "monitor=None snapshots: OK" in out
   assert "in_step refused: OK" in out
+
+
+@pytest.mark.skipif(_NO_PSS, reason="no ParameterServerStrategy (v2) here")
+def test_restarted_parameter_server_drops_its_device_snapshots():
+  # ps_restart.py's doc: after ps 0 restarts, a device snapshot there is
+  # dropped with SessionMismatchError and refused afterwards, before
+  # anything runs; a store on ps 1 restores exactly; a host restore says
+  # the server restarted, and the host snapshot stays, bit for bit.
+  out = _run("ps_restart.py")
+  assert "device snapshots dropped: OK" in out
+  assert "other server's store: OK" in out
+  assert "host snapshot kept: OK" in out
