@@ -1,13 +1,15 @@
 """Soak: thousands of snapshot/restore cycles per mode leak nothing.
 
-Runs the loop of `bench/soak.py` for 10,000 cycles per mode (3,000 for disk
-mode, whose cycles write a spill file and take seven times as long) on 64 KiB
-of parameters (the script runs longer and larger; see bench/README.md), with its
-checks: bit-exact restores, a constant op
-count on the finalized graph, open files and threads unchanged, RSS growth
-after warm-up under 8 MiB where one leaked copy of the parameters per cycle
-would be over 100 MiB, and fewer than 200 new Python objects where one per
-cycle would be thousands.
+`StoreSoakTest` is the soak both engines run (tests/contract/soak.py; the
+eager suite runs it in tests/eager/test_soak.py). `SoakTest` is graph mode's
+own. It runs the loop of `bench/soak.py` for 10,000 cycles per mode (3,000
+for disk mode, whose cycles write a spill file and take seven times as long)
+on 64 KiB of parameters (the script runs longer and larger; see
+bench/README.md), with its checks: bit-exact restores, a constant op count on
+the finalized graph, open files and threads unchanged, RSS growth after
+warm-up under 8 MiB where one leaked copy of the parameters per cycle would
+be over 100 MiB, and fewer than 200 new Python objects where one per cycle
+would be thousands. And every call reuses its session callables.
 """
 
 import os
@@ -19,6 +21,7 @@ import numpy as np
 import snapstore
 from snapstore._tf import tf
 from tests import helpers
+from tests.contract.soak import StoreSoakTest  # noqa: F401
 
 sys.path.insert(
   0,
