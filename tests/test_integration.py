@@ -49,14 +49,25 @@ class SpillTierWithDeviceFeaturesTest(tf.test.TestCase, parameterized.TestCase):
     )
     helpers.assert_bit_equal(past, expected)
     helpers.assert_bit_equal(self.sess.run(self.w), current)
-    # A snapshot in a slot still uses the rewired tensors.
+    # A snapshot in a slot still uses the rewired tensors: one run that
+    # reads the slot, where the swap takes four (set the variables aside,
+    # load the snapshot, run, put them back) and gives the same values.
+    in_slot = np.full([3, 2], 3, np.float32)
+    self.w.load(in_slot, self.sess)
     self.store.snapshot("slot", session=self.sess)
     self.assertEqual(self.store.files.tier("slot"), "device")
-    helpers.assert_bit_equal(
-      self.store.evaluate_with(
-        self.y, self.feed, tag="slot", session=self.sess
-      ),
-      self.sess.run(self.y, self.feed),
+    self.w.load(current, self.sess)
+    counting = helpers.CountingSession(self.sess)
+    past = self.store.evaluate_with(
+      self.y, self.feed, tag="slot", session=counting
+    )
+    helpers.assert_bit_equal(past, self.feed[self.x].dot(in_slot))
+    helpers.assert_bit_equal(self.sess.run(self.w), current)
+    self.assertEqual(
+      counting.runs,
+      1,
+      "evaluate_with swapped the slot's snapshot in (%d runs) instead of "
+      "running the rewired tensors" % counting.runs,
     )
 
   @parameterized.named_parameters(*helpers.kind_cases())
