@@ -8,7 +8,7 @@ program does, and leaves out tests/eager; an eager run collects only
 tests/eager (TensorFlow 2.x). The Makefile's test targets run both.
 
 `SNAPSTORE_TEST_SHARD=i/n` runs the i-th (0-based) of n parts of the
-suite, so that n processes run it together, one per core (`make test-tf2`):
+suite, so that n processes run it together, one per core (`make test`):
   SNAPSTORE_TEST_SHARD=0/2 python -m pytest tests   # and 1/2 beside it
 """
 

@@ -112,10 +112,11 @@ if __name__ == "__main__":
 
 
 class MakeTargetsTest(parameterized.TestCase):
-  """`make test-tf2` / `test-tf215` fail when a suite of theirs fails.
+  """`make test` / `test-tf2` / `test-tf215` fail when a suite of theirs fails.
 
-  Each target hands its shards' commands to scripts/run_parallel as quoted
-  strings ending in `exit $rc`; if the Makefile's shell expanded `$rc` there
+  Each target hands its two shards' commands (one half of the tests each)
+  to scripts/run_parallel as quoted strings. A shard that runs several
+  suites ends in `exit $rc`; if the Makefile's shell expanded `$rc` there
   (unset: empty), every shard would exit with the status of its last
   assignment, 0, and CI would pass whatever the suites did.
   """
@@ -144,14 +145,17 @@ class MakeTargetsTest(parameterized.TestCase):
     ).stdout
     return [c for c in listed.split("\0") if c.strip()]
 
-  @parameterized.parameters("test-tf2", "test-tf215")
+  @parameterized.parameters("test", "test-tf2", "test-tf215")
   def test_a_failing_suite_fails_the_shard(self, target):
     commands = self._shard_commands(target)
     self.assertLen(commands, 2)
+    shards = []
     for command in commands:
+      shards.append(re.search(r"SNAPSTORE_TEST_SHARD=(\S+);", command).group(1))
       for python, rc in (("false", 1), ("true", 0)):
         # Every suite's interpreter replaced: all fail, or all pass.
-        run = re.sub(r"\S*\.venv-tf2\d*/bin/python", python, command)
+        run = re.sub(r"\S*\.venv(-tf2\d*)?/bin/python", python, command)
         self.assertNotEqual(run, command)
         done = subprocess.run(["bash", "-c", run], capture_output=True)
         self.assertEqual(done.returncode, rc, run)
+    self.assertEqual(shards, ["0/2", "1/2"])  # each half once
