@@ -49,6 +49,19 @@ has no older one to fall back to). Then training goes on with the next batch.
 With `steps_per_execution=N`, Keras calls the batch hooks once per N steps,
 so a rollback undoes the whole execution (in-step mode does not).
 
+Callbacks with state of their own. A callback that changes state of its own
+at a batch's end, as Lookahead's (`lookahead.callback()`: a step counter and
+the slow weights), would count a rolled-back batch and synchronize after it,
+or, called first, synchronize from the NaN weights before the rollback. Such
+a callback follows the rollbacks (`follow_rollbacks`): in a `fit` with a
+`SnapshotCallback` (Keras hands all callbacks of one `fit` one `params`
+dict, which pairs them), the default store covers its state (a store of your
+own must, or `fit` is refused), and its update is called from the
+`SnapshotCallback`'s batch end after each batch that stands, in place of its
+own. So in either order the `fit` ends as the same `fit` without the
+rolled-back batches, also when a rollback goes back several batches. In-step,
+the update follows the verdict of the step (read at the batch end).
+
 In-step mode (`SnapshotCallback(in_step=True)`). A snapshot from a batch
 hook costs a traced call of its own (a fraction of a millisecond: a sizeable
 share of a small model's step). In-step, `on_train_begin` replaces the
@@ -153,6 +166,7 @@ no start of its own to go back to.
 import collections
 import functools
 import math
+import weakref
 
 import numpy as np
 
@@ -184,6 +198,108 @@ def monitored_value(monitor, logs):
   return logs[monitor]
 
 
+# -- callbacks with state of their own (module doc) ----------------------------
+
+# Callbacks following rollbacks, oldest first (weakly: a callback lives as
+# long as its owner keeps it), and who leads each: (keeper, that fit's
+# params); the keeper weakly, or it would keep its followers alive here.
+_FOLLOWERS = []
+_LEADERS = weakref.WeakKeyDictionary()
+
+
+def follow_rollbacks(callback):
+  """Makes a Keras callback follow the rollbacks of `SnapshotCallback`.
+
+  For a callback that changes state of its own at a batch's end (Lookahead's
+  slow weights and step counter). In an eager `fit` with a
+  `SnapshotCallback`, that callback leads it: its store covers the state
+  `callback.rollback_variables()` returns (`{key: variable}`), and it calls
+  `callback.batch_stands()` after each batch it does not roll back, from
+  its own batch end, once it has decided. The callback's own batch end then
+  does nothing (`is_led`): a rolled-back batch never happened for it either,
+  whichever of the two `fit` calls first.
+  """
+  _FOLLOWERS[:] = [ref for ref in _FOLLOWERS if ref() is not None]
+  _FOLLOWERS.append(weakref.ref(callback))
+
+
+def is_led(callback):
+  """Whether a `SnapshotCallback` of the callback's current `fit` leads it
+  (calls its `batch_stands()`)."""
+  led = _LEADERS.get(callback)
+  params = getattr(callback, "params", None)
+  return led is not None and params is not None and led[1] is params
+
+
+def _lead(keeper, model, params):
+  """The followers in the `fit` of `params`, over `model`: led by `keeper`.
+
+  A `fit` gives all its callbacks one `params` dict, so a follower of an
+  earlier `fit` is never taken.
+
+  Raises:
+    ValueError: One of them is led by another `SnapshotCallback` of this fit.
+  """
+  if params is None:
+    return []
+  found = []
+  for ref in _FOLLOWERS:
+    callback = ref()
+    if (
+      callback is None
+      or getattr(callback, "params", None) is not params
+      or getattr(callback, "model", None) is not model
+    ):
+      continue
+    led = _LEADERS.get(callback)
+    if led is not None and led[1] is params and led[0]() is not keeper:
+      raise ValueError(
+        "%s follows the rollbacks of one SnapshotCallback, but this fit has "
+        "two: each would roll back and update it. Pass fit one "
+        "SnapshotCallback." % type(callback).__name__
+      )
+    _LEADERS[callback] = (weakref.ref(keeper), params)
+    found.append(callback)
+  return found
+
+
+def followed_state(followers):
+  """`{key: variable}` of the followers' state (`rollback_variables()`)."""
+  out = collections.OrderedDict()
+  for follower in followers:
+    for key, variable in follower.rollback_variables().items():
+      out[eager_variables.unique_key(key, out)] = variable
+  return out
+
+
+def _covers(store, followed):
+  covered = set(id(v) for v in store.variables.values())
+  return all(id(v) in covered for v in followed.values())
+
+
+def _check_covers(store, followed, followers):
+  """Refuses a store of your own without the followers' state.
+
+  Raises:
+    ValueError: The store leaves some of it out; names it, and the fix.
+  """
+  covered = set(id(v) for v in store.variables.values())
+  missing = [k for k, v in followed.items() if id(v) not in covered]
+  if missing:
+    raise ValueError(
+      "SnapshotCallback's store %r does not cover the state that %s keeps "
+      "in this fit (%s), so a rollback would leave it as the rolled-back "
+      "batches made it. Pass store=None (the default store covers it), or "
+      "add that state to your store's var_list (Lookahead's: "
+      "lookahead.variables())."
+      % (
+        store.name,
+        " and ".join(sorted(set(type(f).__name__ for f in followers))),
+        ", ".join(missing[:5] + (["..."] if len(missing) > 5 else [])),
+      )
+    )
+
+
 class _Keeper(object):
   """What both eager keepers hold: the callback's rollback options, and the
   store, model and learning-rate variable of the current `fit`."""
@@ -200,6 +316,18 @@ class _Keeper(object):
     self._built_for = None  # (model, optimizer) the store was made for
     self._model = None
     self._rate = None  # the learning-rate variable `backoff` multiplies
+    self._followers = []  # callbacks of this fit following its rollbacks
+
+  def _lead(self, model, params):
+    """Takes the callbacks of this `fit` that follow rollbacks (see
+    "Callbacks with state of their own" in the module doc): their state."""
+    self._followers = _lead(self, model, params)
+    return followed_state(self._followers)
+
+  def _stand(self):
+    """After a batch that is not rolled back: the followers' updates."""
+    for follower in self._followers:
+      follower.batch_stands()
 
 
 class EagerKeeper(_Keeper):
@@ -253,17 +381,25 @@ class EagerKeeper(_Keeper):
 
   # -- fit ---------------------------------------------------------------------
 
-  def start(self, model):
+  def start(self, model, params=None):
     """`on_train_begin`: checks, then the store (built or reused), traced now.
+
+    Args:
+      model: The model `fit` trains.
+      params: The callbacks' `params` of this `fit` (one dict per `fit`):
+        which callbacks following rollbacks are in it.
 
     Raises:
       ValueError: `backoff` with a learning rate that is not a variable; a
-        store built in graph mode; the default store's own checks.
+        store built in graph mode, or one of your own without the state of a
+        callback following rollbacks; a follower led by another callback;
+        the default store's own checks.
       TypeError: A store function that returns no `SnapshotStore`.
     """
     rate = _learning_rate(model, self._backoff)
     self._coordinator = _coordinator(model)
     self._join()
+    followed = self._lead(model, params)
     if self._default:
       unbuilt = _unbuilt_optimizers(model)
       if unbuilt:
@@ -283,8 +419,12 @@ class EagerKeeper(_Keeper):
           )
         )
       optimizer = model.optimizer
-      if self.store is None or self._built_for != (model, optimizer):
-        self._set_store(_default_store(model), (model, optimizer))
+      if (
+        self.store is None
+        or self._built_for != (model, optimizer)
+        or not _covers(self.store, followed)
+      ):
+        self._set_store(_default_store(model, followed), (model, optimizer))
         _warm_up(self.store, model)
     elif self.store is None or (
       self._built_for is not None and self._built_for[0] is not model
@@ -298,6 +438,8 @@ class EagerKeeper(_Keeper):
           )
       _check_eager_store(store)
       self._set_store(store, (model, None))
+    if not self._default:
+      _check_covers(self.store, followed, self._followers)
     self._model = model
     self._rate = rate
     self._metric_vars = self._uncovered_metrics()
@@ -318,7 +460,10 @@ class EagerKeeper(_Keeper):
       return
     model = self._model
     self._join()
-    self._set_store(_default_store(model), (model, model.optimizer))
+    self._set_store(
+      _default_store(model, followed_state(self._followers)),
+      (model, model.optimizer),
+    )
     _warm_up(self.store, model)
     self._metric_vars = self._uncovered_metrics()
     # The state now is what the next batch starts from: its snapshot.
@@ -361,6 +506,7 @@ class EagerKeeper(_Keeper):
       self._metric_vars = self._uncovered_metrics()
     if value is None or np.all(np.isfinite(value)):
       self._consecutive = 0
+      self._stand()
       return
     self._join()
     tag, period = self._roll_back(value, step)
@@ -513,12 +659,18 @@ class InStepKeeper(_Keeper):
 
   # -- fit ---------------------------------------------------------------------
 
-  def start(self, model):
+  def start(self, model, params=None):
     """`on_train_begin`: checks, then wraps `model.train_step` (module doc).
+
+    Args:
+      model: The model `fit` trains.
+      params: The callbacks' `params` of this `fit` (see `EagerKeeper`).
 
     Raises:
       ValueError: `backoff` with a learning rate that is not a variable; a
-        store of your own built in graph mode or without device slots.
+        store of your own built in graph mode, without device slots or
+        without the state of a callback following rollbacks; a follower led
+        by another callback.
     """
     strategy = model.distribute_strategy
     if _coordinator(model) is not None:
@@ -544,8 +696,11 @@ class InStepKeeper(_Keeper):
         "replica context. Use in_step_undo='copy'."
         % (type(strategy).__name__, replicas, "" if replicas == 1 else "s")
       )
+    followed = self._lead(model, params)
     if isinstance(self._store_arg, SnapshotStore):
       _check_in_step_store(self._store_arg)
+      if self.undo == "copy":
+        _check_covers(self._store_arg, followed, self._followers)
     if self._counts is None or self._counts_for is not strategy:
       # Under a strategy, one component per replica, each written by its
       # replica alone (aggregation NONE): every replica takes the same
@@ -612,10 +767,12 @@ class InStepKeeper(_Keeper):
       # no read of the counts (a read costs as much as a small step's copy).
       # (With replicas, the logs hold one replica's value; the step decided
       # on all of theirs.)
+      self._stand()
       return
     rollbacks, consecutive = (int(c) for c in self._counts.numpy())
     new, self._seen = rollbacks - self._seen, rollbacks
     if not new:
+      self._stand()
       return
     self.rollbacks += new
     if self._on_rollback is not None:
@@ -761,6 +918,7 @@ class InStepKeeper(_Keeper):
 
   def _make_store(self, model):
     """The store (made or reused), its slot pinned and written now."""
+    followed = followed_state(self._followers)
     if self._store_arg is None:
       optimizer = model.optimizer
       covered = (
@@ -769,11 +927,12 @@ class InStepKeeper(_Keeper):
         else frozenset()
       )
       if not covered or any(
-        id(v) not in covered for v in _default_variables(model)
+        id(v) not in covered
+        for v in _default_variables(model) + list(followed.values())
       ):
         if self.store is not None:
           self.store.close()  # ours: its shadows are freed
-        self.store = _default_store(model, max_to_keep=1)
+        self.store = _default_store(model, followed, max_to_keep=1)
         self._built_for = (model, optimizer)
     elif self.store is None or self._built_for[0] is not model:
       store = self._store_arg
@@ -784,6 +943,7 @@ class InStepKeeper(_Keeper):
             "The store function returned %r, not a SnapshotStore." % (store,)
           )
         _check_in_step_store(store)
+        _check_covers(store, followed, self._followers)
       self.store = store
       self._built_for = (model, None)
     self._snap = self.store.slots.snapshot_in_step(0, self._tag)
@@ -1172,10 +1332,16 @@ def _all_finite(variables):
   return bool(tf2.reduce_all(tf2.stack(checks)).numpy()) if checks else True
 
 
-def _default_store(model, max_to_keep=2):
-  """Device store of the model, its optimizers' state and the metrics made."""
+def _default_store(model, followed=None, max_to_keep=2):
+  """Device store of the model, its optimizers' state, the metrics made and
+  `followed` ({key: variable}: the state of callbacks following rollbacks)."""
+  var_list = _default_var_list(model)
+  covered = set(id(v) for v in var_list.values())
+  for key, variable in (followed or {}).items():
+    if id(variable) not in covered:
+      var_list[eager_variables.unique_key(key, var_list)] = variable
   return SnapshotStore(
-    var_list=dict(_default_var_list(model)),
+    var_list=dict(var_list),
     mode="device",
     max_to_keep=max_to_keep,
     name="snapshot_callback",

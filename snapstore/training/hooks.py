@@ -433,8 +433,9 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
       optimizer's state (slots and `iterations`, not the learning rate),
       keeping 2 snapshots: an exact rollback. Eagerly, the callback also
       copies the compiled metrics (the logs' running means) with each
-      snapshot. Built once per graph (eagerly: per model and optimizer), at
-      the start of `fit`.
+      snapshot, and covers the state of a Lookahead callback in the same
+      `fit` (`lookahead.variables()`; a store of your own must). Built once
+      per graph (eagerly: per model and optimizer), at the start of `fit`.
     every_n_batches: Snapshot every this many batches.
     every_n_secs: Or: snapshot when this many seconds have passed.
     monitor: The key of the value to check in the batch logs; None: snapshots
@@ -556,7 +557,7 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
           self._on_rollback,
           self._backoff,
         )
-      self._eager.start(self.model)
+      self._eager.start(self.model, self.params)
       self._keeper = self._eager
       return
     if self._in_step is not None:

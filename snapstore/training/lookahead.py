@@ -43,6 +43,11 @@ dispatch). With `fit`, its `callback()` calls it after every batch:
     #     model.fit(x, y, callbacks=[lookahead.callback()])
     slow_loss = lookahead.evaluate_with(lambda: loss_fn(y, model(x)))
 
+With a `SnapshotCallback` in the same `fit` (in either order), a batch it
+rolls back never happened for Lookahead either: its counter and slow weights
+are rolled back with the model, and it counts only the batches that stand
+(`KerasLookahead.callback`).
+
 Why a helper and not a wrapped Keras optimizer: wrapping means subclassing
 two optimizer base classes (Keras 3's and tf-keras's, each with its own
 build, variable tracking, loss scaling, EMA and serialization) and keeping up
@@ -67,6 +72,7 @@ from snapstore.eager import copies as eager_copies
 from snapstore.eager import distributed as eager_distributed
 from snapstore.modes import eager_device
 from snapstore.store import SnapshotStore
+from snapstore.training import eager_callback
 from snapstore.training.wrapped_optimizer import WrapperOptimizer
 
 SLOW = "slow"
@@ -437,6 +443,7 @@ class KerasLookahead(object):
     self._optimizer = optimizer
     self._k = k
     self._alpha = alpha
+    self._name = name
     self._store = SnapshotStore(
       var_list=fast, mode="device", max_to_keep=1, name=name
     )
@@ -487,6 +494,20 @@ class KerasLookahead(object):
     """
     return self._store
 
+  def variables(self):
+    """`{key: variable}` of Lookahead's state: the counter and slow weights.
+
+    Keyed "<name>/counter" and "<name>/slow/<fast weight's key>" (`name`
+    the constructor's). The state a rollback of the fast weights must take
+    back too: `SnapshotCallback`'s default store covers it; add it to the
+    `var_list` of a store of your own (`dict(var_list,
+    **lookahead.variables())`), or to a `tf.train.Checkpoint`.
+    """
+    out = collections.OrderedDict([(self._name + "/counter", self._counter)])
+    for key, phi in self._store.slots.shadows(0).items():
+      out["%s/slow/%s" % (self._name, key)] = phi
+    return out
+
   def update(self):
     """Counts one inner step; every `k`, synchronizes slow and fast weights.
 
@@ -536,6 +557,13 @@ class KerasLookahead(object):
     `model.fit(..., callbacks=[lookahead.callback()])`. `fit` must run one
     step per batch end (`steps_per_execution=1`, the default); the callback
     checks this, and the optimizer, when training begins.
+
+    With a `SnapshotCallback` in the same `fit`, in either order, a
+    rolled-back batch never happened for Lookahead either: the
+    `SnapshotCallback` calls `update()` once it knows the batch stands (from
+    its own batch end), and its rollbacks restore Lookahead's counter and
+    slow weights too (its default store covers `variables()`; a store of
+    your own must, or `fit` is refused).
     """
     base = _callback_base(self._optimizer)
     if base not in _CALLBACKS:
@@ -576,11 +604,14 @@ _CALLBACKS = {}  # Keras Callback base class -> the Lookahead callback class
 
 def _callback_class(base):
   class LookaheadCallback(base):
-    """Calls `KerasLookahead.update()` after every training batch."""
+    """Calls `KerasLookahead.update()` after every training batch, or lets
+    a `SnapshotCallback` of the same `fit` call it after each batch it does
+    not roll back (`eager_callback.follow_rollbacks`)."""
 
     def __init__(self, lookahead):
       super(LookaheadCallback, self).__init__()
       self.lookahead = lookahead
+      eager_callback.follow_rollbacks(self)
 
     def on_train_begin(self, logs=None):
       del logs
@@ -588,6 +619,13 @@ def _callback_class(base):
 
     def on_train_batch_end(self, batch, logs=None):
       del batch, logs
+      if not eager_callback.is_led(self):
+        self.lookahead.update()
+
+    def rollback_variables(self):
+      return self.lookahead.variables()
+
+    def batch_stands(self):
       self.lookahead.update()
 
   return LookaheadCallback

@@ -158,6 +158,135 @@ def test_evaluate_with_the_slow_weights_and_reset():
   )
 
 
+# -- with SnapshotCallback: a rolled-back batch never happened for Lookahead ----
+
+B, NB = 16, 8  # batch size, batches per epoch
+BAD = 3
+
+
+def _fit_data(bad=None):
+  """NB batches; batch `bad` (if any) has a NaN example, or is left out."""
+  rng = np.random.RandomState(0)
+  x = rng.randn(B * NB, 3).astype(np.float32)
+  y = np.tanh(x @ rng.randn(3, 1)).astype(np.float32)
+  if bad == "nan":
+    common.spoil(x, y, BAD * B)
+  elif bad == "left_out":
+    keep = np.r_[0 : BAD * B, (BAD + 1) * B : B * NB]
+    x, y = x[keep], y[keep]
+  return x, y
+
+
+def _lookahead_fit(data, snapshot_callback=None, order="snapshot_first"):
+  """A 2-epoch fit of Adam with Lookahead(k=2): the state it ends with."""
+  model = common.small_model(seed=3)
+  opt = keras.optimizers.Adam(0.01)
+  model.compile(optimizer=opt, loss="mse", metrics=["mae"])
+  lookahead = snapstore.Lookahead(opt, k=2, alpha=0.5, var_list=model)
+  callbacks = [lookahead.callback()]
+  if snapshot_callback is not None:
+    if order == "snapshot_first":
+      callbacks.insert(0, snapshot_callback)
+    else:
+      callbacks.append(snapshot_callback)
+  model.fit(
+    *data,
+    batch_size=B,
+    epochs=2,
+    shuffle=False,
+    verbose=0,
+    callbacks=callbacks,
+  )
+  slow = list(lookahead.store().arrays("slow").values())
+  state = values(common.state_variables(model, opt))
+  return state, slow, int(lookahead.counter.numpy())
+
+
+HOW = {
+  "every_batch": dict(every_n_batches=1),
+  "in_step_copy": dict(in_step=True),
+  "in_step_skip": dict(in_step=True, in_step_undo="skip"),
+}
+
+
+@pytest.mark.parametrize("order", ["snapshot_first", "lookahead_first"])
+@pytest.mark.parametrize("how", sorted(HOW))
+def test_a_rolled_back_batch_never_happened_for_lookahead(how, order):
+  # Lookahead counted the rolled-back batch (16 instead of 14) and synced
+  # from it; listed first, it synced the slow weights from the NaN weights
+  # before the rollback, which left them NaN.
+  if how == "in_step_skip":
+    # The gated update rounds otherwise than an ungated one: the reference
+    # is the same program (as in test_callback.py).
+    reference = _fit_data("left_out"), snapstore.SnapshotCallback(**HOW[how])
+  else:
+    reference = _fit_data("left_out"), None
+  state, slow, counter = _lookahead_fit(*reference, order=order)
+  assert counter == 2 * (NB - 1)
+  callback = snapstore.SnapshotCallback(**HOW[how])
+  got_state, got_slow, got_counter = _lookahead_fit(
+    _fit_data("nan"), callback, order
+  )
+  assert callback.rollbacks == 2  # the NaN batch, in each epoch
+  assert got_counter == counter
+  assert all(np.all(np.isfinite(a)) for a in got_slow)
+  assert_bits_equal(slow, got_slow)
+  assert len(state) > 20  # weights, Adam's slots and iterations
+  assert_bits_equal(state, got_state)
+
+
+def _compiled_with_lookahead():
+  model = common.small_model(seed=3)
+  opt = keras.optimizers.Adam(0.01)
+  model.compile(optimizer=opt, loss="mse", metrics=["mae"])
+  return model, snapstore.Lookahead(opt, k=2, alpha=0.5, var_list=model)
+
+
+class _AtBatchBegin(keras.callbacks.Callback):
+  """The weights and Lookahead's state at the start of every batch."""
+
+  def __init__(self, lookahead):
+    super(_AtBatchBegin, self).__init__()
+    slow = lookahead.store().slots.shadows(0).values()
+    self.variables = [lookahead.counter] + list(slow)
+    self.seen = []
+
+  def on_train_batch_begin(self, batch, logs=None):
+    state = common.state_variables(self.model, self.model.optimizer)
+    self.seen.append(values(self.variables + state))
+
+
+@pytest.mark.parametrize("order", ["snapshot_first", "lookahead_first"])
+def test_a_rollback_over_several_batches_takes_lookahead_back_too(order):
+  # Snapshots before batches 0, 3, 6; batch 4 is NaN: back to the start of
+  # batch 3, which Lookahead had counted (3 -> 4) and synced after (k=2).
+  model, lookahead = _compiled_with_lookahead()
+  recorder = _AtBatchBegin(lookahead)
+  snapshots = snapstore.SnapshotCallback(every_n_batches=3)
+  callbacks = [snapshots, lookahead.callback()]
+  if order == "lookahead_first":
+    callbacks.reverse()
+  x, y = _fit_data()
+  common.spoil(x, y, 4 * B)
+  model.fit(
+    x,
+    y,
+    batch_size=B,
+    epochs=1,
+    shuffle=False,
+    verbose=0,
+    callbacks=callbacks + [recorder],
+  )
+  assert snapshots.rollbacks == 1
+  # The counter at the start of each batch: batch 4 undone with batch 3.
+  assert [int(seen[0]) for seen in recorder.seen] == [0, 1, 2, 3, 4, 3, 4, 5]
+  slow = slice(1, len(recorder.variables))
+  moved = zip(recorder.seen[3][slow], recorder.seen[4][slow])
+  assert any(a.tobytes() != b.tobytes() for a, b in moved)  # the sync
+  assert_bits_equal(recorder.seen[3], recorder.seen[5])
+  assert int(lookahead.counter.numpy()) == 6  # 8 batches, 2 undone
+
+
 # -- errors --------------------------------------------------------------------
 
 
@@ -209,3 +338,80 @@ def test_fit_with_another_optimizer_is_refused():
   x, y = common.batches(1)[0]
   with pytest.raises(ValueError, match="not the one this Lookahead follows"):
     model.fit(x, y, verbose=0, callbacks=[lookahead.callback()])
+
+
+def _fit_once(model, callbacks, data=None):
+  model.fit(
+    *(data or _fit_data()),
+    batch_size=B,
+    epochs=1,
+    shuffle=False,
+    verbose=0,
+    callbacks=callbacks,
+  )
+
+
+@pytest.mark.parametrize("how", ["every_batch", "in_step_copy"])
+def test_a_store_of_your_own_without_lookaheads_state_is_refused(how):
+  model, lookahead = _compiled_with_lookahead()
+  store = snapstore.SnapshotStore(var_list=model, optimizer=model.optimizer)
+  callback = snapstore.SnapshotCallback(store, **HOW[how])
+  before = values(model.weights)
+  with pytest.raises(
+    ValueError,
+    match=r"store 'snapstore' does not cover the state that "
+    r"LookaheadCallback keeps in this fit \(Lookahead/counter, "
+    r"Lookahead/slow/.*store=None.*lookahead.variables\(\)",
+  ):
+    _fit_once(model, [callback, lookahead.callback()])
+  assert int(lookahead.counter.numpy()) == 0
+  assert_bits_equal(before, values(model.weights))
+
+
+@pytest.mark.parametrize("how", ["every_batch", "in_step_copy"])
+def test_a_store_of_your_own_with_lookaheads_state_rolls_it_back(how):
+  reference, lookahead = _compiled_with_lookahead()
+  _fit_once(reference, [lookahead.callback()], _fit_data("left_out"))
+  expected = list(lookahead.store().arrays("slow").values())
+  model, lookahead = _compiled_with_lookahead()
+  full = snapstore.SnapshotStore(var_list=model, optimizer=model.optimizer)
+  store = snapstore.SnapshotStore(
+    var_list=dict(full.variables, **lookahead.variables()), max_to_keep=2
+  )
+  callback = snapstore.SnapshotCallback(store, **HOW[how])
+  _fit_once(model, [lookahead.callback(), callback], _fit_data("nan"))
+  assert callback.rollbacks == 1
+  assert int(lookahead.counter.numpy()) == NB - 1
+  assert_bits_equal(expected, list(lookahead.store().arrays("slow").values()))
+  assert_bits_equal(values(reference.weights), values(model.weights))
+
+
+def test_two_snapshot_callbacks_with_one_lookahead_are_refused():
+  model, lookahead = _compiled_with_lookahead()
+  callbacks = [
+    snapstore.SnapshotCallback(every_n_batches=1),
+    lookahead.callback(),
+    snapstore.SnapshotCallback(every_n_batches=2),
+  ]
+  with pytest.raises(
+    ValueError,
+    match="LookaheadCallback follows the rollbacks of one SnapshotCallback, "
+    "but this fit has two.*Pass fit one SnapshotCallback",
+  ):
+    _fit_once(model, callbacks)
+  assert int(lookahead.counter.numpy()) == 0
+
+
+def test_each_fit_pairs_only_its_own_callbacks():
+  # A Lookahead callback and a SnapshotCallback of an earlier fit are not
+  # paired in a later one: alone, Lookahead counts every batch itself, and
+  # a SnapshotCallback alone no longer steps it.
+  model, lookahead = _compiled_with_lookahead()
+  follower = lookahead.callback()
+  snapshots = snapstore.SnapshotCallback(every_n_batches=1)
+  _fit_once(model, [follower, snapshots])
+  assert int(lookahead.counter.numpy()) == NB
+  _fit_once(model, [follower])
+  assert int(lookahead.counter.numpy()) == 2 * NB
+  _fit_once(model, [snapshots])
+  assert int(lookahead.counter.numpy()) == 2 * NB
