@@ -102,11 +102,9 @@ class _Worlds(object):
       )
     if mode == "disk":
       options["memory_budget"] = _BUDGET
-    world = worlds.World(
+    return worlds.World(
       _SHAPES, mode, max_to_keep, use_resource=use_resource, **options
     )
-    world.spills = spills
-    return world
 
   @classmethod
   def close_all(cls):
@@ -125,6 +123,7 @@ class StoreMachine(stateful.RuleBasedStateMachine):
   def start(self, seed):
     self.world = _Worlds.get(self.config, self.use_resource)
     self.store = self.world.store
+    self.spills = CONFIGS[self.config][1]
     for tag in self.store.tags():
       self.store.delete(tag)
     self.store.files.flush()
@@ -151,9 +150,9 @@ class StoreMachine(stateful.RuleBasedStateMachine):
     return self.world.mode == "device"
 
   def _victim(self, tag):
-    """The tag storing `tag` evicts, or None; raises PinnedTagError (via
-    `_raises`) when every counted tag is pinned: None, False then."""
-    if self.world.spills and self.world.mode != "disk":
+    """The held tag that storing `tag` evicts; None if none; False if every
+    counted tag is pinned (the call raises PinnedTagError)."""
+    if self.spills and self.world.mode != "disk":
       counted = self._fast()  # spilled snapshots are outside the bound
     else:
       counted = list(self.order)
@@ -170,17 +169,19 @@ class StoreMachine(stateful.RuleBasedStateMachine):
     Args:
       tag: The tag given (None: the next automatic one).
       arrays: What the snapshot holds.
-      stored: `fn(tag)` making the call, returning the tag it stored.
+      stored: `fn(tag)` making the call with the tag given, returning the
+        tag it stored.
     """
+    given = tag
     if tag is None:
       tag = self.next_auto
     victim = self._victim(tag)
     if victim is False:
       with _raises(snapstore.PinnedTagError):
-        stored(tag)
+        stored(given)
       return
-    got = stored(tag)
-    assert got == tag, (got, tag)
+    got = stored(given)
+    assert got == tag, (got, given, tag)
     if isinstance(tag, int):
       self.next_auto = max(self.next_auto, tag + 1)
     if victim is not None:
@@ -286,7 +287,7 @@ class StoreMachine(stateful.RuleBasedStateMachine):
   @stateful.rule(data=st.data())
   def spill(self, data):
     tag = self._pick(data)
-    if not self.world.spills:
+    if not self.spills:
       with _raises(snapstore.ModeError):
         self.world.spill(tag)
       return
