@@ -5,6 +5,7 @@
     tag = world.snapshot()           # store.snapshot(), with the session if any
     world.restore(tag)
     world.evaluate(tag)              # evaluate_with reading every variable
+    world.evaluate_failing(tag)      # ... zeroing them, then failing
     world.read()                     # {key: array}, copies
     world.store.delete(tag)          # calls that take no session: the store's
     world.close()
@@ -63,6 +64,10 @@ def cases(modes):
   ]
 
 
+class Failure(Exception):
+  """Raised by the eager world's failing `evaluate_with` function."""
+
+
 class _World(object):
   """What both engines' worlds share (see module doc).
 
@@ -77,6 +82,8 @@ class _World(object):
 
   engine = None
   store = None  # so that close() is safe if __init__ raised
+  # What `evaluate_failing` raises.
+  failure = None
 
   def __init__(
     self, shapes, mode="device", max_to_keep=None, use_resource=True, **options
@@ -113,6 +120,7 @@ class _GraphWorld(_World):
 
   engine = "graph"
   sess = None
+  failure = tf.errors.InvalidArgumentError
 
   def _build(self, mode, max_to_keep, use_resource, options):
     self.graph = tf.Graph()
@@ -125,6 +133,10 @@ class _GraphWorld(_World):
       self.store = snapstore.SnapshotStore(
         scope="net", mode=mode, max_to_keep=max_to_keep, **options
       )
+      zeroed = [tf.assign(v, tf.zeros_like(v)) for v in self.variables.values()]
+      nan = tf.placeholder_with_default(np.float32(np.nan), [])  # not folded
+      with tf.control_dependencies(zeroed):
+        self._failing = tf.check_numerics(nan, "evaluate_with fails on purpose")
       init = [
         tf.global_variables_initializer(),
         tf.local_variables_initializer(),
@@ -146,6 +158,10 @@ class _GraphWorld(_World):
     got = self.store.evaluate_with(self._fetch, tag=tag, session=self.sess)
     return dict(zip(self.keys, got))
 
+  def evaluate_failing(self, tag=None):
+    """`evaluate_with` of a fetch that zeroes the variables, then fails."""
+    self.store.evaluate_with(self._failing, tag=tag, session=self.sess)
+
   @contextlib.contextmanager
   def counting(self):
     """Yields a function giving the ops added to the graph since."""
@@ -164,6 +180,7 @@ class _EagerWorld(_World):
   """One eager `tf.Variable` per key and a store over the dict of them."""
 
   engine = "eager"
+  failure = Failure
 
   def _build(self, mode, max_to_keep, use_resource, options):
     del use_resource  # eager variables are resource variables
@@ -189,6 +206,16 @@ class _EagerWorld(_World):
 
   def evaluate(self, tag=None):
     return self.store.evaluate_with(self.read, tag=tag)
+
+  def evaluate_failing(self, tag=None):
+    """`evaluate_with` of a function that zeroes the variables, then fails."""
+
+    def fn():
+      for v in self.variables.values():
+        v.assign(tf2.zeros_like(v))
+      raise Failure("evaluate_with fails on purpose")
+
+    self.store.evaluate_with(fn, tag=tag)
 
   @contextlib.contextmanager
   def counting(self):
