@@ -351,6 +351,31 @@ def session_closed(session):
   )
 
 
+def call_with_captures(concrete, captures):
+  """Calls `concrete` (a `ConcreteFunction` of no arguments) with `captures`
+  in place of its `captured_inputs`, position by position.
+
+  What a function reads through a captured variable handle it then reads
+  through the handle given in its place (`ConcreteFunction._call_flat`, the
+  call every `ConcreteFunction.__call__` makes, at the same place on TF 2.15
+  and 2.21). Returns the function's structured outputs.
+  """
+  return concrete._call_flat([], list(captures))  # pylint: disable=protected-access
+
+
+def function_captures(concrete):
+  """[(external, internal)] of a `ConcreteFunction`'s graph captures: the
+  tensor each capture takes from outside, and the placeholder that stands
+  for it inside (`FuncGraph.captures`), in `captured_inputs` order."""
+  graph = concrete.graph
+  return list(zip(graph.external_captures, graph.internal_captures))
+
+
+def in_xla_context():
+  """True while a function compiled by XLA (`jit_compile=True`) is traced."""
+  return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
+
+
 def function_def(graph, name):
   """The FunctionDef of function `name` in `graph`'s library, or None.
 

@@ -24,10 +24,12 @@ from snapstore.files import npz
 from snapstore.files import object_graph
 from snapstore.files import sources
 from snapstore.core import failures
+from snapstore.eager import traced
 from snapstore import errors
 from snapstore.spill import file as spill_file
 
 
+@traced.not_converted_methods
 class Files(object):
   """Snapshot files of a store (see module doc). Made by `store.files`.
 

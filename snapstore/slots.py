@@ -32,6 +32,7 @@ import collections
 from snapstore.core import checks
 from snapstore.core import distributed
 from snapstore.eager import in_step as eager_in_step
+from snapstore.eager import traced
 from snapstore import errors
 from snapstore.graph import in_step
 from snapstore.graph import rewire
@@ -50,6 +51,7 @@ _EAGER_WAY = {
 }
 
 
+@traced.not_converted_methods
 class Slots(object):
   """The device slots of a store (see module doc). Made by `store.slots`.
 
@@ -194,6 +196,20 @@ class Slots(object):
       return None
     return self._rewirer.lookup(fetches, feed_dict, self._set.slot_of(tag))
 
+  def run_together(self, fetches, feed_dict, tags, session):
+    """`{tag: values}` of the `tags` whose fetches all have rewired versions
+    for their slot, run in one `session.run` (the others are left out)."""
+    in_one_run, fetch_list, feeds = [], [], dict(feed_dict or {})
+    for tag in tags:
+      rewired = self.rewired(fetches, feed_dict, tag)
+      if rewired is not None:
+        in_one_run.append(tag)
+        fetch_list.append(rewired[0])
+        feeds.update(rewired[1] or {})  # each slot's copies of fed tensors
+    if not in_one_run:
+      return {}
+    return dict(zip(in_one_run, session.run(fetch_list, feed_dict=feeds)))
+
   def slot_of(self, tag):
     """The slot holding snapshot `tag`.
 
@@ -234,6 +250,7 @@ class Slots(object):
         held in another slot.
       TypeError: A tag that is not an int or a non-empty string.
     """
+    self._h.check_not_traced("slots.pin")
     with self._h.lock:
       return self._pin(*self._check_pin("pin", slot, tag))
 

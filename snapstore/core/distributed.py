@@ -64,6 +64,8 @@ graph engine gives them the eager engine's semantics
     for part, x in zip(parts, spread(v, value)): assign(part, x)
 """
 
+import numpy as np
+
 from snapstore._tf import distribute_values
 from snapstore._tf import parameter_server_strategy
 from snapstore._tf import ops
@@ -221,6 +223,28 @@ def spread(variable, value):
         zero = -zero  # x + (-0.0) is x for every x, -0.0 included
       values.append(zero)
   return values
+
+
+def component_array(variable, index, array, kept=None):
+  """The value a host restore writes into component `index` of `variable`,
+  as a numpy array: from the snapshot's `array` and what it `kept` of the
+  variable's replicas (`kept_components`' values, or None), as `spread`
+  and a restore's kept replicas lay them out."""
+  parts = components(variable)
+  if kept is not None:
+    first_kept = len(parts) - len(kept)  # 1 for mirrored, 0 for sync-on-read
+    return kept[index - first_kept] if index >= first_kept else array
+  if (
+    index > 0
+    and is_distributed(variable)
+    and _sync_on_read(variable)
+    and variable.aggregation == tf.VariableAggregation.SUM
+  ):
+    zero = np.zeros_like(array)
+    if zero.dtype.kind in "fc":
+      zero = -zero  # as spread: x + (-0.0) is x for every x
+    return zero
+  return array
 
 
 def may_differ(variable):

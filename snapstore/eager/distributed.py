@@ -72,6 +72,34 @@ def make_shadow(variable, name):
       )
 
 
+def make_marker(variable, value, name):
+  """An int64 scalar variable beside `variable`, eager, made as a shadow is.
+
+  For a device slot's marker (`snapstore/eager/traced.py`): where the
+  slot's shadows are, so that a function reading it runs where they do (a
+  parameter server's, every replica's own component under a mirrored
+  strategy, written to all of them from cross-replica context).
+  """
+  initial = lambda: tf.constant(value, tf.int64)  # noqa: E731
+  with tf2.init_scope():
+    if not is_distributed(variable):
+      with tf.device(variable.device):
+        return tf2.Variable(
+          initial(), trainable=False, name=name, dtype=tf.int64, shape=[]
+        )
+    strategy = variable.distribute_strategy
+    with strategy.scope(), strategy.extended.colocate_vars_with(variable):
+      return tf2.Variable(
+        initial,
+        trainable=False,
+        name=name,
+        dtype=tf.int64,
+        shape=[],
+        synchronization=tf2.VariableSynchronization.ON_WRITE,
+        aggregation=tf2.VariableAggregation.ONLY_FIRST_REPLICA,
+      )
+
+
 def read(variable):
   """The value a host snapshot keeps (module doc), as a tensor."""
   if not is_distributed(variable):

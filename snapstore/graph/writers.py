@@ -265,6 +265,65 @@ class WriteFinder(object):
     return write
 
 
+def written_handles(handles):
+  """The positions in `handles` whose resource an op of their graph may write.
+
+  The forward counterpart of `WriteFinder`, for handles that do not come
+  from a variable op of the graph: a function graph's placeholders for the
+  variable handles it captures (what a `tf.function` body reads its
+  variables through). Each handle is followed to every op that takes it,
+  by the same rule: a read-only op ends the walk, an op that passes the
+  handle on is followed through the outputs that carry it, a function call
+  or functional control flow is looked into, and any other op may write.
+
+  Args:
+    handles: Resource tensors of one graph.
+
+  Returns:
+    A set of indices into `handles`.
+  """
+  bodies = _Bodies()
+  found = set()
+  for k, handle in enumerate(handles):
+    todo, seen = [handle], set()
+    while todo and k not in found:
+      tensor = todo.pop()
+      if id(tensor) in seen:
+        continue
+      seen.add(id(tensor))
+      for op in tensor.consumers():
+        indices = [i for i, x in enumerate(op.inputs) if x is tensor]
+        writes, passed = _forward(op, indices, bodies)
+        if writes:
+          found.add(k)
+          break
+        todo.extend(passed)
+  return found
+
+
+def _forward(op, indices, bodies):
+  """(may write, the outputs that carry the handle) for `op` taking it at
+  its inputs `indices` (see `written_handles`)."""
+  if op.type in READ_ONLY_RESOURCE_OPS:
+    return False, []
+  if op.type in _PASS_THROUGH:
+    if op.type == "IdentityN":
+      return False, [op.outputs[i] for i in indices]
+    if op.type == "Switch":
+      return False, (list(op.outputs) if 0 in indices else [])
+    if op.type == "Merge":
+      return False, [op.outputs[0]]
+    return False, ([op.outputs[0]] if 0 in indices else [])
+  if _known_writer(op.type) or not bodies.is_function_op(op):
+    return True, []
+  write, returned = bodies.call(
+    op.type, _function_attrs(op.node_def), indices, op.graph
+  )
+  if write is not None or returned is None:
+    return True, []
+  return False, [op.outputs[j] for j in sorted(returned)]
+
+
 class _Bodies(object):
   """Function bodies of a graph's library, and what each does with its args."""
 

@@ -20,6 +20,7 @@ function on first use.
 
 import numpy as np
 
+from snapstore._tf import tf
 from snapstore._tf import tf2
 from snapstore.core import buffers
 from snapstore.core.distributed import kept_components
@@ -27,6 +28,7 @@ from snapstore.core.distributed import replica_layout
 from snapstore.eager import copies
 from snapstore.eager import distributed
 from snapstore.eager import multi_worker
+from snapstore.eager import traced
 from snapstore import errors
 from snapstore.modes import base
 from snapstore.modes import slot_book
@@ -57,7 +59,6 @@ class EagerDeviceMode(slot_book.SlotBook):
     self._slots = [
       _shadows(varset, "%s/slot_%d" % (name, k)) for k in range(max_to_keep)
     ]
-    self._scratch = _shadows(varset, name + "/scratch")
     p = self._primaries
     self._takes = [
       copies.copier(p, s, "snapshot_%d" % k) for k, s in enumerate(self._slots)
@@ -65,8 +66,21 @@ class EagerDeviceMode(slot_book.SlotBook):
     self._restores = [
       copies.copier(s, p, "restore_%d" % k) for k, s in enumerate(self._slots)
     ]
-    self._stash = copies.copier(p, self._scratch, "stash")
-    self._unstash = copies.copier(self._scratch, p, "unstash")
+    # evaluate_with's swap sets the current values aside in a scratch set;
+    # a call nested in the evaluated function in the next one (made on
+    # first use), so that each puts back what it found.
+    self._scratches = []
+    self._depth = 0  # swaps in progress, one inside the other
+    self._add_scratch()
+    # Which tag each slot holds, for calls traced into the user's
+    # tf.function, which look it up when they run (eager/traced.py):
+    # written once such a call is built (`start_marking`), not before.
+    self._markers = [
+      distributed.make_marker(p[0], traced.NO_TAG, "%s/slot_%d/tag" % (name, k))
+      for k in range(max_to_keep)
+    ]
+    self._tag_ids = traced.TagIds()
+    self._marking = False
     self._reads = [
       copies.Lazy(lambda s=s, k=k: copies.reader(s, "read_%d" % k))
       for k, s in enumerate(self._slots)
@@ -91,7 +105,7 @@ class EagerDeviceMode(slot_book.SlotBook):
     ]
     self._initializer = None
     self._start_book(max_to_keep)
-    self._scratch_used = False
+    self._scratch_used = 0  # scratch sets evaluate_with has used
     # TensorFlow optimizes a function at its first run (tens of ms for a
     # small model), not when it is traced. Run the copies into the store's
     # own shadows now, while no slot holds a snapshot, so that the first
@@ -99,7 +113,7 @@ class EagerDeviceMode(slot_book.SlotBook):
     # write the variables: they pay it at their first call.)
     for take in self._takes:
       take()
-    self._stash()
+    self._scratches[0][1]()
 
   # -- slots (store.slots) -------------------------------------------------------
 
@@ -119,6 +133,41 @@ class EagerDeviceMode(slot_book.SlotBook):
     del what
     return list(self._slots[slot])
 
+  def restore_slot(self, slot):
+    """Copies slot `slot` into the variables (traced into the caller's
+    function when called while one is traced)."""
+    self._restores[slot]()
+
+  # -- slot markers, for traced calls (eager/traced.py) ---------------------------
+
+  @property
+  def markers(self):
+    """Per slot, the int64 variable holding the id of its tag (`tag_id`)."""
+    return list(self._markers)
+
+  def tag_id(self, tag):
+    """The id a marker holds for `tag`."""
+    return self._tag_ids(tag)
+
+  def start_marking(self):
+    """Keeps the markers up to date from now on (writes them now)."""
+    if not self._marking:
+      self._marking = True
+      for slot in range(len(self._slots)):
+        self._slot_changed(slot)
+
+  def _slot_changed(self, slot):
+    if not self._marking:
+      return
+    tag = self.tag_in(slot)
+    value = traced.NO_TAG if tag is None else self._tag_ids(tag)
+    # Eagerly, also when called while a step is traced (in replica context
+    # too: component by component, no cross-replica write).
+    with tf2.init_scope():
+      for part in distributed.components(self._markers[slot]):
+        with tf.device(part.device):
+          part.assign(value, read_value=False)
+
   def component_shadows(self, slot, what="component_shadows"):
     """Per variable, its shadow's components (see `DeviceMode`'s)."""
     del what
@@ -128,7 +177,7 @@ class EagerDeviceMode(slot_book.SlotBook):
 
   @property
   def nbytes(self):
-    held = len(self._slots) + (1 if self._scratch_used else 0)
+    held = len(self._slots) + self._scratch_used
     return held * self._varset.nbytes
 
   def take(self, tag, session, victim=None):
@@ -165,14 +214,38 @@ class EagerDeviceMode(slot_book.SlotBook):
     )
 
   def stash(self, session):
+    """Copies the variables into the scratch set of this nesting depth; the
+    token is that depth."""
     del session
-    self._scratch_used = True
-    self._stash()
-    return None
+    depth = self._depth
+    if depth == len(self._scratches):
+      self._add_scratch()
+    self._scratches[depth][1]()
+    self._depth = depth + 1
+    self._scratch_used = max(self._scratch_used, depth + 1)
+    return depth
 
   def unstash(self, token, session):
-    del token, session  # the values are in the scratch shadows
-    self._unstash()
+    del session
+    self._scratches[token][2]()
+    self._depth = token
+
+  def _add_scratch(self):
+    """One more scratch set: (shadows, copy into them, copy back)."""
+    k = len(self._scratches)
+    suffix = "scratch" if k == 0 else "scratch_%d" % k
+    scratch = _shadows(self._varset, "%s/%s" % (self._name, suffix))
+    self._scratches.append(
+      (
+        scratch,
+        copies.copier(
+          self._primaries, scratch, suffix.replace("scratch", "stash")
+        ),
+        copies.copier(
+          scratch, self._primaries, suffix.replace("scratch", "unstash")
+        ),
+      )
+    )
 
   def array_writer(self, name):
     return _writer(self._primaries, self._varset.specs, name)

@@ -94,6 +94,15 @@ class EagerHostMode(host_book.HostBook):
     del name
     return self._load
 
+  def write_values(self, values):
+    """Writes one value per variable, then (for variables whose replicas a
+    snapshot may keep) one per kept component as `base.replica_values`
+    lays them out: tensors, e.g. fetched when a traced function runs."""
+    if self._layout:
+      self._write_replicas(*values)
+    else:
+      self._write(*values)
+
   def _load(self, arrays, session, replicas=None):
     del session
     if not replicas:

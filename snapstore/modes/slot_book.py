@@ -42,7 +42,9 @@ class SlotBook(base.CopyMode):
     return list(self._slot_of)
 
   def delete(self, tag):
-    self._free.append(self._slot_of.pop(tag))
+    slot = self._slot_of.pop(tag)
+    self._free.append(slot)
+    self._slot_changed(slot)
 
   def _slot_for(self, tag, victim):
     if tag in self._slot_of:
@@ -67,3 +69,7 @@ class SlotBook(base.CopyMode):
     if slot in self._free:
       self._free.remove(slot)
     self._slot_of[tag] = slot
+    self._slot_changed(slot)
+
+  def _slot_changed(self, slot):
+    """Called after `slot` changed hands (took a tag, or lost its own)."""

@@ -171,6 +171,11 @@ class TieredMode(base.CopyMode):
 
   # -- tiers -----------------------------------------------------------------------
 
+  @property
+  def inner(self):
+    """The fast tier's mode (device slots or host arrays)."""
+    return self._inner
+
   def tier(self, tag):
     """ "device" or "host" (in memory), or "file"."""
     if tag in self._held:
