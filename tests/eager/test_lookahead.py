@@ -351,10 +351,13 @@ def _fit_once(model, callbacks, data=None):
   )
 
 
+@pytest.mark.parametrize("given", ["store", "function"])
 @pytest.mark.parametrize("how", ["every_batch", "in_step_copy"])
-def test_a_store_of_your_own_without_lookaheads_state_is_refused(how):
+def test_a_store_of_your_own_without_lookaheads_state_is_refused(how, given):
   model, lookahead = _compiled_with_lookahead()
   store = snapstore.SnapshotStore(var_list=model, optimizer=model.optimizer)
+  if given == "function":
+    store = lambda model, store=store: store  # noqa: E731
   callback = snapstore.SnapshotCallback(store, **HOW[how])
   before = values(model.weights)
   with pytest.raises(
@@ -366,6 +369,7 @@ def test_a_store_of_your_own_without_lookaheads_state_is_refused(how):
     _fit_once(model, [callback, lookahead.callback()])
   assert int(lookahead.counter.numpy()) == 0
   assert_bits_equal(before, values(model.weights))
+  assert "train_step" not in vars(model)  # in-step: its wrapper taken off
 
 
 @pytest.mark.parametrize("how", ["every_batch", "in_step_copy"])
