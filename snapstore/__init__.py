@@ -36,6 +36,7 @@ from snapstore.errors import SnapshotError
 from snapstore.errors import SnapshotFileError
 from snapstore.errors import SpillError
 from snapstore.errors import StoreClosedError
+from snapstore.errors import TracedCallError
 from snapstore.errors import TrialError
 from snapstore.errors import UnknownTagError
 from snapstore.graph.clone import Clone
@@ -88,6 +89,7 @@ __all__ = [
   "SpillEntry",
   "SpillError",
   "StoreClosedError",
+  "TracedCallError",
   "Trial",
   "TrialError",
   "UnknownTagError",

@@ -65,7 +65,9 @@ class SessionMismatchError(Error):
   them (a local `tf.Session`) or on the cluster's tasks (a `grpc://` target);
   see `snapstore.core.places`. The message names where the snapshot is held
   and how to use or carry it over; also raised for a snapshot dropped because
-  its session was closed or its cluster's tasks restarted, saying so.
+  its session was closed or its cluster's tasks restarted (eagerly: a
+  parameter server holding it restarted, `snapstore.eager.restarts`),
+  saying so.
   """
 
 
@@ -136,6 +138,19 @@ class CoordinationError(Error):
   snapshot at the same point (`snapstore/eager/multi_worker.py`; graph
   mode: `snapstore/graph/multi_worker.py`). Nothing was written; the
   message names the workers and the fix.
+  """
+
+
+class TracedCallError(Error):
+  """Raised when a store call is traced into a `tf.function` where it cannot work.
+
+  A traced call runs each time the function runs, but what the store holds
+  (its tags, its arrays, which snapshot a slot holds) is Python state that
+  changes between runs. `evaluate_with(fn, tag=...)` and `restore(tag)`
+  look their snapshot up at every run; calls that change or read that
+  state (`snapshot`, `delete`, `tags`, `arrays`, ...) would be fixed to
+  what it was when the function was traced, so they are refused. The
+  message names the call that works inside a traced step.
   """
 
 

@@ -15,21 +15,28 @@ The mode declares what it can do, and only through two attributes: `slot_set`
 `modes/base.py`.
 """
 
+import collections.abc
 import threading
 import time
 
+import numpy as np
+
 from snapstore._tf import tf
+from snapstore._tf import tf_variables
 from snapstore.core import catalog
 from snapstore.core import failures
 from snapstore.core import places
 from snapstore.core import sessions
 from snapstore.eager import distributed as eager_distributed
 from snapstore.eager import multi_worker
+from snapstore.eager import traced
 from snapstore.eager import restarts
 from snapstore.graph import multi_worker as graph_multi_worker
 from snapstore import errors
 
 _NOTHING = object()
+# How a refusal names a call that is not written store.<what>().
+_CALLS = {"__len__": "len(store)", "__contains__": "`tag in store`"}
 
 
 class Holdings(object):
@@ -63,6 +70,8 @@ class Holdings(object):
     )
     self.closed = False
     self._pending = _NOTHING  # current values a failed put-back left
+    self._pending_depth = 0  # how many swaps deep it was set aside
+    self._swaps = 0  # evaluate_with swaps in progress, one inside another
     # Parameter-server strategies (v2) whose ClusterCoordinator may be
     # writing the variables: every eager call checks nothing is in flight
     # (and guards wait for what their block scheduled).
@@ -84,6 +93,7 @@ class Holdings(object):
     None on the eager engine, which refuses a session.
     """
     if self.eager:
+      self.check_not_traced(what)
       if session is not None:
         raise TypeError(
           "%s() got session=%r, but this store runs eagerly (it was built "
@@ -95,6 +105,23 @@ class Holdings(object):
     if not required and session is None and tf.get_default_session() is None:
       return None
     return sessions.resolve(session, self.graph, what)
+
+  def check_not_traced(self, what, fix=None):
+    """Refuses call `what` while a `tf.function` is traced (eager engine).
+
+    Raises:
+      TracedCallError: Naming `fix`, or by default the call made outside
+        the function.
+    """
+    if self.eager and traced.is_traced():
+      call = _CALLS.get(what, "store.%s()" % what)
+      raise traced.refuse(
+        self.name,
+        what,
+        fix
+        or "call %s outside the tf.function (eagerly, e.g. between steps)"
+        % call,
+      )
 
   def data_session(self, session, what):
     """The session for a call that only moves data: none in host and disk mode."""
@@ -117,14 +144,65 @@ class Holdings(object):
 
   def put_back(self, token, sess, lost=None):
     """Writes back values `mode.stash` set aside; kept for later if it fails
-    (unless `lost`, as for `failures.translated`, says they are gone)."""
+    (unless `lost`, as for `failures.translated`, says they are gone).
+
+    Swaps nest (an `evaluate_with` inside the evaluated function): a put-back
+    that succeeds leaves the variables as they were before its own swap, so
+    a put-back still pending from a swap nested in it is obsolete: dropped.
+    """
+    depth = self._swaps
+    self._swaps -= 1
 
     def keep():  # written back by the next call's prepare, or recover()
       self._pending = token
+      self._pending_depth = depth
       return ""
 
     with failures.translated("put_back", note=keep, lost=lost):
       self.mode.unstash(token, sess)
+    if self._pending is not _NOTHING and self._pending_depth > depth:
+      self._pending = _NOTHING
+
+  def swapped(self, fetches, feed_dict, tag, sess):
+    """`evaluate_with`'s swap: runs `fetches` with snapshot `tag` loaded into
+    the variables, then puts the current values back (also when the run
+    raises). Eagerly, the result takes no gradient, as a separate target
+    network's output would take none to the current variables."""
+    with failures.translated("set_aside", lost=self.lost(tag, "evaluate_with")):
+      token = self.mode.stash(sess)
+    self._swaps += 1
+    wrote = self.lost(tag, "evaluate_with", wrote=True)
+    try:
+      with failures.translated(
+        "load", tag, self.mode.uninitialized, lost=wrote
+      ):
+        self.mode.restore(tag, sess)
+      value = self.run(fetches, feed_dict, sess, "evaluate_with")
+    finally:
+      self.put_back(token, sess, wrote)
+    return traced.no_gradient(value) if self.eager else value
+
+  def tags_to_evaluate(self, tags):
+    """`evaluate_each`'s `tags`: a list of them, by default every one held.
+
+    Raises:
+      UnknownTagError: No snapshots are held.
+      TypeError: Not a list (or other iterable) of tags.
+    """
+    if tags is None:
+      tags = self.catalog.tags()
+      if not tags:
+        self.catalog.existing(None)  # the "no snapshots yet" error
+      return tags
+    if isinstance(tags, (str, bytes)) or not isinstance(
+      tags, collections.abc.Iterable
+    ):
+      raise TypeError(
+        "evaluate_each() takes a list of tags, got tags=%r. For one "
+        "snapshot pass tags=[%r], or call evaluate_with(..., tag=%r)."
+        % (tags, tags, tags)
+      )
+    return list(tags)
 
   def run(self, fetches, feed_dict, sess, what):
     """Runs what `evaluate_with` evaluates: `sess.run`, or eagerly a call."""
@@ -215,6 +293,14 @@ class Holdings(object):
         self.mode.put(tag, values, sess, victim)
       return self.record(tag, victim, place)
 
+  def put_mapping(self, arrays, tag, session, what):
+    """Stores `arrays`, a mapping `{key: numpy array}` (`load_arrays`), as
+    snapshot `tag`: checked in full first, keys, shapes and dtypes."""
+    declared = _declared(arrays, what + "()")
+    self.varset.check_declared(declared, "The dict of arrays")
+    values = [np.asarray(arrays[k]) for k in self.varset.keys]
+    return self.put(values, tag, session, what)
+
   def read(self, tag, sess, what):
     """Snapshot `tag` as arrays in key order (`arrays`, `save_npz`)."""
     with failures.translated(
@@ -270,3 +356,47 @@ class Holdings(object):
       self.places.drop(tag, why)
     else:
       self.places.unbind(tag)
+
+
+def _declared(arrays, what):
+  """`{key: (shape, dtype)}` of `arrays`, a mapping of numeric arrays.
+
+  Args:
+    arrays: What the caller passed (`load_arrays`).
+    what: The call, for messages ("load_arrays()").
+
+  Raises:
+    TypeError: Not a mapping, or a value that is a tensor, a variable, an op
+      or not a numeric array.
+  """
+  if not isinstance(arrays, collections.abc.Mapping):
+    raise TypeError(
+      "%s takes a dict {key: numpy array}, got %s. For values in "
+      "the order of store.keys, pass dict(zip(store.keys, values))."
+      % (what, type(arrays).__name__)
+    )
+  declared = {}
+  for key, value in arrays.items():
+    kind = (
+      "a variable"
+      if isinstance(value, tf_variables.Variable)
+      else "a tensor"
+      if isinstance(value, tf.Tensor)
+      else "an op"
+      if isinstance(value, tf.Operation)
+      else None
+    )
+    if kind:
+      raise TypeError(
+        "%s takes numpy arrays; %r is %s (%s). Evaluate it first "
+        "(session.run), or take a snapshot of the variables with snapshot()."
+        % (what, key, kind, value.name)
+      )
+    value = np.asarray(value)
+    if value.dtype.hasobject:
+      raise TypeError(
+        "%s takes numeric arrays; %r holds Python "
+        "objects (%s)." % (what, key, type(arrays[key]).__name__)
+      )
+    declared[key] = (value.shape, value.dtype)
+  return declared

@@ -38,16 +38,13 @@ variables concurrently with `restore` or `evaluate_with`.
 """
 
 import collections
-import collections.abc
-
-import numpy as np
 
 from snapstore._tf import builds_eagerly
 from snapstore._tf import tf
-from snapstore._tf import tf_variables
 from snapstore.core import checks
 from snapstore.core import failures
 from snapstore.core.variables import VariableSet
+from snapstore.eager import traced
 from snapstore.eager import variables as eager_variables
 from snapstore import file_io
 from snapstore import holdings
@@ -56,6 +53,7 @@ from snapstore.modes import table as mode_table
 from snapstore import slots as slots_part
 
 
+@traced.not_converted_methods
 class SnapshotStore(object):
   """In-memory snapshots of a set of variables, in one of several copy modes.
 
@@ -155,6 +153,8 @@ class SnapshotStore(object):
     self._slots = (
       slots_part.Slots(self._h) if built.slot_set is not None else None
     )
+    # Calls traced into the user's tf.function (eager/traced.py).
+    self._traced = traced.TracedCalls(self._h) if eager else None
 
   # -- what the store covers -----------------------------------------------------
 
@@ -210,12 +210,14 @@ class SnapshotStore(object):
     Device snapshots of a local session that has been closed are not held
     any more (see "Sessions" in `restore`).
     """
+    self._h.check_not_traced("tags")
     with self._h.lock:
       self._h.drop_gone()
       return self._h.catalog.tags()
 
   def info(self, tag=None):
     """The `SnapshotInfo` of snapshot `tag` (default: the newest)."""
+    self._h.check_not_traced("info")
     with self._h.lock:
       return self._h.catalog.info(self._h.existing(tag, None, "info"))
 
@@ -230,16 +232,19 @@ class SnapshotStore(object):
       TypeError: A tag that is not an int or a non-empty string.
       PinnedTagError: The store is full and every snapshot is pinned.
     """
+    self._h.check_not_traced("evicts")
     with self._h.lock:
       self._h.drop_gone()
       return self._h.victim(self._h.catalog.new_tag(tag))
 
   def __len__(self):
+    self._h.check_not_traced("__len__")
     with self._h.lock:
       self._h.drop_gone()
       return len(self._h.catalog)
 
   def __contains__(self, tag):
+    self._h.check_not_traced("__contains__")
     with self._h.lock:
       self._h.drop_gone()
       return tag in self._h.catalog
@@ -261,7 +266,12 @@ class SnapshotStore(object):
       GraphMismatchError: A session of another graph.
       SnapshotError: TensorFlow failed to copy; the variables are unchanged and
         the message names any snapshot that was overwritten.
+      TracedCallError: Called while a `tf.function` is traced (eagerly, a
+        copy inside your step is `store.slots.snapshot_in_step()`).
     """
+    self._h.check_not_traced(
+      "snapshot", traced.snapshot_fix(self._slots is not None)
+    )
     sess = self._h.session(session, "snapshot")
     with self._h.lock:
       self._h.prepare(sess)
@@ -306,6 +316,8 @@ class SnapshotStore(object):
         of the variables restarted: the message says so, and how to carry
         the (host or file) snapshot over.
     """
+    if self._tracing():
+      return self._traced.restore(tag)
     sess = self._h.session(session, "restore")
     with self._h.lock:
       self._h.prepare(sess)
@@ -325,6 +337,7 @@ class SnapshotStore(object):
     Raises:
       UnknownTagError: The store holds no snapshot `tag`.
     """
+    self._h.check_not_traced("delete")
     with self._h.lock:
       self._h.check_open()
       tag = self._h.catalog.existing(tag, allow_default=False)
@@ -375,6 +388,11 @@ class SnapshotStore(object):
       Whatever `Session.run` raises for `fetches`, after the current values are
         back in place.
     """
+    if self._tracing():
+      self._h.check_run(fetches, feed_dict, "evaluate_with")
+      if not past:
+        return fetches()
+      return self._traced.evaluate_with(fetches, tag)
     sess = self._h.session(session, "evaluate_with")
     self._h.check_run(fetches, feed_dict, "evaluate_with")
     with self._h.lock:
@@ -385,19 +403,7 @@ class SnapshotStore(object):
       rewired = self._rewired(fetches, feed_dict, tag)
       if rewired is not None:
         return sess.run(rewired[0], feed_dict=rewired[1])
-      with failures.translated(
-        "set_aside", lost=self._h.lost(tag, "evaluate_with")
-      ):
-        token = self._h.mode.stash(sess)
-      wrote = self._h.lost(tag, "evaluate_with", wrote=True)
-      try:
-        with failures.translated(
-          "load", tag, self._h.mode.uninitialized, lost=wrote
-        ):
-          self._h.mode.restore(tag, sess)
-        return self._h.run(fetches, feed_dict, sess, "evaluate_with")
-      finally:
-        self._h.put_back(token, sess, wrote)
+      return self._h.swapped(fetches, feed_dict, tag, sess)
 
   def evaluate_each(
     self, fetches, feed_dict=None, tags=None, together=True, session=None
@@ -428,34 +434,19 @@ class SnapshotStore(object):
       TypeError: `tags` is not a list (or other iterable) of tags.
       As `evaluate_with` otherwise.
     """
+    if self._tracing():
+      self._h.check_run(fetches, feed_dict, "evaluate_each")
+      return self._traced.evaluate_each(fetches, tags)
     sess = self._h.session(session, "evaluate_each")
     self._h.check_run(fetches, feed_dict, "evaluate_each")
     with self._h.lock:
       self._h.prepare(sess)
-      if tags is None:
-        tags = self._h.catalog.tags()
-        if not tags:
-          self._h.catalog.existing(None)  # the "no snapshots yet" error
-      elif isinstance(tags, (str, bytes)) or not isinstance(
-        tags, collections.abc.Iterable
-      ):
-        raise TypeError(
-          "evaluate_each() takes a list of tags, got tags=%r. For one "
-          "snapshot pass tags=[%r], or call evaluate_with(..., tag=%r)."
-          % (tags, tags, tags)
-        )
+      tags = self._h.tags_to_evaluate(tags)
       for tag in tags:
         self._h.existing(tag, sess, "evaluate_each", allow_default=False)
-      in_one_run, fetch_list, feeds = [], [], dict(feed_dict or {})
-      for tag in tags if together else ():
-        rewired = self._rewired(fetches, feed_dict, tag)
-        if rewired is not None:
-          in_one_run.append(tag)
-          fetch_list.append(rewired[0])
-          feeds.update(rewired[1] or {})  # each slot's copies of fed tensors
       values = {}
-      if in_one_run:
-        values.update(zip(in_one_run, sess.run(fetch_list, feed_dict=feeds)))
+      if together and self._slots is not None:
+        values = self._slots.run_together(fetches, feed_dict, tags, sess)
       for tag in tags:
         if tag not in values:
           values[tag] = self.evaluate_with(
@@ -513,43 +504,8 @@ class SnapshotStore(object):
       TypeError: `arrays` is not a mapping, or holds tensors, variables or
         other objects that are not numeric arrays.
     """
-    if not isinstance(arrays, collections.abc.Mapping):
-      raise TypeError(
-        "load_arrays() takes a dict {key: numpy array}, got %s. For values in "
-        "the order of store.keys, pass dict(zip(store.keys, values))."
-        % type(arrays).__name__
-      )
-    declared = {}
-    for key, value in arrays.items():
-      kind = (
-        "a variable"
-        if isinstance(value, tf_variables.Variable)
-        else "a tensor"
-        if isinstance(value, tf.Tensor)
-        else "an op"
-        if isinstance(value, tf.Operation)
-        else None
-      )
-      if kind:
-        raise TypeError(
-          "load_arrays() takes numpy arrays; %r is %s (%s). Evaluate it first "
-          "(session.run), or take a snapshot of the variables with snapshot()."
-          % (key, kind, value.name)
-        )
-      value = np.asarray(value)
-      if value.dtype.hasobject:
-        raise TypeError(
-          "load_arrays() takes numeric arrays; %r holds Python "
-          "objects (%s)." % (key, type(arrays[key]).__name__)
-        )
-      declared[key] = (value.shape, value.dtype)
-    self._h.varset.check_declared(declared, "The dict of arrays")
-    return self._h.put(
-      [np.asarray(arrays[k]) for k in self._h.varset.keys],
-      tag,
-      session,
-      "load_arrays",
-    )
+    self._h.check_not_traced("load_arrays")
+    return self._h.put_mapping(arrays, tag, session, "load_arrays")
 
   # -- the parts: files, and device slots ------------------------------------------
 
@@ -585,6 +541,7 @@ class SnapshotStore(object):
         `close()` again writes them. Or a delete from the file failed: the
         store is closed and the file still holds that snapshot.
     """
+    self._h.check_not_traced("close")
     with self._h.lock:
       if not self._h.closed:
         try:
@@ -608,6 +565,10 @@ class SnapshotStore(object):
     )
 
   # -- internals -----------------------------------------------------------------------
+
+  def _tracing(self):
+    """True for an eager store's call traced into a `tf.function`."""
+    return self._traced is not None and traced.is_traced()
 
   def _rewired(self, fetches, feed_dict, tag):
     """(fetches, feed_dict) reading the tag's slot, or None to use the swap."""

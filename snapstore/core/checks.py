@@ -1,17 +1,13 @@
 """Argument checks, each written once, with the messages every caller shares.
 
-Checks of plain Python values, the check that an object belongs to a
-store's graph, and the check that arrays given as data are numpy arrays,
-not TensorFlow objects.
+Checks of plain Python values (no TensorFlow), and the one check that an
+object belongs to a store's graph.
 """
 
-import collections.abc
 import os
 
 import numpy as np
 
-from snapstore._tf import tf
-from snapstore._tf import tf_variables
 from snapstore import errors
 
 
@@ -234,47 +230,3 @@ def name(value):
       "%r." % (value,)
     )
   return value.strip("/")
-
-
-def numpy_arrays(arrays, what):
-  """`{key: (shape, dtype)}` of `arrays`, a mapping of numeric arrays.
-
-  Args:
-    arrays: What the caller passed (`load_arrays`).
-    what: The call, for messages ("load_arrays()").
-
-  Raises:
-    TypeError: Not a mapping, or a value that is a tensor, a variable, an op
-      or not a numeric array.
-  """
-  if not isinstance(arrays, collections.abc.Mapping):
-    raise TypeError(
-      "%s takes a dict {key: numpy array}, got %s. For values in "
-      "the order of store.keys, pass dict(zip(store.keys, values))."
-      % (what, type(arrays).__name__)
-    )
-  declared = {}
-  for key, value in arrays.items():
-    kind = (
-      "a variable"
-      if isinstance(value, tf_variables.Variable)
-      else "a tensor"
-      if isinstance(value, tf.Tensor)
-      else "an op"
-      if isinstance(value, tf.Operation)
-      else None
-    )
-    if kind:
-      raise TypeError(
-        "%s takes numpy arrays; %r is %s (%s). Evaluate it first "
-        "(session.run), or take a snapshot of the variables with snapshot()."
-        % (what, key, kind, value.name)
-      )
-    value = np.asarray(value)
-    if value.dtype.hasobject:
-      raise TypeError(
-        "%s takes numeric arrays; %r holds Python "
-        "objects (%s)." % (what, key, type(arrays[key]).__name__)
-      )
-    declared[key] = (value.shape, value.dtype)
-  return declared

@@ -795,3 +795,74 @@ def test_lookahead_with_a_snapshot_callback_under_the_strategy(strategy, how):
   assert callback.rollbacks == 2
   assert got_counter == counter
   common.assert_bits_equal(expected, got)
+
+
+# -- calls traced into the user's tf.function ----------------------------------
+
+
+def _differing_and_sync_on_read(strategy):
+  """A mirrored variable whose replicas differ (each replica writes its
+  own, as batch-norm statistics under Keras 3), and a sync-on-read one."""
+  with strategy.scope():
+    w = tf.Variable(
+      np.arange(6, dtype=np.float32).reshape(2, 3), trainable=False, name="w"
+    )
+    count = tf.Variable(
+      0.0,
+      synchronization=tf.VariableSynchronization.ON_READ,
+      aggregation=tf.VariableAggregation.SUM,
+      name="count",
+    )
+  w.values[1].assign(w.values[0] + 10.0)
+  count.values[0].assign(3.0)
+  count.values[1].assign(4.0)
+  return w, count
+
+
+@pytest.mark.parametrize("mode", common.MODES)
+def test_traced_calls_use_each_replicas_snapshot(strategy, mode, tmp_path):
+  # evaluate_with and restore traced into the step (eager/traced.py): each
+  # replica reads its own component of the snapshot, when the step runs.
+  w, count = _differing_and_sync_on_read(strategy)
+  store = snapstore.SnapshotStore(
+    var_list=[w, count], mode=mode, **common.mode_options(mode, tmp_path)
+  )
+  past_w, past_count = _components(w), _components(count)
+  store.snapshot("past")
+  with strategy.scope():
+    w.assign(tf.fill([2, 3], -1.0))
+  count.values[0].assign(0.5)
+  count.values[1].assign(0.25)
+  current_w, current_count = _components(w), _components(count)
+
+  @tf.function
+  def evaluate():
+    def replica():
+      return store.evaluate_with(lambda: (w * 1.0, count * 1.0), tag="past")
+
+    return strategy.run(replica)
+
+  seen_w, seen_count = evaluate()
+  local = strategy.experimental_local_results
+  common.assert_bits_equal(past_w, [t.numpy() for t in local(seen_w)])
+  common.assert_bits_equal(past_count, [t.numpy() for t in local(seen_count)])
+  common.assert_bits_equal(
+    current_w + current_count, _components(w) + _components(count)
+  )
+
+  @tf.function
+  def restore():
+    store.restore("past")
+
+  restore()
+  common.assert_bits_equal(
+    past_w + past_count, _components(w) + _components(count)
+  )
+
+  @tf.function
+  def restore_in_replica():
+    strategy.run(lambda: store.restore("past"))
+
+  with pytest.raises(ValueError, match=r"inside strategy.run"):
+    restore_in_replica()
+  store.close()
