@@ -433,6 +433,22 @@ class Slots(object):
           % (slot, holder)
         )
       if holder is None and tag in self._h.catalog:
+        tier = self._h.mode.tier(tag)
+        if tier != "device":
+          raise ValueError(
+            "Tag %r is held in the %s, not in a device slot, so it cannot "
+            "name slot %d. Pin another tag, or delete %r first "
+            "(store.delete(%r))."
+            % (
+              tag,
+              "spill file"
+              if tier == "file"
+              else "host memory, on its way to the spill file",
+              slot,
+              tag,
+              tag,
+            )
+          )
         raise ValueError(
           "Tag %r is held in slot %d, not slot %d."
           % (tag, self._set.slot_of(tag), slot)

@@ -253,6 +253,11 @@ class TieredMode(base.CopyMode):
         )
     if any(_is_full(error) for _, _, error in failures):
       parts.append("free space on that disk: writing resumes by itself")
+    elif any(_too_large(error) for _, _, error in failures):
+      parts.append(
+        "raise the file-size limit (ulimit -f) or use a file system that "
+        "allows larger files: writing resumes by itself"
+      )
     return "; ".join(parts)
 
   def _memory_note(self):
@@ -655,6 +660,10 @@ def _global_step_index(varset):
 
 def _is_full(error):
   return getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _too_large(error):
+  return getattr(error, "errno", None) == errno.EFBIG
 
 
 def _describe(error):

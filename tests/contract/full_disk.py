@@ -22,7 +22,6 @@ import subprocess
 import tempfile
 
 import numpy as np
-import pytest
 
 import snapstore
 from snapstore._tf import tf
@@ -231,14 +230,6 @@ class FileSizeLimitTest(_FullDiskCase):
     lift = self._limit()
     self._assert_full_then_freed(lift, list(range(1, 9)), cause=_TOO_LARGE)
 
-  @pytest.mark.xfail(
-    strict=True,
-    reason="a SpillError for EFBIG names the snapshots and the cause but "
-    "not the way out, where ENOSPC's says 'free space on that disk' "
-    "(modes/tiers.py, TieredMode._report; the message at exit has it: "
-    "'raise the file-size limit (ulimit -f)'). tiers.py has another "
-    "engineer's changes in progress",
-  )
   def test_the_error_says_how_to_make_room(self):
     self._limit()
     messages = []

@@ -37,7 +37,6 @@ import hypothesis
 from hypothesis import stateful
 from hypothesis import strategies as st
 import numpy as np
-import pytest
 
 import snapstore
 from snapstore._tf import tf
@@ -350,8 +349,11 @@ class StoreMachine(stateful.RuleBasedStateMachine):
       return
     if holder is None and tag in self.snaps:
       if tag in self.spilled:
-        # Raises a KeyError instead (slots.py, `_check_pin`); the xfail test
-        # test_pinning_a_spilled_tag_is_refused_naming_the_file shows it.
+        message = r"Tag %s is held in the .*, not in a device slot" % (
+          re.escape(repr(tag))
+        )
+        with _raises(ValueError, message):
+          self.store.slots.pin(slot, tag)
         return
       message = "Tag %r is held in slot %d, not slot %d" % (
         tag,
@@ -448,15 +450,8 @@ def close_all():
 
 
 class PinSpilledTest(tf.test.TestCase):
-  """A pin the machine leaves out, because it raises the wrong error."""
+  """Pinning a tag that is in the spill file: refused, naming the file."""
 
-  @pytest.mark.xfail(
-    strict=True,
-    reason="store.slots.pin(slot, tag) of a tag held in the spill file "
-    "raises a bare KeyError from slots.py (_check_pin looks up the slot of "
-    "a tag that is in none) instead of the ValueError pin() documents; "
-    "slots.py is being changed by another engineer (issue 35)",
-  )
   def test_pinning_a_spilled_tag_is_refused_naming_the_file(self):
     world = worlds.World(
       {"w": ([3], np.float32)},
