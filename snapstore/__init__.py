@@ -28,6 +28,7 @@ from snapstore.errors import IncompatibleSnapshotError
 from snapstore.errors import ModeError
 from snapstore.errors import NonFiniteError
 from snapstore.errors import NoSessionError
+from snapstore.errors import NotChiefError
 from snapstore.errors import PinnedTagError
 from snapstore.errors import RestoreError
 from snapstore.errors import RewireError
@@ -73,6 +74,7 @@ __all__ = [
   "MovingAverage",
   "NoSessionError",
   "NonFiniteError",
+  "NotChiefError",
   "PinnedTagError",
   "RestoreError",
   "RewireError",

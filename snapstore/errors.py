@@ -71,6 +71,18 @@ class SessionMismatchError(Error):
   """
 
 
+class NotChiefError(Error):
+  """Raised when a call that writes is made on a task that is not the chief.
+
+  In between-graph replication every worker's store shares its device
+  shadows on the ps tasks, and the variables: a snapshot, restore,
+  `evaluate_with` swap or stored arrays on another worker would overwrite
+  the chief's snapshots or roll back every worker
+  (`snapstore/graph/between_graph.py`). Nothing was run; the message names
+  the chief, and `SnapshotStore(..., chief_only=False)` lets a task write.
+  """
+
+
 class StoreClosedError(Error):
   """Raised when a store is used after `close()` (or its `with` block).
 

@@ -31,6 +31,7 @@ from snapstore.eager import distributed as eager_distributed
 from snapstore.eager import multi_worker
 from snapstore.eager import traced
 from snapstore.eager import restarts
+from snapstore.graph import between_graph
 from snapstore.graph import multi_worker as graph_multi_worker
 from snapstore import errors
 
@@ -48,13 +49,17 @@ class Holdings(object):
     name: The store's name scope.
     eager: Whether the store runs on the eager engine: no sessions, and
       `evaluate_with` calls a Python function instead of `Session.run`.
+    chief_only: Graph mode: refuse calls that write on a task of a
+      between-graph cluster that is not the chief
+      (`graph/between_graph.py`).
   """
 
-  def __init__(self, varset, mode, name, eager=False):
+  def __init__(self, varset, mode, name, eager=False, chief_only=True):
     self.varset = varset
     self.mode = mode
     self.name = name
     self.eager = eager
+    self.chief_only = chief_only
     self.lock = threading.RLock()
     self.catalog = catalog.Catalog(mode.capacity)
     for tag, when in mode.adopted():  # snapshots in an existing spill file
@@ -87,10 +92,12 @@ class Holdings(object):
 
   # -- sessions and the state of the store ------------------------------------
 
-  def session(self, session, what, required=True):
+  def session(self, session, what, required=True, writes=False):
     """The raw session for call `what`; None if not `required` and none given.
 
-    None on the eager engine, which refuses a session.
+    None on the eager engine, which refuses a session. A call that `writes`
+    (snapshots or variables) is refused on a task of a between-graph
+    cluster that is not the chief (`graph/between_graph.py`).
     """
     if self.eager:
       self.check_not_traced(what)
@@ -104,7 +111,10 @@ class Holdings(object):
       return None
     if not required and session is None and tf.get_default_session() is None:
       return None
-    return sessions.resolve(session, self.graph, what)
+    raw = sessions.resolve(session, self.graph, what)
+    if writes and self.chief_only:
+      between_graph.check(raw, self.varset, what)
+    return raw
 
   def check_not_traced(self, what, fix=None):
     """Refuses call `what` while a `tf.function` is traced (eager engine).
@@ -123,9 +133,11 @@ class Holdings(object):
         % call,
       )
 
-  def data_session(self, session, what):
+  def data_session(self, session, what, writes=False):
     """The session for a call that only moves data: none in host and disk mode."""
-    return self.session(session, what, required=self.mode.data_needs_session)
+    return self.session(
+      session, what, required=self.mode.data_needs_session, writes=writes
+    )
 
   def check_open(self):
     if self.closed:
@@ -283,7 +295,7 @@ class Holdings(object):
 
   def put(self, values, tag, session, what):
     """Stores `values` (checked arrays in key order) as snapshot `tag`."""
-    sess = self.data_session(session, what)
+    sess = self.data_session(session, what, writes=True)
     with self.lock:
       self.prepare(sess)
       tag = self.catalog.new_tag(tag)

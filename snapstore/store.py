@@ -46,6 +46,7 @@ from snapstore.core import failures
 from snapstore.core.variables import VariableSet
 from snapstore.eager import traced
 from snapstore.eager import variables as eager_variables
+from snapstore.graph import between_graph
 from snapstore import file_io
 from snapstore import holdings
 from snapstore.modes import eager_device
@@ -80,6 +81,12 @@ class SnapshotStore(object):
       learning rate; built for the model if `var_list` is one.
     include_global_step: Graph mode: cover the graph's global step.
     name: Name scope of the store's ops; shadows are named after it.
+    chief_only: Graph mode, between-graph replication: True (default)
+      refuses `snapshot`, `restore`, `evaluate_with`'s swap and storing
+      arrays (`load_arrays`, `files.load_*`) in a session on a task that is
+      not the chief when the variables live on other (ps) tasks: every
+      worker's store shares the shadows there, and the variables
+      (`snapstore/graph/between_graph.py`). False lets this task write.
     **mode_options: Options of the mode. Device: `saveable=False` (True puts
       shadows in GLOBAL_VARIABLES, so a default Saver saves them) and
       `pack=False` (True packs variables of up to 1 MiB into one buffer per
@@ -99,8 +106,8 @@ class SnapshotStore(object):
       shapes, unsupported dtypes, duplicate keys, a variable listed twice).
       Eagerly: graph-only arguments, or options (`pack`, `saveable`).
     ModeError: An eager store built inside a `tf.function`.
-    TypeError: An option the mode does not take, non-variables, or a single
-      variable as `var_list`.
+    TypeError: An option the mode does not take, non-variables, a single
+      variable as `var_list`, or a `chief_only` that is not a bool.
     SnapshotFileError: A spill file that cannot be created or written, is not
       a snapstore spill file, or is in use by another store.
     IncompatibleSnapshotError: A spill file of other variables.
@@ -116,9 +123,11 @@ class SnapshotStore(object):
     optimizer=None,
     include_global_step=False,
     name="snapstore",
+    chief_only=True,
     **mode_options,
   ):
     eager = builds_eagerly()
+    between_graph.check_argument(chief_only, eager)
     if eager:
       eager_device.check_not_traced("A SnapshotStore")
     mode_cls = mode_table.get(mode, eager)
@@ -148,7 +157,7 @@ class SnapshotStore(object):
         built = mode_table.build(
           mode_cls, varset, max_to_keep, scope_name, mode_options
         )
-    self._h = holdings.Holdings(varset, built, scope_name, eager)
+    self._h = holdings.Holdings(varset, built, scope_name, eager, chief_only)
     self._files = file_io.Files(self._h)
     self._slots = (
       slots_part.Slots(self._h) if built.slot_set is not None else None
@@ -264,6 +273,8 @@ class SnapshotStore(object):
       TypeError: A tag that is not an int or a non-empty string.
       NoSessionError: No session given and no default session.
       GraphMismatchError: A session of another graph.
+      NotChiefError: A session on a task of a between-graph cluster that is
+        not the chief (see `chief_only`); nothing was run.
       SnapshotError: TensorFlow failed to copy; the variables are unchanged and
         the message names any snapshot that was overwritten.
       TracedCallError: Called while a `tf.function` is traced (eagerly, a
@@ -272,7 +283,7 @@ class SnapshotStore(object):
     self._h.check_not_traced(
       "snapshot", traced.snapshot_fix(self._slots is not None)
     )
-    sess = self._h.session(session, "snapshot")
+    sess = self._h.session(session, "snapshot", writes=True)
     with self._h.lock:
       self._h.prepare(sess)
       tag = self._h.catalog.new_tag(tag)
@@ -307,8 +318,8 @@ class SnapshotStore(object):
         (eagerly: a parameter server of its variables restarted, which the
         store learns when a call fails there, see
         `snapstore/eager/restarts.py`).
-      NoSessionError, GraphMismatchError: As for `snapshot`; also a closed
-        session.
+      NoSessionError, GraphMismatchError, NotChiefError: As for `snapshot`;
+        also a closed session.
       RestoreError: TensorFlow failed part-way; the snapshot is intact and
         calling `restore` again finishes the job. Or the snapshot's device
         slot is not initialized in this session: nothing was written, and the
@@ -318,7 +329,7 @@ class SnapshotStore(object):
     """
     if self._tracing():
       return self._traced.restore(tag)
-    sess = self._h.session(session, "restore")
+    sess = self._h.session(session, "restore", writes=True)
     with self._h.lock:
       self._h.prepare(sess)
       tag = self._h.existing(tag, sess, "restore")
@@ -378,6 +389,7 @@ class SnapshotStore(object):
 
     Raises:
       UnknownTagError: The store holds no snapshot `tag`.
+      NotChiefError: With `past`, as for `snapshot`.
       RestoreError: Writing the current values back failed; the store keeps
         them and writes them back at the start of its next call (or
         `recover()`).
@@ -393,7 +405,7 @@ class SnapshotStore(object):
       if not past:
         return fetches()
       return self._traced.evaluate_with(fetches, tag)
-    sess = self._h.session(session, "evaluate_with")
+    sess = self._h.session(session, "evaluate_with", writes=past)
     self._h.check_run(fetches, feed_dict, "evaluate_with")
     with self._h.lock:
       self._h.prepare(sess)

@@ -11,6 +11,8 @@ chief owns the snapshots, other workers build the same graph and only read)
 holds, including a non-chief worker's MonitoredSession start.
 """
 
+import re
+
 from absl.testing import parameterized
 import numpy as np
 
@@ -126,10 +128,12 @@ class Replica(object):
     extra_after_store=False,
     with_store=True,
     pack=False,
+    job="worker",
+    chief_only=True,
   ):
     self.graph = tf.Graph()
     setter = tf.train.replica_device_setter(
-      worker_device="/job:worker/task:%d" % worker, cluster=spec
+      worker_device="/job:%s/task:%d" % (job, worker), cluster=spec
     )
     with self.graph.as_default(), tf.device(setter):
       self.x = tf.placeholder(tf.float32, [None, 6])
@@ -143,12 +147,22 @@ class Replica(object):
       )
       loss = tf.reduce_mean(tf.square(self.out - self.y))
       opt = tf.train.AdamOptimizer(0.1)
-      self.train = opt.minimize(loss)
+      # Adam names beta1_power and beta2_power outside any variable scope:
+      # a name scope of the test's own keeps them (and their shadows, whose
+      # initializers check the first shadow on each ps task) from being
+      # the ps tasks' variables of an earlier test.
+      with tf.name_scope(scope + "_adam"):
+        self.train = opt.minimize(loss)
       self.store = None
       if with_store:
         options = {"pack": True} if pack else {}
         self.store = snapstore.SnapshotStore(
-          scope=scope, optimizer=opt, mode=mode, max_to_keep=2, **options
+          scope=scope,
+          optimizer=opt,
+          mode=mode,
+          max_to_keep=2,
+          chief_only=chief_only,
+          **options,
         )
         if mode == "device" and not pack:
           self.past = self.store.slots.past(self.out, slot=0)
@@ -404,6 +418,123 @@ class DistributedTest(
     helpers.assert_state(chief.values(chief_sess), good)
     with other.session(self.cluster.target("worker", 1)) as later:
       helpers.assert_state(other.values(later), good)  # every worker sees it
+
+  @parameterized.named_parameters(("device", "device"), ("host", "host"))
+  def test_a_worker_that_is_not_the_chief_is_refused_every_write(self, mode):
+    # The same program on every worker: worker 1's store would replace the
+    # chief's device snapshot on the ps tasks, or roll every worker back.
+    chief = self._replica(0, use_resource=True, mode=mode)
+    other = self._replica(1, use_resource=True, mode=mode)
+    chief_sess = self._session(chief, 0)
+    chief_sess.run(chief.init)
+    good = chief.load(chief_sess, seed=6)
+    chief.store.snapshot("good", session=chief_sess)
+    current = chief.load(chief_sess, seed=8)
+    other_sess = self._session(other, 1)
+    feed = other.feed(7)
+    calls = [
+      ("snapshot", lambda: other.store.snapshot(session=other_sess)),
+      ("restore", lambda: other.store.restore("good", session=other_sess)),
+      (
+        "evaluate_with",
+        lambda: other.store.evaluate_with(
+          other.out, feed, tag="good", session=other_sess
+        ),
+      ),
+      (
+        "load_arrays",
+        lambda: other.store.load_arrays(current, session=other_sess),
+      ),
+    ]
+    for what, call in calls:
+      with self.assertRaisesRegex(
+        snapstore.NotChiefError, "^%s$" % re.escape(_not_chief(what))
+      ):
+        call()
+    # Nothing ran: the variables and the chief's snapshot are as they were.
+    helpers.assert_state(chief.values(chief_sess), current)
+    helpers.assert_state(chief.store.arrays("good", session=chief_sess), good)
+    self.assertEqual(other.store.tags(), [])
+    # What only reads still runs there.
+    self.assertAllEqual(
+      other.store.evaluate_with(
+        other.out, feed, past=False, session=other_sess
+      ),
+      other_sess.run(other.out, feed),
+    )
+
+  def test_chief_only_false_lets_a_worker_write(self):
+    chief = self._replica(0, use_resource=True)
+    other = self._replica(1, use_resource=True, chief_only=False)
+    chief_sess = self._session(chief, 0)
+    chief_sess.run(chief.init)
+    chief.load(chief_sess, seed=6)
+    chief.store.snapshot("good", session=chief_sess)
+    other_sess = self._session(other, 1)
+    mine = other.load(other_sess, seed=9)
+    self.assertEqual(other.store.snapshot("mine", session=other_sess), "mine")
+    self.assertEqual(other.store.slots.slot_of("mine"), 0)
+    # Into the slot the chief's "good" is in: the shadows are shared, which
+    # is what chief_only=True guards against.
+    shadows = chief.store.slots.shadows(0)
+    helpers.assert_state(
+      dict(zip(shadows, chief_sess.run(list(shadows.values())))), mine
+    )
+
+
+def _not_chief(what, me="worker", chief="worker", shared=("ps", 2)):
+  """NotChiefError's message for `what` on task 1 of `me`'s job."""
+  return (
+    "%s() runs on /job:%s/task:1, which is not the chief of its cluster "
+    "(/job:%s/task:0): the store's variables live on %s, shared by every "
+    "worker, and so do its device shadows. Every worker runs the same "
+    "program, but a store call that writes on this one would write what "
+    "all share: its device snapshots replace the chief's in the shared "
+    "slots, its restores and evaluate_with's swaps rewrite the variables "
+    "every worker trains. Nothing was run. Call %s() on the chief only "
+    "(e.g. under `if is_chief:`); other workers may read the chief's "
+    "snapshots with store.slots.past() and store.slots.shadows(). To let "
+    "this task write anyway (the writer by a rule of your own, or one "
+    "client driving in-graph replication), build its store with "
+    "SnapshotStore(..., chief_only=False)."
+    % (
+      what,
+      me,
+      chief,
+      ", ".join("/job:%s/task:%d" % (shared[0], i) for i in range(shared[1])),
+      what,
+    )
+  )
+
+
+class ChiefJobTest(
+  cluster_lib.ClusterTestMixin, tf.test.TestCase, parameterized.TestCase
+):
+  """A cluster with a "chief" job: its task 0 is the chief, not worker 0."""
+
+  JOBS = {"ps": 1, "chief": 1, "worker": 1}
+  SCOPE = "chief_"
+
+  def test_the_chief_job_writes_and_worker_0_is_refused(self):
+    spec = self.cluster.spec
+    chief = Replica(spec, 0, self.scope, True, job="chief")
+    worker = Replica(spec, 0, self.scope, True)
+    chief_sess = chief.session(self.cluster.target("chief", 0))
+    self.addCleanup(chief_sess.close)
+    worker_sess = worker.session(self.cluster.target("worker", 0))
+    self.addCleanup(worker_sess.close)
+    chief_sess.run(chief.init)
+    good = chief.load(chief_sess, seed=1)
+    chief.store.snapshot("good", session=chief_sess)
+    chief.load(chief_sess, seed=2)
+    message = _not_chief("restore", chief="chief", shared=("ps", 1))
+    message = message.replace("/job:worker/task:1", "/job:worker/task:0")
+    with self.assertRaisesRegex(
+      snapstore.NotChiefError, "^%s$" % re.escape(message)
+    ):
+      worker.store.restore("good", session=worker_sess)
+    chief.store.restore("good", session=chief_sess)
+    helpers.assert_state(chief.values(chief_sess), good)
 
 
 if __name__ == "__main__":

@@ -277,6 +277,14 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
       ):
         snapstore.SnapshotStore(mode="gpu")
 
+  def test_chief_only_that_is_not_a_bool(self):
+    with tf.Graph().as_default():
+      helpers.Model()
+      with self.assertRaisesRegex(
+        TypeError, r"^chief_only must be True or False, got 'no'\.$"
+      ):
+        snapstore.SnapshotStore(chief_only="no")
+
   def test_unknown_mode_option(self):
     with tf.Graph().as_default():
       helpers.Model()

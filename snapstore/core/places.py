@@ -68,26 +68,13 @@ class Place(object):
   def of(cls, session, varset):
     """The place of `session` (resolved by `sessions.resolve`) for `varset`."""
     base = session_under(session)
-    target = getattr(base, "sess_str", "")
-    if isinstance(
-      target, bytes
-    ):  # what tf.train.Server.target gives on TF 1.15
-      target = target.decode("utf-8", "replace")
-    if not (isinstance(target, str) and target.startswith("grpc://")):
+    cluster = cluster_devices(
+      base, "to tell which tasks hold the store's device snapshots"
+    )
+    if cluster is None:
       return cls(base)
-    devices = _DEVICES.get(base)
-    if devices is None:
-      # Asked once per session: the master lists every task's devices.
-      try:
-        devices = tuple((d.name, d.incarnation) for d in base.list_devices())
-      except tf.errors.OpError as e:
-        raise errors.NoSessionError(
-          "Cannot list the devices of the cluster at %s, to tell which tasks "
-          "hold the store's device snapshots: %s. Nothing was run."
-          % (target, errors.first_line(e))
-        ) from e
-      _DEVICES.set(base, devices)
-    tasks = set(_task(spec.variable.device) for spec in varset)
+    target, devices = cluster
+    tasks = set(task_of(spec.variable.device) for spec in varset)
     held = tuple(
       sorted(d for d in devices if any(_holds(task, d[0]) for task in tasks))
     )
@@ -219,6 +206,39 @@ class Places(object):
     )
 
 
+def cluster_devices(base, why):
+  """(target, ((device name, incarnation), ...)) of a cluster session, or
+  None for a local one.
+
+  Asked once per session, and kept on it: the master lists every task's
+  devices, its own task's first (`GrpcSession::ListDevices`, TF 1.15 to
+  2.x), which `snapstore/graph/between_graph.py` relies on.
+
+  Args:
+    base: A raw `tf.Session` (`session_under`).
+    why: What the listing is for, for the message when it fails.
+
+  Raises:
+    NoSessionError: The devices cannot be listed.
+  """
+  target = getattr(base, "sess_str", "")
+  if isinstance(target, bytes):  # what tf.train.Server.target gives on TF 1.15
+    target = target.decode("utf-8", "replace")
+  if not (isinstance(target, str) and target.startswith("grpc://")):
+    return None
+  devices = _DEVICES.get(base)
+  if devices is None:
+    try:
+      devices = tuple((d.name, d.incarnation) for d in base.list_devices())
+    except tf.errors.OpError as e:
+      raise errors.NoSessionError(
+        "Cannot list the devices of the cluster at %s, %s: %s. Nothing was "
+        "run." % (target, why, errors.first_line(e))
+      ) from e
+    _DEVICES.set(base, devices)
+  return target, devices
+
+
 def lost_message(tag, why):
   """The message for device snapshot `tag`, dropped because it `why`."""
   return (
@@ -228,7 +248,7 @@ def lost_message(tag, why):
   )
 
 
-def _task(device):
+def task_of(device):
   """(job, task) of a device string; None for the job means unplaced."""
   spec = tf.DeviceSpec.from_string(device or "")
   return spec.job, spec.task

@@ -37,6 +37,16 @@ def test_graph_only_arguments_are_refused(kwargs, match):
     snapstore.SnapshotStore(var_list=[_v()], **kwargs)
 
 
+def test_chief_only_false_is_refused():
+  # Between-graph replication's opt-in; an eager store shares nothing so.
+  with pytest.raises(
+    ValueError,
+    match=r"^chief_only=False is for graph mode's between-graph "
+    r"replication, .* Leave chief_only out\.$",
+  ):
+    snapstore.SnapshotStore(var_list=[_v()], chief_only=False)
+
+
 def test_no_var_list_is_refused():
   with pytest.raises(ValueError, match="An eager store needs var_list="):
     snapstore.SnapshotStore()
