@@ -8,10 +8,10 @@ parameter servers on loopback ports, in-process servers, a
 not: a store in each mode, then `MovingAverage` and `Lookahead` over them
 (bit for bit against numpy, refused while steps are in flight), `Guard` and
 `Trial` rolling scheduled steps back bit for bit (refused on entry while
-steps are in flight), and (tf-keras, Keras 2) `fit` with `SnapshotCallback`
-on both workers. Each check
-raises on failure; on success the script prints one line per check and
-"ALL OK".
+steps are in flight), `evaluate_with` and `restore` inside a scheduled
+function (device mode; a host store refused when traced), and (tf-keras,
+Keras 2) `fit` with `SnapshotCallback` on both workers. Each check raises on
+failure; on success the script prints one line per check and "ALL OK".
 
     python tests/eager/ps_cluster.py <spill directory>
 """
@@ -365,6 +365,58 @@ def _fit_two_workers(strategy):
   print("fit on two workers: OK (%d rollbacks)" % callback.rollbacks)
 
 
+def _traced(strategy, coordinator, spill_dir):
+  """evaluate_with and restore inside a scheduled function (a worker runs
+  it): a device store's snapshot, looked up when it runs; host mode refused
+  when the function is traced (its arrays are in the coordinator)."""
+  with strategy.scope():
+    u = tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3), name="u")
+    c = tf.Variable(np.array([0.5, -2.0, 4.0], np.float32), name="c")
+  store = snapstore.SnapshotStore(var_list=[u, c], name="traced")
+
+  @tf.function
+  def past():
+    return store.evaluate_with(lambda: (u * 2.0, c + 0.0), tag="t")
+
+  @tf.function
+  def roll_back():
+    store.restore("t")
+    return c + 0.0
+
+  for round_ in range(2):
+    held = _parts([u, c])
+    store.snapshot("t")  # the second round: the same tag, other values
+    with strategy.scope():
+      u.assign(u + 10.0)
+      c.assign(c * -3.0)
+    now = _parts([u, c])
+    got = coordinator.schedule(past).fetch()
+    expected = [np.concatenate(held[:2]) * np.float32(2.0), held[2]]
+    _same(expected, [np.asarray(g) for g in got], "traced past %d" % round_)
+    _same(now, _parts([u, c]), "traced past left the variables %d" % round_)
+  coordinator.schedule(roll_back)
+  coordinator.join()
+  _same(held, _parts([u, c]), "traced restore")
+  store.close()
+  host = snapstore.SnapshotStore(var_list=[u, c], mode="host", name="host")
+  host.snapshot("t")
+
+  @tf.function
+  def host_past():
+    return host.evaluate_with(lambda: c + 0.0, tag="t")
+
+  try:
+    coordinator.schedule(host_past)
+  except snapstore.TracedCallError as e:
+    if "use a store with mode='device'" not in str(e):
+      raise
+  else:
+    raise AssertionError("host evaluate_with in a scheduled function ran")
+  coordinator.join()
+  host.close()
+  print("traced: OK")
+
+
 def main(spill_dir):
   servers, strategy, coordinator = _cluster()
   with strategy.scope():
@@ -423,6 +475,7 @@ def main(spill_dir):
     print("%s: OK" % mode)
   _averages(strategy, coordinator)
   _guards(strategy, coordinator, spill_dir)
+  _traced(strategy, coordinator, spill_dir)
   from tests.eager import common  # noqa: E402 (Keras, after the cluster)
 
   if not common.KERAS_3:  # Keras 3's fit has no PS support (test's skip)
