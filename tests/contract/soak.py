@@ -11,9 +11,10 @@ mode), so cycles evict.
 After a warm-up (whatever a store builds on first use is built then), the
 measured cycles must build nothing: no op added to the graph (graph mode; the
 graph is finalized) and no function traced (eager; `World.counting`). And they
-must leak nothing: resident memory (RSS) grows less than 8 MiB where one
-leaked copy of the parameters per cycle would be over 80 MiB, fewer than 200
-new Python objects, the same open files and threads.
+must leak nothing: resident memory (RSS) grows less than 8 MiB in one of
+the measured cycles' two halves where one leaked copy of the parameters per
+cycle would be 50 MiB or more in each, fewer than 200 new Python objects, the
+same open files and threads.
 """
 
 import gc
@@ -100,16 +101,29 @@ class StoreSoakTest(tf.test.TestCase, parameterized.TestCase):
     for i in range(warmup):
       cycle(i)
     world.store.files.flush()  # no write in progress: its journal is closed
+    half = (warmup + cycles) // 2
     with world.counting() as built:
       before = _usage()
-      for i in range(warmup, cycles):
+      for i in range(warmup, half):
+        cycle(i)
+      world.store.files.flush()
+      middle = _usage()
+      for i in range(half, cycles):
         cycle(i)
       world.store.files.flush()
       after = _usage()
       self.assertEqual(built(), 0, "the cycles built ops or traces")
-    growth = (after[0] - before[0]) / _MIB
-    one_copy_per_cycle = (cycles - warmup) * world.store.param_nbytes / _MIB
-    self.assertGreater(one_copy_per_cycle, 10 * _MAX_GROWTH_MIB)
-    self.assertLess(growth, _MAX_GROWTH_MIB, "RSS grew %.1f MiB" % growth)
+    # A leak grows RSS in both halves; what else the process does meanwhile
+    # (threads an earlier test left: a Keras fit's prefetching) grows it now
+    # and then, so the smaller half's growth is what the store is held to.
+    growth = min(middle[0] - before[0], after[0] - middle[0]) / _MIB
+    one_copy_per_cycle = (cycles - half) * world.store.param_nbytes / _MIB
+    self.assertGreater(one_copy_per_cycle, 6 * _MAX_GROWTH_MIB)
+    self.assertLess(
+      growth,
+      _MAX_GROWTH_MIB,
+      "RSS grew %.1f MiB and %.1f MiB in the two halves"
+      % ((middle[0] - before[0]) / _MIB, (after[0] - middle[0]) / _MIB),
+    )
     self.assertEqual(after[1:3], before[1:3], "open files, threads")
     self.assertLess(after[3] - before[3], _MAX_NEW_OBJECTS, "new objects")

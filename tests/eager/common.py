@@ -186,3 +186,22 @@ needs_keras_3 = pytest.mark.skipif(
 needs_keras_2 = pytest.mark.skipif(KERAS_3, reason="tf.keras is Keras 3 here")
 ON_TF2 = _tf.VERSION[0] >= 2
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+_MIRRORED = {}
+
+
+def mirrored(devices=("/cpu:0", "/cpu:1")):
+  """The process's one MirroredStrategy over `devices` (made on first use).
+
+  TensorFlow numbers the collectives of every MirroredStrategy object from
+  the same keys, and the process's collective executor keeps what it
+  learned of each: two strategies' all-reduces of different shapes can meet
+  on one key ("Shape mismatch in the collective instance"), after which
+  every later collective of the process aborts (README, "One
+  MirroredStrategy per process"). So tests share one per device list.
+  """
+  key = tuple(devices)
+  if key not in _MIRRORED:
+    _MIRRORED[key] = tf.distribute.MirroredStrategy(list(devices))
+  return _MIRRORED[key]

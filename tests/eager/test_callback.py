@@ -1266,7 +1266,7 @@ def test_under_mirrored_strategy_every_replica_rolls_back_exactly(
   # replica's own loss is finite, but the gradients are summed across
   # replicas, so both must undo the step. Every component (each replica's
   # metric totals too) ends as in the fit without that batch.
-  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  strategy = common.mirrored()
   x, y = _data()
   common.spoil(x, y, 3 * B + replica * (B // 2) + 1)
   with strategy.scope():
@@ -1308,7 +1308,7 @@ def test_skip_under_mirrored_strategy_is_refused_before_the_step_changes(
 ):
   # With one replica too: its update still merges in replica context, which
   # TensorFlow refuses inside the tf.cond (a RuntimeError from the trace).
-  strategy = tf.distribute.MirroredStrategy(devices)
+  strategy = common.mirrored(devices)
   with strategy.scope():
     model = _compiled()
   before = _weight_components(model)
@@ -1366,7 +1366,7 @@ def test_under_mirrored_strategy_host_mode_rolls_each_replica_back(
   # (aggregation NONE), tf-keras and Keras 2 sync-on-read (MEAN), whose
   # host value is the mean of the replicas': host mode keeps every
   # component beside it.
-  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  strategy = common.mirrored()
   x, y = _data()
   common.spoil(x, y, 3 * B + 1)
   with strategy.scope():
@@ -1414,7 +1414,7 @@ def test_in_step_under_replicas_refuses_state_made_in_the_first_step():
     def call(self, x):
       return self.dense(x)
 
-  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  strategy = common.mirrored()
   with strategy.scope():
     model = Net()
     model(np.zeros((1, 3), np.float32))

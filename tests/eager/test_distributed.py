@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def strategy():
-  return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  return common.mirrored()
 
 
 def _components(v):
