@@ -49,7 +49,7 @@ if importlib.util.find_spec("tf_keras") is not None:
 import snapstore  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore._tf import stack  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top,wrong-import-position
-from snapstore.core.variables import VariableSet  # pylint: disable=g-import-not-at-top,wrong-import-position
+from snapstore.engines.graph.variables import VariableSet  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore.spill import file as spill_file  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tf.disable_v2_behavior()  # graph mode on TF 2.x (1.15's default)

@@ -150,7 +150,7 @@ class Probe(object):
     self.held = {}
 
   def feed(self, op):
-    from snapstore.core import sessions  # pylint: disable=g-import-not-at-top
+    from snapstore.engines.graph import sessions  # pylint: disable=g-import-not-at-top
 
     arrays = list(self.store.arrays(self.tag).values())
     return sessions.run_cached(self.sess, op, self.placeholders, arrays)

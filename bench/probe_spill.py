@@ -39,7 +39,7 @@ if importlib.util.find_spec("tf_keras") is not None:
 from snapstore._tf import stack  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore.core import buffers  # pylint: disable=g-import-not-at-top,wrong-import-position
-from snapstore.core.variables import VariableSet  # pylint: disable=g-import-not-at-top,wrong-import-position
+from snapstore.engines.graph.variables import VariableSet  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore.spill import file as spill_file  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MIB = 1 << 20

@@ -16,7 +16,7 @@ parameters next to current ones, without writing a checkpoint every step.
 
 from snapstore._version import __version__
 from snapstore.core.catalog import SnapshotInfo
-from snapstore.core.variables import SHADOW_VARIABLES
+from snapstore.engines.graph.variables import SHADOW_VARIABLES
 from snapstore.ensemble import Ensemble
 from snapstore.ensemble import EnsembleResult
 from snapstore.errors import CheckpointError
@@ -40,8 +40,8 @@ from snapstore.errors import StoreClosedError
 from snapstore.errors import TracedCallError
 from snapstore.errors import TrialError
 from snapstore.errors import UnknownTagError
-from snapstore.graph.clone import Clone
-from snapstore.graph.clone import clone
+from snapstore.engines.graph.clone import Clone
+from snapstore.engines.graph.clone import clone
 from snapstore.modes.table import MODES
 from snapstore.spill.file import open_spill
 from snapstore.spill.file import SpillEntry
@@ -54,7 +54,7 @@ from snapstore.training.hooks import SnapshotCallback
 from snapstore.training.hooks import SnapshotHook
 from snapstore.training.lookahead import Lookahead
 from snapstore.training.rollback_optimizer import RollbackOptimizer
-from snapstore.graph.in_step import create_slots
+from snapstore.engines.graph.in_step import create_slots
 
 __all__ = [
   "__version__",

@@ -63,10 +63,10 @@ class SessionMismatchError(Error):
 
   Device snapshots are variables, whose values live in the session that took
   them (a local `tf.Session`) or on the cluster's tasks (a `grpc://` target);
-  see `snapstore.core.places`. The message names where the snapshot is held
+  see `snapstore.engines.graph.places`. The message names where the snapshot is held
   and how to use or carry it over; also raised for a snapshot dropped because
   its session was closed or its cluster's tasks restarted (eagerly: a
-  parameter server holding it restarted, `snapstore.eager.restarts`),
+  parameter server holding it restarted, `snapstore.engines.eager.restarts`),
   saying so.
   """
 
@@ -78,7 +78,7 @@ class NotChiefError(Error):
   shadows on the ps tasks, and the variables: a snapshot, restore,
   `evaluate_with` swap or stored arrays on another worker would overwrite
   the chief's snapshots or roll back every worker
-  (`snapstore/graph/between_graph.py`). Nothing was run; the message names
+  (`snapstore/engines/graph/between_graph.py`). Nothing was run; the message names
   the chief, and `SnapshotStore(..., chief_only=False)` lets a task write.
   """
 
@@ -147,8 +147,8 @@ class CoordinationError(Error):
   """Raised when the workers of a multi-worker strategy do not restore together.
 
   Under `MultiWorkerMirroredStrategy` every worker must restore the same
-  snapshot at the same point (`snapstore/eager/multi_worker.py`; graph
-  mode: `snapstore/graph/multi_worker.py`). Nothing was written; the
+  snapshot at the same point (`snapstore/engines/eager/multi_worker.py`; graph
+  mode: `snapstore/engines/graph/multi_worker.py`). Nothing was written; the
   message names the workers and the fix.
   """
 

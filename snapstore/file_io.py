@@ -24,7 +24,7 @@ from snapstore.files import npz
 from snapstore.files import object_graph
 from snapstore.files import sources
 from snapstore.core import failures
-from snapstore.eager import traced
+from snapstore.engines.eager import traced
 from snapstore import errors
 from snapstore.spill import file as spill_file
 

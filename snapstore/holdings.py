@@ -4,7 +4,7 @@
 (`store.py`), the calls of device slots (`store.slots`, `slots.py`) and the
 files (`store.files`, `file_io.py`). Each of them acts through the store's
 `Holdings`: its variables, its copy mode, the catalog of its tags, which
-session or cluster holds each device snapshot (`core/places.py`), and the lock
+session or cluster holds each device snapshot (`engines/graph/places.py`), and the lock
 that serializes every call. The steps every call shares are written here
 once: resolving the session, checking the store is open and writing back
 what a failed `evaluate_with` left, finding a held tag usable from a session,
@@ -25,14 +25,14 @@ from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import catalog
 from snapstore.core import failures
-from snapstore.core import places
-from snapstore.core import sessions
-from snapstore.eager import distributed as eager_distributed
-from snapstore.eager import multi_worker
-from snapstore.eager import traced
-from snapstore.eager import restarts
-from snapstore.graph import between_graph
-from snapstore.graph import multi_worker as graph_multi_worker
+from snapstore.engines.graph import places
+from snapstore.engines.graph import sessions
+from snapstore.engines.eager import distributed as eager_distributed
+from snapstore.engines.eager import multi_worker
+from snapstore.engines.eager import traced
+from snapstore.engines.eager import restarts
+from snapstore.engines.graph import between_graph
+from snapstore.engines.graph import multi_worker as graph_multi_worker
 from snapstore import errors
 
 _NOTHING = object()
@@ -51,7 +51,7 @@ class Holdings(object):
       `evaluate_with` calls a Python function instead of `Session.run`.
     chief_only: Graph mode: refuse calls that write on a task of a
       between-graph cluster that is not the chief
-      (`graph/between_graph.py`).
+      (`engines/graph/between_graph.py`).
   """
 
   def __init__(self, varset, mode, name, eager=False, chief_only=True):
@@ -66,8 +66,8 @@ class Holdings(object):
       self.catalog.adopt(tag, when)
     self.places = places.Places(varset)  # where device snapshots live
     # Under MultiWorkerMirroredStrategy: the check every restore makes that
-    # all workers restore the same snapshot (eager/multi_worker.py, and
-    # graph/multi_worker.py in graph mode).
+    # all workers restore the same snapshot (engines/eager/multi_worker.py, and
+    # engines/graph/multi_worker.py in graph mode).
     self.coordinator = (
       multi_worker.coordinator(varset, name)
       if eager
@@ -97,7 +97,7 @@ class Holdings(object):
 
     None on the eager engine, which refuses a session. A call that `writes`
     (snapshots or variables) is refused on a task of a between-graph
-    cluster that is not the chief (`graph/between_graph.py`).
+    cluster that is not the chief (`engines/graph/between_graph.py`).
     """
     if self.eager:
       self.check_not_traced(what)
@@ -324,7 +324,7 @@ class Holdings(object):
     """For `failures.translated` in call `what` of held snapshot `tag`: a
     function from an OpError to the error to raise instead (None: none)
     when it says parameter servers of the variables restarted
-    (`eager/restarts.py`), which first drops the device snapshots; None in
+    (`engines/eager/restarts.py`), which first drops the device snapshots; None in
     graph mode, where `existing` finds restarts before anything runs.
     `wrote`: whether the step writes variables."""
     if not self.eager:
@@ -348,7 +348,7 @@ class Holdings(object):
 
     return check
 
-  # -- where device snapshots live (core/places.py) ------------------------------
+  # -- where device snapshots live (engines/graph/places.py) ------------------------------
 
   def place(self, sess):
     """Where `sess` keeps variables, if the store can hold device snapshots."""

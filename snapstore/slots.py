@@ -14,7 +14,7 @@ store has, its slots offer ops and variables to build into a graph:
 On the eager engine a device store's slots are eager shadow variables:
 `shadows`, `pin`, `pinned`, `slot_of` work as in graph mode, and
 `snapshot_in_step()` is the in-step snapshot for the user's `tf.function`
-(`snapstore/eager/in_step.py`); the graph-only calls (`initializer`,
+(`snapstore/engines/eager/in_step.py`); the graph-only calls (`initializer`,
 `snapshot_op`, `restore_op`, `past`, `snapshot_before`) raise `ModeError`
 naming the eager way, and `snapshot_in_step` does in graph mode.
 
@@ -31,11 +31,11 @@ import collections
 
 from snapstore.core import checks
 from snapstore.core import distributed
-from snapstore.eager import in_step as eager_in_step
-from snapstore.eager import traced
+from snapstore.engines.eager import in_step as eager_in_step
+from snapstore.engines.eager import traced
 from snapstore import errors
-from snapstore.graph import in_step
-from snapstore.graph import rewire
+from snapstore.engines.graph import in_step
+from snapstore.engines.graph import rewire
 
 # What an eager store offers instead of each graph-only call.
 _EAGER_WAY = {
@@ -130,7 +130,7 @@ class Slots(object):
     Fetch them next to `outputs` to evaluate past and current parameters in
     one `session.run` with no copy; refresh the slot with `snapshot_op(slot)`
     (or `store.snapshot()`). Built at graph-construction time and cached:
-    asking again returns the same tensors. See `snapstore.graph.rewire` for
+    asking again returns the same tensors. See `snapstore.engines.graph.rewire` for
     what is copied, what is refused and why; gradients never flow into the
     shadows.
 
@@ -272,7 +272,7 @@ class Slots(object):
     One `session.run` of the returned op copies the variables into the slot
     and then applies the update `update()` builds: every op it creates waits
     for the copy, and the train op is checked to write no variable of the
-    store before the copy (see `snapstore.graph.in_step`). The slot is pinned
+    store before the copy (see `snapstore.engines.graph.in_step`). The slot is pinned
     under `tag` (see `pin`), so after a step `store.restore(tag)`,
     `store.evaluate_with(..., tag=tag)` or a `snapstore.Guard(store,
     tag=tag)` use the values the step started from. Before the first step the
@@ -341,7 +341,7 @@ class Slots(object):
     or `snap()` for an unconditional copy at that point. After a step,
     `store.restore(tag)` goes back to the values it started from (with
     `if_finite`, of the newest step whose loss was finite). See
-    `snapstore/eager/in_step.py` for why the order is exact. Before the first
+    `snapstore/engines/eager/in_step.py` for why the order is exact. Before the first
     step the slot holds the values the variables had when the store was
     built.
 

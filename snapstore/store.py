@@ -43,13 +43,13 @@ from snapstore._tf import builds_eagerly
 from snapstore._tf import tf
 from snapstore.core import checks
 from snapstore.core import failures
-from snapstore.core.variables import VariableSet
-from snapstore.eager import traced
-from snapstore.eager import variables as eager_variables
-from snapstore.graph import between_graph
+from snapstore.engines.graph.variables import VariableSet
+from snapstore.engines.eager import traced
+from snapstore.engines.eager import variables as eager_variables
+from snapstore.engines.graph import between_graph
 from snapstore import file_io
 from snapstore import holdings
-from snapstore.modes import eager_device
+from snapstore.engines.eager import device as eager_device
 from snapstore.modes import table as mode_table
 from snapstore import slots as slots_part
 
@@ -86,7 +86,7 @@ class SnapshotStore(object):
       arrays (`load_arrays`, `files.load_*`) in a session on a task that is
       not the chief when the variables live on other (ps) tasks: every
       worker's store shares the shadows there, and the variables
-      (`snapstore/graph/between_graph.py`). False lets this task write.
+      (`snapstore/engines/graph/between_graph.py`). False lets this task write.
     **mode_options: Options of the mode. Device: `saveable=False` (True puts
       shadows in GLOBAL_VARIABLES, so a default Saver saves them) and
       `pack=False` (True packs variables of up to 1 MiB into one buffer per
@@ -162,7 +162,7 @@ class SnapshotStore(object):
     self._slots = (
       slots_part.Slots(self._h) if built.slot_set is not None else None
     )
-    # Calls traced into the user's tf.function (eager/traced.py).
+    # Calls traced into the user's tf.function (engines/eager/traced.py).
     self._traced = traced.TracedCalls(self._h) if eager else None
 
   # -- what the store covers -----------------------------------------------------
@@ -304,7 +304,7 @@ class SnapshotStore(object):
 
     Sessions: a device snapshot lives in the session that took it (a local
     `tf.Session`), or on the cluster's tasks (a `grpc://` target), and is used
-    only there; see `snapstore.core.places`. From another local session, or a
+    only there; see `snapstore.engines.graph.places`. From another local session, or a
     cluster whose tasks restarted, it is refused, never restored with what
     that session's shadows happen to hold. Once its local session is closed,
     it is dropped from the store. Host and disk snapshots, spilled ones and
@@ -317,7 +317,7 @@ class SnapshotStore(object):
         dropped because its session was closed or its cluster restarted
         (eagerly: a parameter server of its variables restarted, which the
         store learns when a call fails there, see
-        `snapstore/eager/restarts.py`).
+        `snapstore/engines/eager/restarts.py`).
       NoSessionError, GraphMismatchError, NotChiefError: As for `snapshot`;
         also a closed session.
       RestoreError: TensorFlow failed part-way; the snapshot is intact and

@@ -288,7 +288,7 @@ class CountingSession(object):
   """A session wrapper that counts the runs and the callables made through it.
 
   Stores accept it as a session: it has `graph`, `run` and (unless hidden)
-  `make_callable`, as `snapstore.core.sessions.run_cached` needs.
+  `make_callable`, as `snapstore.engines.graph.sessions.run_cached` needs.
 
   Attributes:
     runs: Steps run through this wrapper: calls of `run` and of the callables

@@ -53,7 +53,7 @@ _TIMEOUT = 2.0  # seconds a refused restore waits for the other worker
 def main(ports, index, scenario, out):
   os.environ["TF_CONFIG"] = cluster.worker_config(ports, index)
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
-  from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.engines.eager import multi_worker  # pylint: disable=g-import-not-at-top
 
   tf.disable_v2_behavior()
   multi_worker.TIMEOUT = _TIMEOUT

@@ -22,7 +22,7 @@ from absl.testing import parameterized
 import numpy as np
 
 import snapstore
-from snapstore.core.variables import VariableSet
+from snapstore.engines.graph.variables import VariableSet
 from snapstore.files import npz
 from snapstore.files import sources
 from tests import helpers

@@ -14,7 +14,7 @@ import numpy as np
 
 import snapstore
 from snapstore._tf import tf
-from snapstore.core.variables import VariableSet
+from snapstore.engines.graph.variables import VariableSet
 from snapstore.spill import file as spill_file
 from snapstore.spill import journal
 from tests import helpers

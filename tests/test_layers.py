@@ -94,7 +94,7 @@ class LayersTest(unittest.TestCase):
     self.assertGreater(_layer("slots"), _layer("graph.in_step"))
     self.assertEqual(
       _imports_in(
-        "from snapstore.training import steps\nimport snapstore.core.copies\n",
+        "from snapstore.training import steps\nimport snapstore.engines.graph.copies\n",
         "probe",
       ),
       ["training.steps", "core.copies"],

@@ -24,7 +24,7 @@ import numpy as np
 import snapstore
 from snapstore._tf import tf
 from snapstore import errors
-from snapstore.core import copies
+from snapstore.engines.graph import copies
 from tests import helpers
 
 CONFIG = tf.ConfigProto(device_count={"CPU": 2})

@@ -9,7 +9,7 @@ one worker alone and restores of different tags refused (the message,
 nothing written), training going on after a refusal; Lookahead, averages
 (against numpy and TF's own EMA), an in-step snapshot gated on an
 all-reduced loss, guards and a trial on both workers. See
-`snapstore/graph/multi_worker.py`; the eager engine's counterpart is
+`snapstore/engines/graph/multi_worker.py`; the eager engine's counterpart is
 tests/eager/test_multi_worker.py. Runs on TF 1.15 and TF 2.x (graph mode).
 """
 
@@ -191,8 +191,8 @@ def _exchanges(first_worker, name, timeout=2.0):
   from unittest import mock  # pylint: disable=g-import-not-at-top
 
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
-  from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
-  from snapstore.graph import multi_worker as graph_multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.engines.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.engines.graph import multi_worker as graph_multi_worker  # pylint: disable=g-import-not-at-top
 
   spec = tf.train.ClusterSpec(
     {"worker": [first_worker.spec["worker"][0], "127.0.0.1:1"]}
@@ -245,7 +245,7 @@ def test_rounds_pair_the_workers_calls_in_order(first_worker):
 def test_a_round_one_worker_runs_alone_times_out_and_is_withdrawn(
   first_worker,
 ):
-  from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.engines.eager import multi_worker  # pylint: disable=g-import-not-at-top
 
   exchanges = _exchanges(first_worker, "alone", timeout=0.5)
   start = time.time()
@@ -267,8 +267,8 @@ def test_an_unreachable_first_worker_is_a_bounded_refusal():
   from unittest import mock  # pylint: disable=g-import-not-at-top
 
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
-  from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
-  from snapstore.graph import multi_worker as graph_multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.engines.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.engines.graph import multi_worker as graph_multi_worker  # pylint: disable=g-import-not-at-top
 
   port = cluster.free_ports(1)[0]  # nothing listens there
   spec = tf.train.ClusterSpec(

@@ -28,7 +28,7 @@ import numpy as np
 import snapstore
 from snapstore._tf import tf
 from snapstore import errors
-from snapstore.core import variables
+from snapstore.engines.graph import variables
 from tests import helpers
 
 CONFIG = tf.ConfigProto(device_count={"CPU": 2})

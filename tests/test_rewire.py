@@ -10,7 +10,7 @@ import numpy as np
 
 import snapstore
 from snapstore._tf import tf
-from snapstore.core import copies
+from snapstore.engines.graph import copies
 from tensorflow.python.compiler.xla import xla  # pylint: disable=g-direct-tensorflow-import
 from tests import helpers
 

@@ -9,7 +9,7 @@ import numpy as np
 import snapstore
 from snapstore import _tf
 from snapstore._tf import tf
-from snapstore.graph import subgraph
+from snapstore.engines.graph import subgraph
 from tests import helpers
 from tests import training_helpers as th
 

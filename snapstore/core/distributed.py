@@ -6,14 +6,14 @@ device order), a `MirroredVariable` (every update written to all of them) or
 a `SyncOnReadVariable` (each replica updates its own; a read in
 cross-replica context aggregates them: batch-norm statistics, metrics). The
 graph engine gives them the eager engine's semantics
-(`snapstore/eager/distributed.py`):
+(`snapstore/engines/eager/distributed.py`):
 
 - **Device mode** works on the components: one shadow per component,
   colocated with it, and copies per (component, shadow) pair, each on its
   component's device. Every replica keeps its own bits (components made to
   differ stay so), nothing crosses devices, and replicas that were identical
   stay so. The shadows are plain variables made as every other shadow
-  (`snapstore.core.shadows`), not a distributed variable: a graph-mode shadow
+  (`snapstore.engines.graph.shadows`), not a distributed variable: a graph-mode shadow
   is built from its `VariableDef` with an initializer that runs once and
   copies its own component's value; the strategy's variable creator would
   initialize every replica's shadow from the first replica's (wrong for

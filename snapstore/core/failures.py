@@ -12,7 +12,7 @@ A failure to read a device slot that this session never initialized (the
 local initializer did not run) gets its own message naming the initializer:
 the mode tells which slot such an error is about (`uninitialized`), and
 nothing was written (a restore waits for the slot's check; see
-`modes/device.py`).
+`engines/graph/device.py`).
 """
 
 import collections

@@ -15,10 +15,10 @@ import abc
 import numpy as np
 
 from snapstore._tf import tf
-from snapstore.core import copies
+from snapstore.engines.graph import copies
 from snapstore.core import distributed
-from snapstore.core import sessions
-from snapstore.core import variables
+from snapstore.engines.graph import sessions
+from snapstore.engines.graph import variables
 
 
 class CopyMode(abc.ABC):

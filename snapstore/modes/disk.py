@@ -30,7 +30,7 @@ there. `spill(tag)` writes a snapshot before the budget asks for it.
 """
 
 from snapstore.core import checks
-from snapstore.modes import host
+from snapstore.engines.graph import host
 from snapstore.modes import tiers
 
 

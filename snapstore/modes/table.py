@@ -18,12 +18,12 @@ import os
 
 from snapstore._tf import tf
 from snapstore.core import checks
-from snapstore.modes.device import DeviceMode
+from snapstore.engines.graph.device import DeviceMode
 from snapstore.modes.disk import DiskMode
-from snapstore.modes.eager_device import EagerDeviceMode
-from snapstore.modes.eager_host import EagerDiskMode
-from snapstore.modes.eager_host import EagerHostMode
-from snapstore.modes.host import HostMode
+from snapstore.engines.eager.device import EagerDeviceMode
+from snapstore.engines.eager.host import EagerDiskMode
+from snapstore.engines.eager.host import EagerHostMode
+from snapstore.engines.graph.host import HostMode
 from snapstore.modes.slot_book import SlotBook
 from snapstore.modes.tiers import TieredMode
 

@@ -84,13 +84,13 @@ from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
-from snapstore.core import copies
+from snapstore.engines.graph import copies
 from snapstore.core import distributed
-from snapstore.core import variables
-from snapstore.eager import copies as eager_copies
-from snapstore.eager import distributed as eager_distributed
+from snapstore.engines.graph import variables
+from snapstore.engines.eager import copies as eager_copies
+from snapstore.engines.eager import distributed as eager_distributed
 from snapstore import errors
-from snapstore.modes import eager_device
+from snapstore.engines.eager import device as eager_device
 
 # The arithmetic `MovingAverage` can use (see its docstring).
 FORMS = ("ema", "lerp")

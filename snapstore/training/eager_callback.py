@@ -104,7 +104,7 @@ assign per variable and a pass over the state at every step: 9-13% of a
 written only by the optimizer's update, which Keras's own `train_step` calls
 after the loss is known, and after it has updated the "loss" metric whose
 result the logs give. So instead the wrapped step calls the update under a
-`tf.cond` on that metric's result being finite (`eager/skip_update.py`;
+`tf.cond` on that metric's result being finite (`engines/eager/skip_update.py`;
 lowered, so that the update's ops run in the step's executor as without
 it), and reads at its start only what the rest
 of the step writes, found on the scratch trace (every variable whose handle
@@ -144,7 +144,7 @@ replica's value).
 Under `MultiWorkerMirroredStrategy` every worker runs the same `fit`: the
 logged loss is reduced over all replicas, so every worker's callback rolls
 back at the same batch, and a restore is coordinated
-(`snapstore/eager/multi_worker.py`: each worker restores the same tag, or
+(`snapstore/engines/eager/multi_worker.py`: each worker restores the same tag, or
 none does).
 
 Parameter servers (`ParameterServerStrategy` v2, tf-keras and TF 2.15's
@@ -175,9 +175,9 @@ from snapstore._tf import keep_cond_as_call
 from snapstore._tf import keras_variable_value
 from snapstore._tf import tf
 from snapstore._tf import tf2
-from snapstore.eager import distributed as eager_distributed
-from snapstore.eager import skip_update
-from snapstore.eager import variables as eager_variables
+from snapstore.engines.eager import distributed as eager_distributed
+from snapstore.engines.eager import skip_update
+from snapstore.engines.eager import variables as eager_variables
 from snapstore import errors
 from snapstore.store import SnapshotStore
 

@@ -114,12 +114,12 @@ whose snapshot would evict an enclosing one's is refused before it takes it
 import numpy as np
 
 from snapstore._tf import tf
-from snapstore.core import attached
+from snapstore.engines.graph import attached
 from snapstore.core import checks
-from snapstore.core import sessions
+from snapstore.engines.graph import sessions
 from snapstore import errors
-from snapstore.eager import distributed as eager_distributed
-from snapstore.graph import in_step
+from snapstore.engines.eager import distributed as eager_distributed
+from snapstore.engines.graph import in_step
 
 
 class Guard(object):

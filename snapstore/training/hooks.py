@@ -49,7 +49,7 @@ count as steps.
 A snapshot in every step, in the step's own run. `store.snapshot()` costs a
 `session.run` of its own. A train op from `store.slots.snapshot_before(...,
 if_finite=loss)` copies the variables into a device slot in its run when the
-loss is finite (see `snapstore/graph/in_step.py`), so the slot always holds
+loss is finite (see `snapstore/engines/graph/in_step.py`), so the slot always holds
 the parameters of the newest step whose loss was finite: exactly the trusted
 snapshot. With `in_step=` the hook uses it and takes no snapshot and no
 `session.run` of its own (a rollback is one run of the restore):
@@ -87,12 +87,12 @@ from snapstore._tf import keras_callback_base
 from snapstore._tf import KERAS_3_FIX
 from snapstore._tf import tf
 from snapstore._tf import uses_keras_3
-from snapstore.core import attached
+from snapstore.engines.graph import attached
 from snapstore.core import checks
 from snapstore.core import distributed
 from snapstore import errors
 from snapstore.store import SnapshotStore
-from snapstore.graph import in_step
+from snapstore.engines.graph import in_step
 from snapstore.training import eager_callback
 
 

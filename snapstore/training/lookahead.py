@@ -66,11 +66,11 @@ from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore._tf import tf2
 from snapstore.core import checks
-from snapstore.core import copies
+from snapstore.engines.graph import copies
 from snapstore.core import distributed
-from snapstore.eager import copies as eager_copies
-from snapstore.eager import distributed as eager_distributed
-from snapstore.modes import eager_device
+from snapstore.engines.eager import copies as eager_copies
+from snapstore.engines.eager import distributed as eager_distributed
+from snapstore.engines.eager import device as eager_device
 from snapstore.store import SnapshotStore
 from snapstore.training import eager_callback
 from snapstore.training.wrapped_optimizer import WrapperOptimizer

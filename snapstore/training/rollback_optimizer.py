@@ -71,7 +71,7 @@ from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
-from snapstore.core import copies
+from snapstore.engines.graph import copies
 from snapstore import errors
 from snapstore.store import SnapshotStore
 from snapstore.training.wrapped_optimizer import WrapperOptimizer

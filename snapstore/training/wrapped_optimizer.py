@@ -16,9 +16,9 @@ import weakref
 from snapstore._tf import create_slots
 from snapstore._tf import ops
 from snapstore._tf import tf
-from snapstore.core import attached
-from snapstore.core import copies
-from snapstore.graph import in_step
+from snapstore.engines.graph import attached
+from snapstore.engines.graph import copies
+from snapstore.engines.graph import in_step
 
 
 class WrapperOptimizer(tf.train.Optimizer):

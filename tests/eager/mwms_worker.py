@@ -42,7 +42,7 @@ def main(ports, index, scenario, out):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from snapstore.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.engines.eager import multi_worker  # pylint: disable=g-import-not-at-top
 
   multi_worker.TIMEOUT = _TIMEOUT
   strategy = tf.distribute.MultiWorkerMirroredStrategy()

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import snapstore
 from snapstore import _tf
-from snapstore.eager import copies
+from snapstore.engines.eager import copies
 from tests.eager import common
 from tests.eager.common import keras
 

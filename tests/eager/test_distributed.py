@@ -821,7 +821,7 @@ def _differing_and_sync_on_read(strategy):
 
 @pytest.mark.parametrize("mode", common.MODES)
 def test_traced_calls_use_each_replicas_snapshot(strategy, mode, tmp_path):
-  # evaluate_with and restore traced into the step (eager/traced.py): each
+  # evaluate_with and restore traced into the step (engines/eager/traced.py): each
   # replica reads its own component of the snapshot, when the step runs.
   w, count = _differing_and_sync_on_read(strategy)
   store = snapstore.SnapshotStore(

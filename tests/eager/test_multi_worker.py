@@ -7,7 +7,7 @@ identical after a coordinated restore, evaluation at a snapshot equal to
 numpy's, a restore on one worker alone and restores of different tags
 refused (the message, nothing written), training going on after a refusal,
 and a `fit` whose NaN batch (on one worker's data) is rolled back at the
-same batch on both workers. See `snapstore/eager/multi_worker.py`.
+same batch on both workers. See `snapstore/engines/eager/multi_worker.py`.
 """
 
 import pytest

@@ -1,4 +1,4 @@
-"""`snapstore.eager.skip_update`: the gated update, and what a step writes.
+"""`snapstore.engines.eager.skip_update`: the gated update, and what a step writes.
 
 What `SnapshotCallback(in_step=True, in_step_undo="skip")` relies on: the
 trace shows every variable written outside the optimizer's update (and
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from snapstore.eager import skip_update
+from snapstore.engines.eager import skip_update
 from tests.eager import common
 from tests.eager.common import keras
 

@@ -118,7 +118,7 @@ class VariableSet(object):
   @classmethod
   def of(cls, pairs, source):
     """A set of `(key, variable)` pairs keyed as given: the eager engine's
-    (`snapstore/eager/variables.py` resolves them; eager variables have no
+    (`snapstore/engines/eager/variables.py` resolves them; eager variables have no
     graph, and `graph` is None).
 
     Raises:

@@ -34,7 +34,7 @@ import numpy as np
 
 from snapstore._tf import ops
 from snapstore._tf import tf
-from snapstore.core import copies
+from snapstore.engines.graph import copies
 
 # Variables of at most this many bytes are packed.
 PACK_LIMIT_BYTES = 1 << 20

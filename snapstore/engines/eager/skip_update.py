@@ -40,7 +40,7 @@ import contextlib
 from snapstore._tf import tf
 from snapstore._tf import tf2
 from snapstore.core.distributed import components
-from snapstore.graph.writers import READ_ONLY_RESOURCE_OPS
+from snapstore.core.writers import READ_ONLY_RESOURCE_OPS
 
 # Ops that give out the handle they take (TF's Identity family); whoever
 # takes it from them is checked instead.

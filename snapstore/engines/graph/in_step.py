@@ -25,7 +25,7 @@ checked: every op it runs that writes a variable of the store must come after
 the snapshot (by data or control edges). "Writes" means may write: an op that
 takes the variable's reference or handle is a writer unless it is proven to
 only read it, function bodies (a tf.function, a v2 tf.cond or while loop)
-included (`snapstore.graph.writers`). An op built before the call (a train
+included (`snapstore.core.writers`). An op built before the call (a train
 op built beforehand, batch norm's `UPDATE_OPS` passed in as control
 dependencies, an op built under `control_dependencies(None)`) cannot be ordered
 afterwards, as TensorFlow cannot add a control input to an op once it is built,
@@ -81,12 +81,12 @@ from snapstore._tf import resource_variable_ops
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
-from snapstore.core import copies
-from snapstore.core import shadows
-from snapstore.core.variables import SHADOW_VARIABLES
+from snapstore.engines.graph import copies
+from snapstore.engines.graph import shadows
+from snapstore.engines.graph.variables import SHADOW_VARIABLES
 from snapstore import errors
-from snapstore.graph import subgraph
-from snapstore.graph import writers
+from snapstore.engines.graph import subgraph
+from snapstore.core import writers
 
 
 def create_slots(optimizer, var_list):

@@ -17,7 +17,7 @@ the next update of the variable, not by the snapshot call.
 from snapstore._tf import tf
 from snapstore._tf import tf2
 from snapstore.core.distributed import replica_reads
-from snapstore.eager import distributed
+from snapstore.engines.eager import distributed
 
 
 def traced(body, name, signature=None):

@@ -20,7 +20,7 @@ import numpy as np
 
 from snapstore.core import buffers
 from snapstore.core import distributed
-from snapstore.eager import copies
+from snapstore.engines.eager import copies
 from snapstore.modes import base
 from snapstore.modes import disk
 from snapstore.modes import host_book

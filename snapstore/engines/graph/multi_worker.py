@@ -10,7 +10,7 @@ broadcast and no collective runs when it is built or initialized), host and
 disk mode one value per worker. A snapshot and a restore are local copies.
 
 A restore is checked first, as the eager engine checks it
-(`snapstore/eager/multi_worker.py`: same rounds, fingerprints, messages and
+(`snapstore/engines/eager/multi_worker.py`: same rounds, fingerprints, messages and
 `TIMEOUT`): every worker must restore the same snapshot at the same point,
 or the replicas differ and the model diverges silently. The eager engine
 exchanges the fingerprints through the coordination service, which graph
@@ -53,7 +53,7 @@ from snapstore._tf import ops
 from snapstore._tf import state_ops
 from snapstore._tf import tf
 from snapstore.core import distributed
-from snapstore.eager import multi_worker
+from snapstore.engines.eager import multi_worker
 
 _SCOPE = "snapstore_coordination"
 _POLL = (0.001, 0.05)  # first and longest pause between reads, seconds

@@ -7,7 +7,7 @@ all-reducing every update across the workers. A store built in each worker's
 program covers that worker's components only:
 
 - **Device mode**: the shadows are made as TensorFlow makes optimizer slots
-  (`snapstore/eager/distributed.py`): in the strategy's scope, one component
+  (`snapstore/engines/eager/distributed.py`): in the strategy's scope, one component
   per local replica device. Making a variable in a multi-worker scope
   broadcasts its initial value from worker 0 (a collective keyed by the
   order of creation, with no timeout), so every worker must build its
@@ -20,7 +20,7 @@ program covers that worker's components only:
 - **Host and disk mode**: one copy of the mirrored value per worker (its
   first local component), written back into every local component; of a
   sync-on-read value, this worker's aggregate of its own components
-  (`snapstore/eager/distributed.py`), not TensorFlow's cross-worker read.
+  (`snapstore/engines/eager/distributed.py`), not TensorFlow's cross-worker read.
 
 **Restore is coordinated.** A worker that restores alone, or workers that
 restore different snapshots, leave the replicas different: the next
@@ -59,7 +59,7 @@ per restore on two loopback workers, TF 2.21, against 0.3 ms for the copy
 of a 256 KiB device store), plus the wait for the slowest worker to call.
 Graph mode checks a restore with the same `Coordinator` (rounds, messages,
 timeout), exchanging the fingerprints through variables on the first worker
-instead of the coordination service (`snapstore/graph/multi_worker.py`).
+instead of the coordination service (`snapstore/engines/graph/multi_worker.py`).
 
 `evaluate_with` is not coordinated: it puts every variable back bit for bit
 before it returns, so a worker evaluating alone leaves no trace (the
@@ -135,7 +135,7 @@ class Coordinator(object):
   Args:
     exchange: Rounds of values between the workers: `_Exchange` here (the
       coordination service), or graph mode's through variables on the
-      first worker (`snapstore/graph/multi_worker.py`); its `agree` raises
+      first worker (`snapstore/engines/graph/multi_worker.py`); its `agree` raises
       `Late` when a worker does not publish in time.
   """
 

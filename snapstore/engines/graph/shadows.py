@@ -16,7 +16,7 @@ and an initializer. Nothing else is built per shadow: the value a slot is
 initialized with is built once per primary (`value_at_init`), and whether a
 store's shadows still need initializing is decided once per device (`_gate`).
 
-Shadows are made for units (`snapstore.core.packing`): a unit is one
+Shadows are made for units (`snapstore.engines.graph.packing`): a unit is one
 variable, or a group of small variables that share one flat buffer, named
 `<store>/packed_<n>/<slot>` and colocated with the group's first variable,
 initialized with the members' `value_at_init`s packed.
@@ -32,7 +32,7 @@ from snapstore._tf import state_ops
 from snapstore._tf import tf
 from snapstore._tf import variable_handle_from_shape_and_dtype
 from snapstore._tf import variable_pb2
-from snapstore.core import copies
+from snapstore.engines.graph import copies
 
 
 def make_slots(units, slots):

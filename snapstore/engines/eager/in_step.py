@@ -1,6 +1,6 @@
 """The eager in-step snapshot: a copy into a slot inside the user's tf.function.
 
-The eager counterpart of `graph/in_step.py` (`snapshot_before`). Made by
+The eager counterpart of `engines/graph/in_step.py` (`snapshot_before`). Made by
 `store.slots.snapshot_in_step()`:
 
     snap = store.slots.snapshot_in_step()      # pins "before_step" to slot 0
@@ -33,7 +33,7 @@ costs no extra dispatch: the copy runs inside the step's own function.
 
 from snapstore._tf import tf
 from snapstore._tf import tf2
-from snapstore.eager import distributed
+from snapstore.engines.eager import distributed
 
 
 def _not_converted(method):

@@ -1,6 +1,6 @@
 """Which eager variables a store covers, and the key each one is stored under.
 
-The eager engine's counterpart of `core/variables.py`'s resolution (TF 2.x
+The eager engine's counterpart of `engines/graph/variables.py`'s resolution (TF 2.x
 eager execution has no collections or variable scopes). A store covers:
 
 - a list of `tf.Variable`s (Keras 3 `keras.Variable`s are unwrapped to the
@@ -57,7 +57,7 @@ from snapstore._tf import keras_variable_value
 from snapstore._tf import module_variable_paths
 from snapstore._tf import tf2
 from snapstore._tf import tf_variables
-from snapstore.core.variables import VariableSet
+from snapstore.engines.graph.variables import VariableSet
 
 _GRAPH_ONLY = (
   "%s= is for graph mode (collections and variable scopes), which TF 2.x "

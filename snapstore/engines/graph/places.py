@@ -44,7 +44,7 @@ import weakref
 from snapstore._tf import session_closed
 from snapstore._tf import session_under
 from snapstore._tf import tf
-from snapstore.core import attached
+from snapstore.engines.graph import attached
 from snapstore import errors
 
 # How many dropped tags keep the reason they were dropped, for messages.
@@ -212,7 +212,7 @@ def cluster_devices(base, why):
 
   Asked once per session, and kept on it: the master lists every task's
   devices, its own task's first (`GrpcSession::ListDevices`, TF 1.15 to
-  2.x), which `snapstore/graph/between_graph.py` relies on.
+  2.x), which `snapstore/engines/graph/between_graph.py` relies on.
 
   Args:
     base: A raw `tf.Session` (`session_under`).

@@ -29,8 +29,8 @@ replicas; the device holds nothing extra.
 
 from snapstore._tf import ops
 from snapstore._tf import tf
-from snapstore.core import attached
-from snapstore.core import copies
+from snapstore.engines.graph import attached
+from snapstore.engines.graph import copies
 from snapstore.core import distributed
 from snapstore.modes import base
 from snapstore.modes import host_book

@@ -14,7 +14,7 @@ other task, before anything runs:
 - **This task**: the task of the first device the session's
   `list_devices()` lists. A cluster session's master lists its own task's
   devices first (`GrpcSession::ListDevices`, TF 1.15 to 2.x); the listing is
-  made once per session and shared with `core/places.py`.
+  made once per session and shared with `engines/graph/places.py`.
 - **Shared variables**: the store's variables live on another task than
   this one (a ps task). Graph-mode `MultiWorkerMirroredStrategy` keeps each
   worker's replicas on its own task: nothing shared, nothing checked; a
@@ -32,8 +32,8 @@ replication from a task that is not the chief.
 """
 
 from snapstore._tf import session_under
-from snapstore.core import attached
-from snapstore.core import places
+from snapstore.engines.graph import attached
+from snapstore.engines.graph import places
 from snapstore import errors
 
 # Jobs whose task 0 is the chief, by precedence.

@@ -32,7 +32,7 @@ output of another node.
 from snapstore._tf import function_def
 from snapstore._tf import is_ref_dtype
 from snapstore._tf import tf
-from snapstore.graph import subgraph
+from snapstore.engines.graph import subgraph
 
 # Ops that only read the resource they take. The list is TF's own (TF 2.x's
 # resource_variable_ops.py declares these with

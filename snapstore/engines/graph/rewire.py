@@ -14,7 +14,7 @@ parameter copy:
     current, past = sess.run([q, q_past], feed)
 
 How: every op between a covered variable and the outputs is copied (see
-`snapstore.graph.subgraph`), and each copy that consumed a primary's ref tensor or
+`snapstore.engines.graph.subgraph`), and each copy that consumed a primary's ref tensor or
 resource handle consumes the shadow's instead. That covers reads (`read`,
 `ReadVariableOp`), ops that take the variable itself (`Gather` on a ref,
 `ResourceGather`), `tf.cond` (dropout and batch norm driven by a fed `training`
@@ -63,10 +63,10 @@ from snapstore._tf import registered_gradient
 from snapstore._tf import tf
 from snapstore.core import checks
 from snapstore.core import distributed
-from snapstore.core import variables
+from snapstore.engines.graph import variables
 from snapstore import errors
-from snapstore.graph import subgraph
-from snapstore.graph import writers
+from snapstore.engines.graph import subgraph
+from snapstore.core import writers
 
 _GRADIENT_OVERRIDE = "SnapstoreShadowInput"
 _ORIGINAL_GRADIENT = "_snapstore_gradient_op_type"

@@ -1,7 +1,7 @@
 """A parameter server that restarted under the eager engine, told by its error.
 
 Under `ParameterServerStrategy` (v2) a variable lives on a parameter server,
-and so does each device shadow of it (`snapstore/eager/distributed.py`): a
+and so does each device shadow of it (`snapstore/engines/eager/distributed.py`): a
 device snapshot is a set of variables on the servers. A server that restarts
 comes back empty, and without this program's eager context: every op the
 program sends there fails with TensorFlow's `AbortedError` "Unable to find a
@@ -18,7 +18,7 @@ the store's copies among them, for good: a restore cannot "be called again".
 The store then drops its device snapshots (each has a copy of every
 variable, so one on that server) and raises `SessionMismatchError` saying
 why; later calls refuse them before anything runs, as graph mode refuses the
-snapshots of a cluster whose tasks restarted (`snapstore/core/places.py`).
+snapshots of a cluster whose tasks restarted (`snapstore/engines/graph/places.py`).
 An `UnavailableError` (the server cannot be reached) is not taken for a
 restart: the server may come back with its state after a network fault, and
 the call may be retried.

@@ -45,7 +45,7 @@ scope `clone` is called in (as `import_graph_def` does); reads of a new
 variable are colocated with it. A `tf.while_loop` cannot be copied with its
 `WhileContext` and is refused, naming the op.
 
-The ops are copied by `snapstore.graph.subgraph`, which says why not by
+The ops are copied by `snapstore.engines.graph.subgraph`, which says why not by
 `graph_editor.copy_with_input_replacements` or `import_graph_def`.
 """
 
@@ -59,10 +59,10 @@ from snapstore._tf import set_save_slice_info
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
-from snapstore.core import copies
-from snapstore.core import shadows
+from snapstore.engines.graph import copies
+from snapstore.engines.graph import shadows
 from snapstore import errors
-from snapstore.graph import subgraph
+from snapstore.engines.graph import subgraph
 
 Clone = collections.namedtuple(
   "Clone", ["outputs", "inputs", "variables", "initializer", "scope"]

@@ -18,7 +18,7 @@ from snapstore._tf import raw_session
 from snapstore._tf import session_closed
 from snapstore._tf import session_under
 from snapstore._tf import tf
-from snapstore.core import attached
+from snapstore.engines.graph import attached
 from snapstore.core import checks
 from snapstore import errors
 

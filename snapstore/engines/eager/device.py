@@ -8,14 +8,14 @@ shadow starts as a copy of its variable (sharing its buffer until either is
 written), so a slot is always initialized.
 
 Per slot, a snapshot and a restore are one traced function each, traced when
-the store is built (`snapstore/eager/copies.py`; the copies into shadows are
+the store is built (`snapstore/engines/eager/copies.py`; the copies into shadows are
 also run once then, see `__init__`); `evaluate_with` sets the
 current values aside in a scratch set with two more. Reading a slot into numpy
 (`arrays`) and writing arrays into it (`load_arrays`, `load_npz`) trace their
 function on first use.
 
 `store.slots.snapshot_in_step()` writes a slot from inside the caller's own
-`tf.function` (`snapstore/eager/in_step.py`).
+`tf.function` (`snapstore/engines/eager/in_step.py`).
 """
 
 import numpy as np
@@ -25,10 +25,10 @@ from snapstore._tf import tf2
 from snapstore.core import buffers
 from snapstore.core.distributed import kept_components
 from snapstore.core.distributed import replica_layout
-from snapstore.eager import copies
-from snapstore.eager import distributed
-from snapstore.eager import multi_worker
-from snapstore.eager import traced
+from snapstore.engines.eager import copies
+from snapstore.engines.eager import distributed
+from snapstore.engines.eager import multi_worker
+from snapstore.engines.eager import traced
 from snapstore import errors
 from snapstore.modes import base
 from snapstore.modes import slot_book
@@ -73,7 +73,7 @@ class EagerDeviceMode(slot_book.SlotBook):
     self._depth = 0  # swaps in progress, one inside the other
     self._add_scratch()
     # Which tag each slot holds, for calls traced into the user's
-    # tf.function, which look it up when they run (eager/traced.py):
+    # tf.function, which look it up when they run (engines/eager/traced.py):
     # written once such a call is built (`start_marking`), not before.
     self._markers = [
       distributed.make_marker(p[0], traced.NO_TAG, "%s/slot_%d/tag" % (name, k))
@@ -138,7 +138,7 @@ class EagerDeviceMode(slot_book.SlotBook):
     function when called while one is traced)."""
     self._restores[slot]()
 
-  # -- slot markers, for traced calls (eager/traced.py) ---------------------------
+  # -- slot markers, for traced calls (engines/eager/traced.py) ---------------------------
 
   @property
   def markers(self):

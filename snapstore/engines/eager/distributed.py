@@ -23,7 +23,7 @@ replica device (`v.values`). The eager engine treats it so:
   aggregate: the sum of a counter's components, ...), and keep every
   component of it too, each restored into its own (`core.distributed`,
   "Replicas that differ"); under a multi-worker strategy, this worker's
-  aggregate of its own components (`snapstore/eager/multi_worker.py`). A
+  aggregate of its own components (`snapstore/engines/eager/multi_worker.py`). A
   **host write** (a restore's first step; all of it for arrays without kept
   components: `load_arrays`, a file another store wrote) puts a mirrored
   value into every component; a sync-on-read value so that the aggregate
@@ -75,7 +75,7 @@ def make_shadow(variable, name):
 def make_marker(variable, value, name):
   """An int64 scalar variable beside `variable`, eager, made as a shadow is.
 
-  For a device slot's marker (`snapstore/eager/traced.py`): where the
+  For a device slot's marker (`snapstore/engines/eager/traced.py`): where the
   slot's shadows are, so that a function reading it runs where they do (a
   parameter server's, every replica's own component under a mirrored
   strategy, written to all of them from cross-replica context).

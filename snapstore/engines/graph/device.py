@@ -23,7 +23,7 @@ could not.
 
 With `pack=True`, variables of at most `packing.PACK_LIMIT_BYTES` share one
 buffer per slot for each device and dtype (`<store>/packed_<n>/slot_k`, see
-`snapstore.core.packing`): a snapshot is a concatenation and an assign per
+`snapstore.engines.graph.packing`): a snapshot is a concatenation and an assign per
 group, a restore a split per group and an assign per variable. A store of
 thousands of small variables is then built and first run in a fraction of the
 time, with a fraction of the ops. Such variables have no shadow of their own,
@@ -42,7 +42,7 @@ per variable, as a host snapshot reads it; arrays written into a slot
 shadows are not one distributed variable, so `shadows()` is refused;
 `component_shadows()` gives them per component (what `MovingAverage` and
 `Lookahead` update, each component from its own). `past()` rewires each
-component to its own shadow (`snapstore.graph.rewire`): TF reads a
+component to its own shadow (`snapstore.engines.graph.rewire`): TF reads a
 distributed variable through its components (a replica its own, a
 cross-replica read the primary, a sync-on-read aggregate all of them), so
 every copied read reads the shadow of the component its original read.
@@ -56,12 +56,12 @@ import numpy as np
 from snapstore._tf import control_flow_ops
 from snapstore._tf import ops
 from snapstore._tf import tf
-from snapstore.core import copies
+from snapstore.engines.graph import copies
 from snapstore.core import distributed
-from snapstore.core import packing
-from snapstore.core import sessions
-from snapstore.core import shadows
-from snapstore.core import variables
+from snapstore.engines.graph import packing
+from snapstore.engines.graph import sessions
+from snapstore.engines.graph import shadows
+from snapstore.engines.graph import variables
 from snapstore import errors
 from snapstore.modes import base
 from snapstore.modes import slot_book
