@@ -49,7 +49,7 @@ if importlib.util.find_spec("tf_keras") is not None:
 import snapstore  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore._tf import stack  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top,wrong-import-position
-from snapstore.engines.graph.variables import VariableSet  # pylint: disable=g-import-not-at-top,wrong-import-position
+from snapstore.engines.graph.variables import variable_set  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore.spill import file as spill_file  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tf.disable_v2_behavior()  # graph mode on TF 2.x (1.15's default)
@@ -148,7 +148,7 @@ def bench_throughput(mib, reps, workdir):
   graph = tf.Graph()
   with graph.as_default():
     variables, _ = _model(mib << 20)
-    varset = VariableSet(scope="net")
+    varset = variable_set(scope="net")
   keys = list(varset.keys)
   rng = np.random.RandomState(0)
   snapshots = [

@@ -39,7 +39,7 @@ if importlib.util.find_spec("tf_keras") is not None:
 from snapstore._tf import stack  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore._tf import tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore.core import buffers  # pylint: disable=g-import-not-at-top,wrong-import-position
-from snapstore.engines.graph.variables import VariableSet  # pylint: disable=g-import-not-at-top,wrong-import-position
+from snapstore.engines.graph.variables import variable_set  # pylint: disable=g-import-not-at-top,wrong-import-position
 from snapstore.spill import file as spill_file  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MIB = 1 << 20
@@ -99,7 +99,7 @@ def run_to_run(workdir, reps):
     with tf.variable_scope("net"):
       for i in range(16):
         tf.get_variable("v%02d" % i, [4 * MIB // 4], tf.float32)
-    varset = VariableSet(scope="net")
+    varset = variable_set(scope="net")
   keys = list(varset.keys)
   rng = np.random.RandomState(0)
   plain = [

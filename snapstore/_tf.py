@@ -37,6 +37,7 @@ in graph mode snapstore refuses its models and variables with `KERAS_3_FIX`
 in the message; the eager engine takes them (`keras_variable_value`).
 """
 
+import inspect
 import os
 import re
 import sys
@@ -349,6 +350,23 @@ def session_closed(session):
   return isinstance(session, tf_session.BaseSession) and bool(
     getattr(session, "_closed", False)
   )
+
+
+def not_converted(method):
+  """Leaves `method` as it is when AutoGraph converts a `tf.function` that
+  calls it: snapstore's calls have no Python control flow on tensors to
+  convert, and converting them would read snapstore's source at every
+  trace (and warn where it cannot)."""
+  return tf2.autograph.experimental.do_not_convert(method)
+
+
+def not_converted_methods(cls):
+  """`cls` with each public method wrapped by `not_converted`."""
+  for name, value in list(vars(cls).items()):
+    public = not name.startswith("_") or name in ("__len__", "__contains__")
+    if public and inspect.isfunction(value):
+      setattr(cls, name, not_converted(value))
+  return cls
 
 
 def call_with_captures(concrete, captures):

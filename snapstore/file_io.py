@@ -19,17 +19,17 @@ writes into them. Every source is read and checked in full (names, shapes,
 dtypes, checksums) before anything is stored; see `snapstore.files.sources`.
 """
 
+from snapstore._tf import not_converted_methods
 from snapstore.files import checkpoints
 from snapstore.files import npz
 from snapstore.files import object_graph
 from snapstore.files import sources
 from snapstore.core import failures
-from snapstore.engines.eager import traced
 from snapstore import errors
 from snapstore.spill import file as spill_file
 
 
-@traced.not_converted_methods
+@not_converted_methods
 class Files(object):
   """Snapshot files of a store (see module doc). Made by `store.files`.
 

@@ -3,16 +3,18 @@
 `SnapshotStore` is a small facade over three parts: the snapshot lifecycle
 (`store.py`), the calls of device slots (`store.slots`, `slots.py`) and the
 files (`store.files`, `file_io.py`). Each of them acts through the store's
-`Holdings`: its variables, its copy mode, the catalog of its tags, which
-session or cluster holds each device snapshot (`engines/graph/places.py`), and the lock
-that serializes every call. The steps every call shares are written here
+`Holdings`: its engine, its variables, its copy mode, the catalog of its
+tags, where each device snapshot lives (`core/places.py`), and the lock that
+serializes every call. The steps every call shares are written here
 once: resolving the session, checking the store is open and writing back
 what a failed `evaluate_with` left, finding a held tag usable from a session,
 storing arrays as a snapshot, and recording a new one.
 
 The mode declares what it can do, and only through two attributes: `slot_set`
 (device slots, or None) and `tiers` (a spill file, or None); see
-`modes/base.py`.
+`modes/base.py`. What differs between graph mode and eager execution (the
+session a call runs in, what `evaluate_with` runs, restarts, traced calls)
+the engine answers (`engines/base.py`).
 """
 
 import collections.abc
@@ -25,66 +27,36 @@ from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import catalog
 from snapstore.core import failures
-from snapstore.engines.graph import places
-from snapstore.engines.graph import sessions
-from snapstore.engines.eager import distributed as eager_distributed
-from snapstore.engines.eager import multi_worker
-from snapstore.engines.eager import traced
-from snapstore.engines.eager import restarts
-from snapstore.engines.graph import between_graph
-from snapstore.engines.graph import multi_worker as graph_multi_worker
 from snapstore import errors
 
 _NOTHING = object()
-# How a refusal names a call that is not written store.<what>().
-_CALLS = {"__len__": "len(store)", "__contains__": "`tag in store`"}
 
 
 class Holdings(object):
-  """A store's variables, mode, tags and owners, and the steps calls share.
+  """A store's engine, variables, mode, tags and owners, and the steps calls share.
 
   Args:
-    varset: The store's `VariableSet`.
+    engine: The store's engine (`engines/base.py`), bound to its variables.
     mode: The store's `CopyMode`.
-    name: The store's name scope.
-    eager: Whether the store runs on the eager engine: no sessions, and
-      `evaluate_with` calls a Python function instead of `Session.run`.
-    chief_only: Graph mode: refuse calls that write on a task of a
-      between-graph cluster that is not the chief
-      (`engines/graph/between_graph.py`).
   """
 
-  def __init__(self, varset, mode, name, eager=False, chief_only=True):
-    self.varset = varset
+  def __init__(self, engine, mode):
+    self.engine = engine
+    self.varset = engine.varset
     self.mode = mode
-    self.name = name
-    self.eager = eager
-    self.chief_only = chief_only
+    self.name = engine.store_name
     self.lock = threading.RLock()
     self.catalog = catalog.Catalog(mode.capacity)
     for tag, when in mode.adopted():  # snapshots in an existing spill file
       self.catalog.adopt(tag, when)
-    self.places = places.Places(varset)  # where device snapshots live
+    self.places = engine.places()  # where device snapshots live
     # Under MultiWorkerMirroredStrategy: the check every restore makes that
-    # all workers restore the same snapshot (engines/eager/multi_worker.py, and
-    # engines/graph/multi_worker.py in graph mode).
-    self.coordinator = (
-      multi_worker.coordinator(varset, name)
-      if eager
-      else graph_multi_worker.coordinator(varset, name)
-    )
+    # all workers restore the same snapshot (core/coordination.py).
+    self.coordinator = engine.coordinator()
     self.closed = False
     self._pending = _NOTHING  # current values a failed put-back left
     self._pending_depth = 0  # how many swaps deep it was set aside
     self._swaps = 0  # evaluate_with swaps in progress, one inside another
-    # Parameter-server strategies (v2) whose ClusterCoordinator may be
-    # writing the variables: every eager call checks nothing is in flight
-    # (and guards wait for what their block scheduled).
-    self.ps_strategies = (
-      eager_distributed.coordinated_strategies(s.variable for s in varset)
-      if eager
-      else []
-    )
 
   @property
   def graph(self):
@@ -95,43 +67,20 @@ class Holdings(object):
   def session(self, session, what, required=True, writes=False):
     """The raw session for call `what`; None if not `required` and none given.
 
-    None on the eager engine, which refuses a session. A call that `writes`
-    (snapshots or variables) is refused on a task of a between-graph
-    cluster that is not the chief (`engines/graph/between_graph.py`).
+    None on an engine without sessions, which refuses one. A call that
+    `writes` (snapshots or variables) is refused on a task of a
+    between-graph cluster that is not the chief (graph mode, `chief_only`).
     """
-    if self.eager:
-      self.check_not_traced(what)
-      if session is not None:
-        raise TypeError(
-          "%s() got session=%r, but this store runs eagerly (it was built "
-          "with eager execution on), without sessions. Call it without "
-          "session=." % (what, session)
-        )
-      eager_distributed.check_no_functions_in_flight(self.ps_strategies, what)
-      return None
-    if not required and session is None and tf.get_default_session() is None:
-      return None
-    raw = sessions.resolve(session, self.graph, what)
-    if writes and self.chief_only:
-      between_graph.check(raw, self.varset, what)
-    return raw
+    return self.engine.session(session, what, required, writes)
 
   def check_not_traced(self, what, fix=None):
-    """Refuses call `what` while a `tf.function` is traced (eager engine).
+    """Refuses call `what` while a `tf.function` is traced (eagerly).
 
     Raises:
       TracedCallError: Naming `fix`, or by default the call made outside
         the function.
     """
-    if self.eager and traced.is_traced():
-      call = _CALLS.get(what, "store.%s()" % what)
-      raise traced.refuse(
-        self.name,
-        what,
-        fix
-        or "call %s outside the tf.function (eagerly, e.g. between steps)"
-        % call,
-      )
+    self.engine.check_not_traced(what, fix)
 
   def data_session(self, session, what, writes=False):
     """The session for a call that only moves data: none in host and disk mode."""
@@ -148,7 +97,9 @@ class Holdings(object):
   def prepare(self, sess):
     """Checks the store is open and writes back pending current values."""
     self.check_open()
-    if self._pending is _NOTHING or (sess is None and not self.eager):
+    if self._pending is _NOTHING or (
+      sess is None and self.engine.pending_needs_session
+    ):
       return
     with failures.translated("pending"):
       self.mode.unstash(self._pending, sess)
@@ -192,7 +143,7 @@ class Holdings(object):
       value = self.run(fetches, feed_dict, sess, "evaluate_with")
     finally:
       self.put_back(token, sess, wrote)
-    return traced.no_gradient(value) if self.eager else value
+    return self.engine.at_snapshot(value)
 
   def tags_to_evaluate(self, tags):
     """`evaluate_each`'s `tags`: a list of them, by default every one held.
@@ -218,27 +169,12 @@ class Holdings(object):
 
   def run(self, fetches, feed_dict, sess, what):
     """Runs what `evaluate_with` evaluates: `sess.run`, or eagerly a call."""
-    if not self.eager:
-      return sess.run(fetches, feed_dict=feed_dict)
     self.check_run(fetches, feed_dict, what)
-    return fetches()
+    return self.engine.run(fetches, feed_dict, sess)
 
   def check_run(self, fetches, feed_dict, what):
-    """Eagerly: refuses what `run` could not call, before anything moves."""
-    if not self.eager:
-      return
-    if not callable(fetches):
-      raise TypeError(
-        "%s() on an eager store takes a Python callable (e.g. lambda: "
-        "model(x), or a tf.function) and calls it with the snapshot's values "
-        "in place; got %r. Graph tensors and feed dicts are for graph mode."
-        % (what, fetches)
-      )
-    if feed_dict is not None:
-      raise TypeError(
-        "%s() on an eager store takes no feed_dict: pass the inputs in the "
-        "callable (lambda: model(x))." % what
-      )
+    """Refuses what `run` could not run, before anything moves."""
+    self.engine.check_run(fetches, feed_dict, what)
 
   # -- tags ----------------------------------------------------------------------
 
@@ -324,15 +260,13 @@ class Holdings(object):
     """For `failures.translated` in call `what` of held snapshot `tag`: a
     function from an OpError to the error to raise instead (None: none)
     when it says parameter servers of the variables restarted
-    (`engines/eager/restarts.py`), which first drops the device snapshots; None in
-    graph mode, where `existing` finds restarts before anything runs.
+    (`engines/eager/restarts.py`), which first drops the device snapshots.
+    Graph mode finds restarts before anything runs (`existing`).
     `wrote`: whether the step writes variables."""
-    if not self.eager:
-      return None
 
     def check(error):
-      tasks, words = restarts.restarted(error, self.varset.variables)
-      if not tasks:
+      restart = self.engine.lost(error)
+      if restart is None:
         return None
       device = self.mode.tier(tag) == "device"
       pinned = self.catalog.pinned()
@@ -342,9 +276,9 @@ class Holdings(object):
         if self.mode.tier(t) == "device" and t not in pinned
       ]
       for t in dropped:
-        self.forget(t, restarts.lost_note(t, tasks, words))
+        self.forget(t, restart.note(t))
       others = [t for t in dropped if t != tag]
-      return restarts.lost_error(what, tag, tasks, words, device, others, wrote)
+      return restart.error(what, tag, device, others, wrote)
 
     return check
 

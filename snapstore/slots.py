@@ -29,29 +29,13 @@ per key) raises `ModeError`.
 
 import collections
 
+from snapstore._tf import not_converted_methods
 from snapstore.core import checks
 from snapstore.core import distributed
-from snapstore.engines.eager import in_step as eager_in_step
-from snapstore.engines.eager import traced
 from snapstore import errors
-from snapstore.engines.graph import in_step
-from snapstore.engines.graph import rewire
-
-# What an eager store offers instead of each graph-only call.
-_EAGER_WAY = {
-  "initializer": "eager shadows are initialized when the store makes them",
-  "snapshot_op": "call store.snapshot() (one traced function), or "
-  "store.slots.snapshot_in_step() inside your tf.function",
-  "restore_op": "call store.restore() (one traced function)",
-  "past": "use store.evaluate_with(fn, tag=...), which calls fn with the "
-  "snapshot's values in place, or build a second model (e.g. "
-  "keras.models.clone_model) and load store.arrays(tag) into it",
-  "snapshot_before": "use store.slots.snapshot_in_step() inside your "
-  "tf.function",
-}
 
 
-@traced.not_converted_methods
+@not_converted_methods
 class Slots(object):
   """The device slots of a store (see module doc). Made by `store.slots`.
 
@@ -168,8 +152,7 @@ class Slots(object):
         # replica its own, a cross-replica read the primary or all of them):
         # each component maps to its own shadow, so every copied read reads
         # the shadow of the component its original read.
-        self._rewirer = rewire.Rewirer(
-          self._h.name,
+        self._rewirer = self._h.engine.rewirer(
           [
             part
             for v in self._h.varset.variables
@@ -322,12 +305,9 @@ class Slots(object):
     self._graph_only("snapshot_before")
     with self._h.lock:
       pin = self._check_pin("snapshot_before", slot, tag)
-      # A distributed variable is written through its components: those are
-      # what the update must leave alone until the copy has run.
-      parts = [
-        p for v in self._h.varset.variables for p in distributed.components(v)
-      ]
-      entry = in_step.build(update, self._set, pin[0], parts, name, if_finite)
+      entry = self._h.engine.snapshot_before(
+        update, self._set, pin[0], name, if_finite
+      )
       self._in_step[entry.train_op] = entry
       self._pin(*pin)
       return entry.train_op
@@ -349,14 +329,9 @@ class Slots(object):
       ModeError: A graph-mode store (use `snapshot_before`).
       ValueError, TypeError: As for `pin`.
     """
-    if not self._h.eager:
-      raise errors.ModeError(
-        "snapshot_in_step() is the eager engine's in-step snapshot; in graph "
-        "mode use store.slots.snapshot_before(update, slot, tag)."
-      )
     with self._h.lock:
       pin = self._check_pin("snapshot_in_step", slot, tag)
-      snap = eager_in_step.InStepSnapshot(
+      snap = self._h.engine.in_step_snapshot(
         self._h.varset.variables, self._set.shadows(pin[0]), pin[1]
       )
       self._pin(*pin)
@@ -402,11 +377,7 @@ class Slots(object):
   # -- internals ---------------------------------------------------------------
 
   def _graph_only(self, what):
-    if self._h.eager:
-      raise errors.ModeError(
-        "store.slots.%s is for graph mode; this store runs eagerly. Instead, "
-        "%s." % (what, _EAGER_WAY[what])
-      )
+    self._h.engine.check_graph_call(what)
 
   def _check_slot(self, slot):
     n = self._set.num_slots

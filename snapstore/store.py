@@ -39,22 +39,16 @@ variables concurrently with `restore` or `evaluate_with`.
 
 import collections
 
-from snapstore._tf import builds_eagerly
-from snapstore._tf import tf
-from snapstore.core import checks
+from snapstore._tf import not_converted_methods
 from snapstore.core import failures
-from snapstore.engines.graph.variables import VariableSet
-from snapstore.engines.eager import traced
-from snapstore.engines.eager import variables as eager_variables
-from snapstore.engines.graph import between_graph
+from snapstore.engines import choice
 from snapstore import file_io
 from snapstore import holdings
-from snapstore.engines.eager import device as eager_device
 from snapstore.modes import table as mode_table
 from snapstore import slots as slots_part
 
 
-@traced.not_converted_methods
+@not_converted_methods
 class SnapshotStore(object):
   """In-memory snapshots of a set of variables, in one of several copy modes.
 
@@ -126,44 +120,39 @@ class SnapshotStore(object):
     chief_only=True,
     **mode_options,
   ):
-    eager = builds_eagerly()
-    between_graph.check_argument(chief_only, eager)
-    if eager:
-      eager_device.check_not_traced("A SnapshotStore")
-    mode_cls = mode_table.get(mode, eager)
+    engine = choice.new_engine()  # graph mode or eager execution
+    engine.check_chief_only(chief_only)
+    engine.check_building()
+    mode_cls = engine.mode_class(mode)
     mode_table.check_options(mode_cls, mode_options)
     max_to_keep = mode_table.check_max_to_keep(max_to_keep, mode_cls)
-    make_set = eager_variables.variable_set if eager else VariableSet
-    varset = make_set(
-      var_list=var_list,
-      scope=scope,
-      collection=collection,
-      optimizer=optimizer,
-      include_global_step=include_global_step,
+    varset = engine.variable_set(
+      var_list, scope, collection, optimizer, include_global_step
     )
     mode_table.check_fits(mode_cls, max_to_keep, varset)
-    if eager:
-      scope_name = checks.name(name)
-      built = mode_table.build(
-        mode_cls, varset, max_to_keep, scope_name, mode_options
-      )
-    else:
-      # The store's ops run on their own: they must not inherit the control
-      # dependencies (a train op) of the block the store is built in.
-      with varset.graph.as_default(), tf.control_dependencies(
-        None
-      ), tf.name_scope(name) as scope_name:
-        scope_name = scope_name.rstrip("/")
-        built = mode_table.build(
-          mode_cls, varset, max_to_keep, scope_name, mode_options
-        )
-    self._h = holdings.Holdings(varset, built, scope_name, eager, chief_only)
+    built, name = engine.build(
+      mode_cls, varset, max_to_keep, name, mode_options
+    )
+    engine.bind(varset, name, chief_only)
+    self._h = holdings.Holdings(engine, built)
     self._files = file_io.Files(self._h)
     self._slots = (
       slots_part.Slots(self._h) if built.slot_set is not None else None
     )
-    # Calls traced into the user's tf.function (engines/eager/traced.py).
-    self._traced = traced.TracedCalls(self._h) if eager else None
+    # Calls traced into the user's tf.function (eagerly), or None.
+    self._traced = engine.traced_calls(self._h)
+
+  @property
+  def engine(self):
+    """The engine the store runs on: graph mode or eager execution.
+
+    What differs between them, for code built on the store (snapstore's
+    guards, callbacks and averages): `engine.name` ("graph" or "eager"),
+    `engine.session(session, what)`, parameter-server training's
+    `engine.functions_in_flight()` and `engine.join()`; see
+    `snapstore/engines/base.py`.
+    """
+    return self._h.engine
 
   # -- what the store covers -----------------------------------------------------
 
@@ -280,9 +269,7 @@ class SnapshotStore(object):
       TracedCallError: Called while a `tf.function` is traced (eagerly, a
         copy inside your step is `store.slots.snapshot_in_step()`).
     """
-    self._h.check_not_traced(
-      "snapshot", traced.snapshot_fix(self._slots is not None)
-    )
+    self._h.check_not_traced("snapshot", self._snapshot_fix())
     sess = self._h.session(session, "snapshot", writes=True)
     with self._h.lock:
       self._h.prepare(sess)
@@ -580,7 +567,13 @@ class SnapshotStore(object):
 
   def _tracing(self):
     """True for an eager store's call traced into a `tf.function`."""
-    return self._traced is not None and traced.is_traced()
+    return self._traced is not None and self._traced.active()
+
+  def _snapshot_fix(self):
+    """What to call instead of `snapshot()` inside a traced step."""
+    if self._traced is None:
+      return None
+    return self._traced.snapshot_fix(self._slots is not None)
 
   def _rewired(self, fetches, feed_dict, tag):
     """(fetches, feed_dict) reading the tag's slot, or None to use the swap."""

@@ -36,7 +36,7 @@ a session on that server. Scenarios:
   infinite loss. The Estimator's loss is reduced over the workers, so both
   roll back at that step.
 
-The restore check's timeout (`multi_worker.TIMEOUT`) is short, so a refusal
+The restore check's timeout (`coordination.TIMEOUT`) is short, so a refusal
 costs the test seconds.
 """
 
@@ -53,10 +53,10 @@ _TIMEOUT = 2.0  # seconds a refused restore waits for the other worker
 def main(ports, index, scenario, out):
   os.environ["TF_CONFIG"] = cluster.worker_config(ports, index)
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
-  from snapstore.engines.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.core import coordination  # pylint: disable=g-import-not-at-top
 
   tf.disable_v2_behavior()
-  multi_worker.TIMEOUT = _TIMEOUT
+  coordination.TIMEOUT = _TIMEOUT
   arrays, facts = {}, {"index": index}
   if scenario == "estimator":  # its distribute coordinator starts a server
     _estimator(index, out, arrays, facts)

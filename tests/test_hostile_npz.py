@@ -22,7 +22,7 @@ from absl.testing import parameterized
 import numpy as np
 
 import snapstore
-from snapstore.engines.graph.variables import VariableSet
+from snapstore.engines.graph.variables import variable_set
 from snapstore.files import npz
 from snapstore.files import sources
 from tests import helpers
@@ -407,7 +407,7 @@ class HostileNpzTest(hostile.HostileFileCase, parameterized.TestCase):
     # exception and never other values.
     original = hostile.values(0)
     with self.graph.as_default():
-      varset = VariableSet(scope="net")
+      varset = variable_set(scope="net")
     for method in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
       good = archive(good_members(original), method)
       blobs = [_flip(good, pos) for pos in range(len(good))]

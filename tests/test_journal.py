@@ -14,7 +14,7 @@ import numpy as np
 
 import snapstore
 from snapstore._tf import tf
-from snapstore.engines.graph.variables import VariableSet
+from snapstore.engines.graph.variables import variable_set
 from snapstore.spill import file as spill_file
 from snapstore.spill import journal
 from tests import helpers
@@ -58,7 +58,7 @@ def _varset():
       tf.get_variable("dense/kernel", [40, 30])
       tf.get_variable("step", [], dtype=tf.int64)
       tf.get_variable("mask", [7], dtype=tf.bool)
-    return VariableSet(scope="net")
+    return variable_set(scope="net")
 
 
 def _arrays(varset, seed):

@@ -16,8 +16,8 @@ LAYERS = [
   ("core",),
   ("spill",),
   ("files",),
-  ("graph", "eager"),
   ("modes",),
+  ("engines",),
   ("holdings", "slots", "file_io"),
   ("store",),
   ("training",),
@@ -91,14 +91,68 @@ class LayersTest(unittest.TestCase):
   def test_the_check_sees_an_upward_import(self):
     # The store may not import the training loop's pieces.
     self.assertGreater(_layer("training.guards"), _layer("store"))
-    self.assertGreater(_layer("slots"), _layer("graph.in_step"))
+    self.assertGreater(_layer("slots"), _layer("engines.graph.in_step"))
     self.assertEqual(
       _imports_in(
-        "from snapstore.training import steps\nimport snapstore.engines.graph.copies\n",
+        "from snapstore.training import steps\n"
+        "import snapstore.engines.graph.copies\n",
         "probe",
       ),
-      ["training.steps", "core.copies"],
+      ["training.steps", "engines.graph.copies"],
     )
+
+
+class EnginesTest(unittest.TestCase):
+  """Each engine in a package of its own, which the other does not import."""
+
+  def test_neither_engine_imports_the_other(self):
+    crossing = []
+    for module, path in _modules():
+      parts = module.split(".")
+      if parts[0] != "engines" or len(parts) < 3:
+        continue
+      other = "eager" if parts[1] == "graph" else "graph"
+      for imported in _imports(path):
+        if imported.startswith("engines.%s." % other):
+          crossing.append(
+            "snapstore.%s imports snapstore.%s" % (module, imported)
+          )
+    self.assertEqual(crossing, [])
+
+  def test_only_the_choice_imports_both(self):
+    # engines/base.py is the interface: it imports neither engine.
+    both = []
+    for module, path in _modules():
+      if module.split(".")[0] != "engines":
+        continue
+      engines = set(
+        i.split(".")[1] for i in _imports(path) if i.startswith("engines.")
+      ) & set(["graph", "eager"])
+      if module in ("engines.base",) and engines:
+        both.append(module)
+      if len(engines) == 2 and module != "engines.choice":
+        both.append(module)
+    self.assertEqual(both, [])
+
+  def test_nothing_reads_a_stores_private_attributes(self):
+    readers = []
+    for module, path in _modules():
+      if module == "store":
+        continue
+      with open(path) as f:
+        for number, line in enumerate(f, 1):
+          if "store._" in line.replace("snapstore._", ""):
+            readers.append("%s:%d: %s" % (module, number, line.strip()))
+    self.assertEqual(readers, [])
+
+  def test_no_module_is_over_700_lines(self):
+    long = []
+    for module, path in _modules():
+      with open(path) as f:
+        lines = len(f.read().splitlines())
+      if lines > 700:
+        long.append("snapstore.%s: %d lines" % (module, lines))
+    self.assertEqual(long, [])
 
 
 class FacadeTest(unittest.TestCase):
@@ -132,9 +186,10 @@ class FacadeTest(unittest.TestCase):
           "arrays",
           "load_arrays",
           "close",
-          # its parts
+          # its parts, and the engine it runs on
           "files",
           "slots",
+          "engine",
         ]
       ),
     )

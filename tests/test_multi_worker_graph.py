@@ -191,15 +191,15 @@ def _exchanges(first_worker, name, timeout=2.0):
   from unittest import mock  # pylint: disable=g-import-not-at-top
 
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
-  from snapstore.engines.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.core import coordination  # pylint: disable=g-import-not-at-top
   from snapstore.engines.graph import multi_worker as graph_multi_worker  # pylint: disable=g-import-not-at-top
 
   spec = tf.train.ClusterSpec(
     {"worker": [first_worker.spec["worker"][0], "127.0.0.1:1"]}
   )
   tasks = ["worker:0", "worker:1"]
-  with mock.patch.object(multi_worker, "TIMEOUT", timeout), mock.patch.object(
-    multi_worker, "count", lambda what, name: 0
+  with mock.patch.object(coordination, "TIMEOUT", timeout), mock.patch.object(
+    coordination, "count", lambda what, name: 0
   ):
     return [
       graph_multi_worker._VariableExchange(  # pylint: disable=protected-access
@@ -245,18 +245,18 @@ def test_rounds_pair_the_workers_calls_in_order(first_worker):
 def test_a_round_one_worker_runs_alone_times_out_and_is_withdrawn(
   first_worker,
 ):
-  from snapstore.engines.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.core import coordination  # pylint: disable=g-import-not-at-top
 
   exchanges = _exchanges(first_worker, "alone", timeout=0.5)
   start = time.time()
-  with pytest.raises(multi_worker.Late) as caught:
+  with pytest.raises(coordination.Late) as caught:
     exchanges[0].agree("lonely")
   assert 0.5 <= time.time() - start < 5
   assert caught.value.task == "worker:1"
   assert "no value of round 0" in caught.value.why
   assert exchanges[0].round == 0  # not counted
   # The late worker does not see the withdrawn value: it times out too.
-  with pytest.raises(multi_worker.Late):
+  with pytest.raises(coordination.Late):
     exchanges[1].agree("late")
   # A later round of both pairs them, round 0 on each.
   want = {"worker:0": "x", "worker:1": "y"}
@@ -267,19 +267,19 @@ def test_an_unreachable_first_worker_is_a_bounded_refusal():
   from unittest import mock  # pylint: disable=g-import-not-at-top
 
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
-  from snapstore.engines.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.core import coordination  # pylint: disable=g-import-not-at-top
   from snapstore.engines.graph import multi_worker as graph_multi_worker  # pylint: disable=g-import-not-at-top
 
   port = cluster.free_ports(1)[0]  # nothing listens there
   spec = tf.train.ClusterSpec(
     {"worker": ["127.0.0.1:%d" % port, "127.0.0.1:1"]}
   )
-  with mock.patch.object(multi_worker, "TIMEOUT", 1.0):
+  with mock.patch.object(coordination, "TIMEOUT", 1.0):
     exchange = graph_multi_worker._VariableExchange(  # pylint: disable=protected-access
       (_Strategy(), spec, "worker:1", ["worker:0", "worker:1"]), "gone"
     )
   start = time.time()
-  with pytest.raises(multi_worker.Late) as caught:
+  with pytest.raises(coordination.Late) as caught:
     exchange.agree("v")
   assert time.time() - start < 10
   assert caught.value.task == "worker:0"

@@ -467,6 +467,7 @@ def _dotted(node):
 
 def _keywords_taken(target, call):
   """The keyword names `target` takes, or None for any (a **kwargs)."""
+  from snapstore.engines.graph.engine import GraphEngine  # pylint: disable=g-import-not-at-top
   from snapstore.modes import table  # pylint: disable=g-import-not-at-top
 
   function = target.__init__ if inspect.isclass(target) else target
@@ -482,7 +483,7 @@ def _keywords_taken(target, call):
     for keyword in call.keywords:
       if keyword.arg == "mode":
         mode = ast.literal_eval(keyword.value)  # the README names it
-    names |= set(table.options(table.get(mode)))
+    names |= set(table.options(GraphEngine.modes[mode]))
   return names
 
 

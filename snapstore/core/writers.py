@@ -32,7 +32,26 @@ output of another node.
 from snapstore._tf import function_def
 from snapstore._tf import is_ref_dtype
 from snapstore._tf import tf
-from snapstore.engines.graph import subgraph
+
+# Ops that own a variable's buffer (ref variables) or resource (ResourceVariable).
+VARIABLE_OP_TYPES = frozenset(["VariableV2", "Variable", "VarHandleOp"])
+
+# Resource ops that write the resource they are given (a known writer).
+RESOURCE_WRITER_TYPES = frozenset(
+  [
+    "AssignVariableOp",
+    "AssignAddVariableOp",
+    "AssignSubVariableOp",
+    "ResourceStridedSliceAssign",
+    "DestroyResourceOp",
+    "ResourceCountUpTo",
+  ]
+)
+RESOURCE_WRITER_PREFIXES = (
+  "ResourceApply",
+  "ResourceSparseApply",
+  "ResourceScatter",
+)
 
 # Ops that only read the resource they take. The list is TF's own (TF 2.x's
 # resource_variable_ops.py declares these with
@@ -173,7 +192,7 @@ class WriteFinder(object):
 
   def __init__(self, variables):
     """Args: variables: The variables to look for (all of one graph)."""
-    self._covered = dict((subgraph.resource_key(v.op), v) for v in variables)
+    self._covered = dict((resource_key(v.op), v) for v in variables)
     self._origins = {}  # tensor -> the variable ops it may come from
     self._variables = {}  # variable op -> the variable of the set, or None
     self._bodies = _Bodies()
@@ -206,7 +225,7 @@ class WriteFinder(object):
     """The variable of the set that `variable_op` owns the buffer of, or None."""
     if variable_op not in self._variables:
       self._variables[variable_op] = self._covered.get(
-        subgraph.resource_key(variable_op)
+        resource_key(variable_op)
       )
     return self._variables[variable_op]
 
@@ -228,7 +247,7 @@ class WriteFinder(object):
         if op in seen:
           continue
         seen.add(op)
-        if op.type in subgraph.VARIABLE_OP_TYPES:
+        if op.type in VARIABLE_OP_TYPES:
           origins.add(op)
           continue
         if op.type in ("Placeholder", "PlaceholderWithDefault") or (
@@ -536,8 +555,8 @@ class _Bodies(object):
 
 
 def _known_writer(op_type):
-  return op_type in subgraph.RESOURCE_WRITER_TYPES or op_type.startswith(
-    subgraph.RESOURCE_WRITER_PREFIXES
+  return op_type in RESOURCE_WRITER_TYPES or op_type.startswith(
+    RESOURCE_WRITER_PREFIXES
   )
 
 
@@ -581,3 +600,24 @@ def _ref_args(op):
 
 def _is_handle(dtype):
   return dtype == tf.resource or is_ref_dtype(dtype)
+
+
+def resource_key(op):
+  """What identifies the buffer or resource a variable op owns.
+
+  Two variable ops with the same key are one variable (for example a
+  `VarHandleOp` rebuilt with the `shared_name` of another).
+  """
+  # Like TF, an empty shared_name means the op's own name.
+  return (
+    op.type == "VarHandleOp",
+    _str_attr(op, "container"),
+    _str_attr(op, "shared_name") or op.name,
+  )
+
+
+def _str_attr(op, name):
+  try:
+    return tf.compat.as_str(op.get_attr(name))
+  except ValueError:
+    return ""

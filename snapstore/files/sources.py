@@ -32,7 +32,7 @@ import re
 
 import numpy as np
 
-from snapstore.engines.graph.variables import same_dtype
+from snapstore.core.varset import same_dtype
 from snapstore import errors
 
 # A part of a partitioned variable: the key of the whole, its full shape, and

@@ -6,19 +6,14 @@ everything else: tags and their order, eviction, sessions, validation, locking
 and error reporting. A mode holds snapshot data by tag and never decides which
 tag to drop.
 
-Every method that moves data takes the raw `tf.Session` the store resolved.
-Graph ops are built in `__init__` only; methods run them.
+Every method that moves data takes the raw `tf.Session` the store resolved
+(None on the eager engine). What a mode runs in TensorFlow (graph ops, traced
+functions) is built in `__init__` (or on first use), never per call. Each
+engine implements the modes (`engines/graph/`, `engines/eager/`); this module,
+`slot_book.py`, `host_book.py`, `tiers.py` and `disk.py` are what they share.
 """
 
 import abc
-
-import numpy as np
-
-from snapstore._tf import tf
-from snapstore.engines.graph import copies
-from snapstore.core import distributed
-from snapstore.engines.graph import sessions
-from snapstore.engines.graph import variables
 
 
 class CopyMode(abc.ABC):
@@ -158,85 +153,14 @@ class CopyMode(abc.ABC):
   def flush(self):
     """Waits for background work; raises as `check`."""
 
+  @abc.abstractmethod
   def array_writer(self, name):
     """A function `(arrays, session, replicas=None)` writing arrays into the
     variables, and `replicas` (what `replicas(tag)` gave) into theirs.
 
-    For snapshots held outside the mode (a spill file's). Its ops are built
-    now: call it when the store is built.
+    For snapshots held outside the mode (a spill file's). Whatever it builds
+    is built now: call it when the store is built.
     """
-    return ArrayWriter(self._varset, name + "_feed", name)
-
-  def _run(self, session, fetches):
-    return sessions.run_cached(session, fetches)
-
-  def _feed(self, session, op, feeder, arrays):
-    """Runs `op`, which consumes `feeder`'s placeholders, fed with `arrays`."""
-    return sessions.run_cached(
-      session, op, feeder.placeholders, feeder.values(arrays)
-    )
-
-
-class ArrayWriter(object):
-  """Writes arrays into the variables, with one `session.run` (graph mode).
-
-  Called `(arrays, session, replicas=None)`: `arrays` one per variable (a
-  distributed one's as a host write writes it, see
-  `snapstore.core.distributed`), then `replicas` (what a mode's
-  `replicas(tag)` gave) each into its own component. Its placeholders and
-  ops are built at construction.
-
-  Args:
-    varset: The store's `VariableSet`.
-    feed_name: Name scope of the placeholders.
-    name: Name of the op writing the variables.
-  """
-
-  def __init__(self, varset, feed_name, name):
-    self._feeder = copies.Feeder(varset.specs, feed_name)
-    self._op = self._feeder.assign_to(varset.variables, name)
-    self._layout = distributed.replica_layout(varset.variables)
-    parts = [
-      part
-      for i, _ in self._layout
-      for part in distributed.kept_components(varset.variables[i])
-    ]
-    self._replica_feeder = self._replica_op = None
-    if parts:
-      self._replica_feeder = copies.Feeder(
-        component_specs(parts), feed_name + "_replicas"
-      )
-      # After the variables' writes, which wrote these components too.
-      with tf.control_dependencies([self._op]):
-        self._replica_op = self._replica_feeder.assign_to(
-          parts, name + "_replicas"
-        )
-
-  def __call__(self, arrays, session, replicas=None):
-    if not replicas:
-      sessions.run_cached(
-        session,
-        self._op,
-        self._feeder.placeholders,
-        self._feeder.values(arrays),
-      )
-      return
-    values = replica_values(self._layout, arrays, replicas)
-    sessions.run_cached(
-      session,
-      self._replica_op,
-      self._feeder.placeholders + self._replica_feeder.placeholders,
-      self._feeder.values(arrays) + self._replica_feeder.values(values),
-    )
-
-
-def component_specs(parts):
-  """`VariableSpec`s of component variables, to feed them."""
-  return [
-    variables.VariableSpec(p.op.name, p, tuple(p.shape.as_list()), dtype)
-    for p in parts
-    for dtype in [np.dtype(p.dtype.base_dtype.as_numpy_dtype)]
-  ]
 
 
 # -- replicas that differ (see `snapstore.core.distributed`) -----------------

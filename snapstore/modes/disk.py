@@ -30,7 +30,6 @@ there. `spill(tag)` writes a snapshot before the budget asks for it.
 """
 
 from snapstore.core import checks
-from snapstore.engines.graph import host
 from snapstore.modes import tiers
 
 
@@ -53,8 +52,9 @@ class DiskMode(tiers.TieredMode):
   """
 
   name = "disk"
-  # The host tier's mode: the graph engine's; `EagerDiskMode` the eager one's.
-  fast_tier = host.HostMode
+  # The host tier's mode class, each engine's own host mode: set by the
+  # engine's disk mode (`engines/graph/host.py`, `engines/eager/host.py`).
+  fast_tier = None
   default_max_to_keep = None
   allows_unbounded = True
   data_needs_session = False

@@ -1,11 +1,10 @@
-"""Copy modes, chosen by name and engine: the tables, and the checks of options.
+"""Copy modes chosen by name: the lookup, and the checks of a mode's options.
 
-Each engine has its own implementation of every mode (`device.py`,
-`host.py`, `disk.py` for graph mode; `eager_device.py`, `eager_host.py` for
-the eager engine), under the same names and options.
+Each engine implements every mode, under the same names and options
+(`engines/graph/`, `engines/eager/`), and keeps its own table
+`{name: mode class}`; these functions serve both.
 
-mode_cls = get("device")                       # the list of names if unknown
-mode_cls = get("device", eager=True)           # the eager engine's
+mode_cls = get(engine_table, "device")         # the list of names if unknown
 max_to_keep = check_max_to_keep(None, mode_cls)
 check_fits(mode_cls, max_to_keep, varset)      # device slots in memory
 check_options(mode_cls, {"saveable": True})
@@ -18,25 +17,11 @@ import os
 
 from snapstore._tf import tf
 from snapstore.core import checks
-from snapstore.engines.graph.device import DeviceMode
-from snapstore.modes.disk import DiskMode
-from snapstore.engines.eager.device import EagerDeviceMode
-from snapstore.engines.eager.host import EagerDiskMode
-from snapstore.engines.eager.host import EagerHostMode
-from snapstore.engines.graph.host import HostMode
 from snapstore.modes.slot_book import SlotBook
 from snapstore.modes.tiers import TieredMode
 
-MODES = {
-  DeviceMode.name: DeviceMode,
-  DiskMode.name: DiskMode,
-  HostMode.name: HostMode,
-}
-EAGER_MODES = {
-  EagerDeviceMode.name: EagerDeviceMode,
-  EagerDiskMode.name: EagerDiskMode,
-  EagerHostMode.name: EagerHostMode,
-}
+# The modes every engine implements (`snapstore.MODES`).
+MODES = ("device", "disk", "host")
 
 # Options every mode takes for a spill file under it (see modes/tiers.py).
 SPILL_OPTIONS = (
@@ -48,18 +33,18 @@ SPILL_OPTIONS = (
 )
 
 
-def get(name, eager=False):
-  """The copy mode class registered under `name`, for the eager engine or not.
+def get(table, name):
+  """The copy mode class an engine's `table` registers under `name`.
 
   Raises:
     ValueError: No mode has that name; the message lists the valid ones.
   """
   try:
-    return (EAGER_MODES if eager else MODES)[name]
+    return table[name]
   except (KeyError, TypeError):
     raise ValueError(
-      "Invalid mode %r; must be one of %s." % (name, ", ".join(sorted(MODES)))
-    )
+      "Invalid mode %r; must be one of %s." % (name, ", ".join(sorted(table)))
+    ) from None
 
 
 def options(mode_cls):

@@ -325,6 +325,9 @@ class TieredMode(base.CopyMode):
     else:
       self._inner.delete(tag)
 
+  def array_writer(self, name):
+    return self._inner.array_writer(name)
+
   def stash(self, session):
     return self._inner.stash(session)
 

@@ -507,7 +507,7 @@ def _copy(var, shadow):
 
 def is_eager(store):
   """Whether `store` runs on the eager engine (built with eager execution on)."""
-  return bool(getattr(store._h, "eager", False))  # pylint: disable=protected-access
+  return store.engine.name == "eager"
 
 
 def _eager_num_updates(num_updates):

@@ -870,7 +870,7 @@ def _check_nothing_in_flight(store, what):
   Raises:
     ValueError: Such functions may be running.
   """
-  if not eager_distributed.functions_in_flight(store._h.ps_strategies):  # pylint: disable=protected-access
+  if not store.engine.functions_in_flight():
     return
   waits = {
     "Guard": "before it rolls back",
@@ -907,7 +907,7 @@ def _join_block(store, exc):
     coordinator's other functions, so none runs any more.
   """
   try:
-    eager_distributed.join(store._h.ps_strategies)  # pylint: disable=protected-access
+    store.engine.join()
   except Exception as e:  # pylint: disable=broad-except
     return None if e is exc else e
   return None
@@ -931,7 +931,7 @@ def _check_unpinned(store, tag, what):
   slots = _slots(store)
   if slots is None or tag not in slots.pinned():
     return
-  if store._h.eager:  # pylint: disable=protected-access
+  if store.engine.name == "eager":
     raise ValueError(
       "%s(tag=%r): that tag is pinned to slot %d, which your own code "
       "writes: an in-step snapshot (store.slots.snapshot_in_step) in your "
@@ -1051,9 +1051,9 @@ def _eager(store, session, what):
   Raises:
     TypeError: `session` given for an eager store.
   """
-  eager = store._h.eager  # pylint: disable=protected-access
+  eager = store.engine.name == "eager"
   if eager and session is not None:
-    store._h.session(session, "snapstore.%s" % what)  # pylint: disable=protected-access
+    store.engine.session(session, "snapstore.%s" % what)
   return eager
 
 

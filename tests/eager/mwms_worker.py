@@ -23,7 +23,7 @@ prints "ok", and serves until its stdin closes (`cluster.run_workers`). Scenario
   of them NaN on worker 0; then a reference `fit` without that batch.
 
 A worker process is its own TensorFlow program: it sets TF_CONFIG before
-TensorFlow starts, and the restore check's timeout (`multi_worker.TIMEOUT`)
+TensorFlow starts, and the restore check's timeout (`coordination.TIMEOUT`)
 short, so that a refusal costs the test seconds.
 """
 
@@ -42,9 +42,9 @@ def main(ports, index, scenario, out):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from snapstore.engines.eager import multi_worker  # pylint: disable=g-import-not-at-top
+  from snapstore.core import coordination  # pylint: disable=g-import-not-at-top
 
-  multi_worker.TIMEOUT = _TIMEOUT
+  coordination.TIMEOUT = _TIMEOUT
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   arrays, facts = {}, {"index": index}
   if scenario == "stores":

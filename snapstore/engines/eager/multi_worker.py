@@ -67,25 +67,21 @@ function it calls must not run collectives unless every worker calls it:
 TensorFlow's rule for any collective).
 """
 
-import itertools
-import threading
-
 from snapstore._tf import tf
 from snapstore._tf import eager_context
+from snapstore.core import coordination
 from snapstore.core.distributed import is_distributed
 from snapstore import errors
-
-TIMEOUT = 60.0  # the longest wait for the other workers (module doc)
-
-_JOBS = ("chief", "worker")
-_counts = {}  # (what, store name) -> how many this process has made
-_counts_lock = threading.Lock()
 
 
 def coordinator(varset, name):
   """A `Coordinator` for a store over `varset`, or None (not multi-worker)."""
   cluster = _cluster(varset)
-  return Coordinator(_Exchange(cluster, "restore", name)) if cluster else None
+  return (
+    coordination.Coordinator(_Exchange(cluster, "restore", name))
+    if cluster
+    else None
+  )
 
 
 def check_build(varset, name):
@@ -110,7 +106,7 @@ def check_build(varset, name):
   exchange = _Exchange(cluster, "build", name)
   try:
     seen = exchange.agree(mine)
-  except Late as late:
+  except coordination.Late as late:
     raise errors.CoordinationError(
       "The device store %r was not built on worker %s: worker %s did not "
       "build it within %g s (%s). Under MultiWorkerMirroredStrategy each "
@@ -129,67 +125,6 @@ def check_build(varset, name):
     )
 
 
-class Coordinator(object):
-  """Checks that every worker restores the same snapshot (module doc).
-
-  Args:
-    exchange: Rounds of values between the workers: `_Exchange` here (the
-      coordination service), or graph mode's through variables on the
-      first worker (`snapstore/engines/graph/multi_worker.py`); its `agree` raises
-      `Late` when a worker does not publish in time.
-  """
-
-  def __init__(self, exchange):
-    self._exchange = exchange
-    self._serial = itertools.count()
-    self._serials = {}  # tag -> sequence number of its snapshot
-
-  @property
-  def timeout(self):
-    return self._exchange.timeout
-
-  def recorded(self, tag):
-    """Notes that snapshot `tag` was just taken (its sequence number)."""
-    self._serials[tag] = next(self._serial)
-
-  def check(self, tag):
-    """Returns when every worker restores `tag`'s snapshot now.
-
-    Raises:
-      CoordinationError: Another worker did not call restore within the
-        timeout, or restores another snapshot. Nothing was written.
-    """
-    me = self._exchange.me
-    try:
-      seen = self._exchange.agree("%r#%s" % (tag, self._serials.get(tag, "?")))
-    except Late as late:
-      raise errors.CoordinationError(
-        "restore(%r) was refused on worker %s: worker %s did not restore "
-        "within %g s (%s). Nothing was written. Under "
-        "MultiWorkerMirroredStrategy a restore on one worker alone would "
-        "leave the replicas different and the model would diverge; call "
-        "restore on every worker, with the same tag, at the same point of "
-        "training." % (tag, me, late.task, self.timeout, late.why)
-      )
-    if len(set(seen.values())) > 1:
-      raise errors.CoordinationError(
-        "restore(%r) was refused: the workers restore different snapshots "
-        "(tag#sequence number per worker: %s). Nothing was written on any "
-        "worker. Call restore on every worker with the same tag; the workers "
-        "must have taken the same snapshots in the same order."
-        % (tag, ", ".join("%s %s" % kv for kv in sorted(seen.items())))
-      )
-
-
-class Late(Exception):
-  """A task did not publish its value in time."""
-
-  def __init__(self, task, why):
-    super(Late, self).__init__(task, why)
-    self.task = task
-    self.why = why
-
-
 class _Exchange(object):
   """Rounds in which every task publishes a value and reads all the others'.
 
@@ -203,8 +138,12 @@ class _Exchange(object):
   def __init__(self, cluster, what, name):
     strategy, resolver, self.tasks = cluster
     self.me = "%s:%d" % (resolver.task_type, resolver.task_id)
-    self.timeout = timeout(strategy)
-    self._prefix = "snapstore/%s/%s#%d" % (what, name, count(what, name))
+    self.timeout = coordination.timeout(strategy)
+    self._prefix = "snapstore/%s/%s#%d" % (
+      what,
+      name,
+      coordination.count(what, name),
+    )
     self.round = 0
 
   def agree(self, mine):
@@ -226,7 +165,7 @@ class _Exchange(object):
         )
       except tf.errors.OpError as e:
         _withdraw(ctx, own_key)
-        raise Late(task, "%s: %s" % (type(e).__name__, _first(e)))
+        raise coordination.Late(task, "%s: %s" % (type(e).__name__, _first(e)))
     self.round += 1
     if self.round >= 2:  # every task has read the keys of round - 2
       _withdraw(ctx, self._key(self.round - 2, self.me))
@@ -234,22 +173,6 @@ class _Exchange(object):
 
   def _key(self, round_, task):
     return "%s/%d/%s" % (self._prefix, round_, task)
-
-
-def timeout(strategy):
-  """The longest wait for the other workers under `strategy` (module doc)."""
-  options = getattr(strategy.extended, "_communication_options", None)
-  collective = getattr(options, "timeout_seconds", None)
-  return min(TIMEOUT, collective / 2.0) if collective else TIMEOUT
-
-
-def count(what, name):
-  """How many exchanges `what` of store `name` this process made before:
-  the same on every worker, which builds its stores in the same order."""
-  with _counts_lock:
-    index = _counts.get((what, name), 0)
-    _counts[(what, name)] = index + 1
-  return index
 
 
 def _cluster(varset):
@@ -274,19 +197,7 @@ def _tasks(resolver):
     spec = resolver.cluster_spec()
   except (ValueError, RuntimeError):
     return []
-  return tasks_of(spec)
-
-
-def tasks_of(spec):
-  """ "job:index" of every chief and worker task of a `ClusterSpec` (or
-  None), the chief first."""
-  jobs = spec.jobs if spec else []
-  return [
-    "%s:%d" % (job, index)
-    for job in _JOBS
-    if job in jobs
-    for index in range(spec.num_tasks(job))
-  ]
+  return coordination.tasks_of(spec)
 
 
 def _withdraw(ctx, key):

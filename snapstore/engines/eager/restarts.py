@@ -81,6 +81,24 @@ def restarted(error, variables):
   return (tasks, words) if tasks else ((), None)
 
 
+class Restart(object):
+  """Parameter servers `tasks` restarted, as TensorFlow's error said (`words`).
+
+  What the store says of it: `note(tag)` for each device snapshot it drops,
+  `error(...)` for the call that found it (`lost_note`, `lost_error`).
+  """
+
+  def __init__(self, tasks, words):
+    self.tasks = tasks
+    self.words = words
+
+  def note(self, tag):
+    return lost_note(tag, self.tasks, self.words)
+
+  def error(self, what, tag, device, others, wrote):
+    return lost_error(what, tag, self.tasks, self.words, device, others, wrote)
+
+
 def lost_note(tag, tasks, words):
   """Why device snapshot `tag` was dropped: its server(s) `tasks` restarted."""
   return (

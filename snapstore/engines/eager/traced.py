@@ -37,7 +37,6 @@ staging variables made once per nesting depth and variable component.
 """
 
 import collections
-import inspect
 
 from snapstore import _tf
 from snapstore._tf import tf
@@ -63,22 +62,6 @@ def is_traced():
   return _tf.inside_function() and not tf2.executing_eagerly()
 
 
-def not_converted(method):
-  """Leaves `method` as it is when AutoGraph converts a `tf.function` that
-  calls it: store calls have no Python control flow on tensors to convert,
-  and converting them would read this package's source at every trace."""
-  return tf2.autograph.experimental.do_not_convert(method)
-
-
-def not_converted_methods(cls):
-  """`cls` with each public method wrapped by `not_converted`."""
-  for name, value in list(vars(cls).items()):
-    public = not name.startswith("_") or name in ("__len__", "__contains__")
-    if public and inspect.isfunction(value):
-      setattr(cls, name, not_converted(value))
-  return cls
-
-
 def refuse(store_name, what, fix):
   """The `TracedCallError` for call `what` traced into a `tf.function`."""
   return errors.TracedCallError(
@@ -90,7 +73,8 @@ def refuse(store_name, what, fix):
 
 
 def snapshot_fix(has_slots):
-  """What to call instead of `snapshot()` inside a traced step."""
+  """What to call instead of `snapshot()` inside a traced step, on a store
+  with device slots or without."""
   if has_slots:
     return (
       "take the copy in your step with store.slots.snapshot_in_step() (a "
@@ -253,6 +237,13 @@ class TracedCalls(object):
     # staging variable a host snapshot's array is fetched into.
     self._private = {}
 
+  def active(self):
+    """True while a `tf.function` is traced: store calls go here."""
+    return is_traced()
+
+  def snapshot_fix(self, has_slots):
+    return snapshot_fix(has_slots)
+
   def restore(self, tag):
     """Writes snapshot `tag` into the variables when the function runs."""
     tag = self._held(tag, "restore")
@@ -358,7 +349,7 @@ class TracedCalls(object):
 
   def _check_host(self, what):
     """Host and disk mode fetch arrays in this process (module doc)."""
-    if self._h.ps_strategies:
+    if self._h.engine.ps_strategies:
       raise refuse(
         self._h.name,
         what,

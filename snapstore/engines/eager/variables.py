@@ -57,7 +57,7 @@ from snapstore._tf import keras_variable_value
 from snapstore._tf import module_variable_paths
 from snapstore._tf import tf2
 from snapstore._tf import tf_variables
-from snapstore.engines.graph.variables import VariableSet
+from snapstore.core.varset import VariableSet
 
 _GRAPH_ONLY = (
   "%s= is for graph mode (collections and variable scopes), which TF 2.x "
@@ -101,7 +101,7 @@ def variable_set(
   _check_unique(pairs)
   for key, var in pairs:
     _check_eager(key, var)
-  return VariableSet.of(pairs, source)
+  return VariableSet(pairs, source)
 
 
 def _resolve(var_list):

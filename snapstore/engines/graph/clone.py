@@ -59,6 +59,7 @@ from snapstore._tf import set_save_slice_info
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
+from snapstore.core import writers
 from snapstore.engines.graph import copies
 from snapstore.engines.graph import shadows
 from snapstore import errors
@@ -92,7 +93,7 @@ _VARIABLE_COLLECTIONS = (
   tf.GraphKeys.MOVING_AVERAGE_VARIABLES,
 )
 
-_SHARED_SOURCE_TYPES = subgraph.VARIABLE_OP_TYPES | frozenset(
+_SHARED_SOURCE_TYPES = writers.VARIABLE_OP_TYPES | frozenset(
   ["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"]
 )
 
@@ -476,12 +477,12 @@ def _variables_of(within, replaced, graph):
     for v in graph.get_collection(key):
       if isinstance(v, tf_variables.Variable):
         known.setdefault(v.op, v)
-  known_keys = set(subgraph.resource_key(op) for op in known)
+  known_keys = set(writers.resource_key(op) for op in known)
   found = []
   for op in sorted(within, key=lambda o: o.name):
-    if op.type not in subgraph.VARIABLE_OP_TYPES or op.outputs[0] in replaced:
+    if op.type not in writers.VARIABLE_OP_TYPES or op.outputs[0] in replaced:
       continue
-    if op not in known and subgraph.resource_key(op) in known_keys:
+    if op not in known and writers.resource_key(op) in known_keys:
       continue  # another op for a known variable: `_refuse` says so
     if op not in known:
       raise errors.CloneError(
@@ -495,7 +496,7 @@ def _variables_of(within, replaced, graph):
 
 
 def _refuse(to_copy, within, originals, initial_value, outputs):
-  copied_keys = dict((subgraph.resource_key(v.op), v) for v in originals)
+  copied_keys = dict((writers.resource_key(v.op), v) for v in originals)
   for op in sorted(within, key=creation_order):
     alias = subgraph.aliased(op, copied_keys)
     if alias:

@@ -64,13 +64,14 @@ from snapstore.engines.graph import shadows
 from snapstore.engines.graph import variables
 from snapstore import errors
 from snapstore.modes import base
+from snapstore.engines.graph import mode
 from snapstore.modes import slot_book
 
 # The message of the check that a slot is initialized before a restore.
 UNINITIALIZED = "snapstore: device slot %d is not initialized"
 
 
-class DeviceMode(slot_book.SlotBook):
+class DeviceMode(mode.GraphMode, slot_book.SlotBook):
   """Snapshots held in device-resident shadow variables (see module doc).
 
   Args:

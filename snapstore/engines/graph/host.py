@@ -33,10 +33,12 @@ from snapstore.engines.graph import attached
 from snapstore.engines.graph import copies
 from snapstore.core import distributed
 from snapstore.modes import base
+from snapstore.modes import disk
+from snapstore.engines.graph import mode
 from snapstore.modes import host_book
 
 
-class HostMode(host_book.HostBook):
+class HostMode(mode.GraphMode, host_book.HostBook):
   """Snapshots held as read-only numpy arrays (see module doc).
 
   Args:
@@ -74,7 +76,7 @@ class HostMode(host_book.HostBook):
     )  # per session: which of the two
     # Writes a snapshot's arrays, and its kept replicas each into its own
     # component.
-    self._load = base.ArrayWriter(varset, "feed", "restore")
+    self._load = mode.ArrayWriter(varset, "feed", "restore")
     # What `stash` sets aside: the variables, or with distributed ones every
     # component, so that `unstash` gives each replica back its own bits (a
     # host value written back would make a sync-on-read variable's
@@ -84,7 +86,7 @@ class HostMode(host_book.HostBook):
       parts = [p for v in varset.variables for p in distributed.components(v)]
       self._parts = (
         [reads(p) for p in parts],
-        copies.Feeder(base.component_specs(parts), "stash_feed"),
+        copies.Feeder(mode.component_specs(parts), "stash_feed"),
       )
       self._parts += (self._parts[1].assign_to(parts, "unstash"),)
     self._initializer = tf.no_op(name="initializer")
@@ -140,3 +142,9 @@ def _local_cpu_only(session):
     return False
   # A CPU build also lists an XLA_CPU device.
   return all(d.device_type in ("CPU", "XLA_CPU") for d in devices)
+
+
+class GraphDiskMode(disk.DiskMode):
+  """Disk mode over graph-mode host snapshots (see `disk.DiskMode`)."""
+
+  fast_tier = HostMode

@@ -53,7 +53,7 @@ from snapstore._tf import ops
 from snapstore._tf import state_ops
 from snapstore._tf import tf
 from snapstore.core import distributed
-from snapstore.engines.eager import multi_worker
+from snapstore.core import coordination
 
 _SCOPE = "snapstore_coordination"
 _POLL = (0.001, 0.05)  # first and longest pause between reads, seconds
@@ -65,7 +65,7 @@ def coordinator(varset, name):
   cluster = _cluster(varset)
   if cluster is None:
     return None
-  return multi_worker.Coordinator(_VariableExchange(cluster, name))
+  return coordination.Coordinator(_VariableExchange(cluster, name))
 
 
 def _cluster(varset):
@@ -81,7 +81,7 @@ def _cluster(varset):
     # TF 1.15's strategy has no `cluster_resolver`).
     cluster_spec = extended._cluster_spec  # pylint: disable=protected-access
     me = "%s:%d" % (extended._task_type, extended._task_id)  # pylint: disable=protected-access
-    tasks = multi_worker.tasks_of(cluster_spec)
+    tasks = coordination.tasks_of(cluster_spec)
     if len(tasks) > 1 and me in tasks:
       return strategy, cluster_spec, me, tasks
   return None
@@ -97,11 +97,11 @@ class _VariableExchange(object):
 
   def __init__(self, cluster, name):
     strategy, self._spec, self.me, self.tasks = cluster
-    self.timeout = multi_worker.timeout(strategy)
+    self.timeout = coordination.timeout(strategy)
     self._prefix = "%s/%s_%d" % (
       _SCOPE,
       name.strip("/").replace("/", "_") or "store",
-      multi_worker.count("graph_restore", name),
+      coordination.count("graph_restore", name),
     )
     self.round = 0
     self._row = ["", ""]  # what this worker's row holds
@@ -114,7 +114,7 @@ class _VariableExchange(object):
     """{task: value} of every task for this round, `mine` included.
 
     Raises:
-      multi_worker.Late: A task did not publish within the timeout, or the
+      coordination.Late: A task did not publish within the timeout, or the
         first worker's server could not be reached.
     """
     deadline = time.time() + self.timeout
@@ -124,7 +124,7 @@ class _VariableExchange(object):
       self._row[slot] = "%d|%s" % (self.round, mine)
       self._put(deadline)
     except tf.errors.OpError as e:
-      raise multi_worker.Late(self.tasks[0], _why(e))
+      raise coordination.Late(self.tasks[0], _why(e))
     seen = {self.me: mine}
     waiting = [task for task in self.tasks if task != self.me]
     pause = _POLL[0]
@@ -134,14 +134,14 @@ class _VariableExchange(object):
         value = self._get(task, slot, deadline)
       except tf.errors.OpError as e:
         self._withdraw(slot)
-        raise multi_worker.Late(task, _why(e))
+        raise coordination.Late(task, _why(e))
       if value is not None:
         seen[task] = value
         waiting.pop(0)
         continue
       if time.time() >= deadline:
         self._withdraw(slot)
-        raise multi_worker.Late(task, "no value of round %d" % self.round)
+        raise coordination.Late(task, "no value of round %d" % self.round)
       time.sleep(min(pause, max(0.0, deadline - time.time())))
       pause = min(pause * 2, _POLL[1])
     self.round += 1

@@ -122,7 +122,7 @@ class Rewirer(object):
     self._primary_ops = set(p.op for p in primaries)
     self._shadow_ops = set(s.op for slot in slots for s in slot)
     self._primary_keys = dict(
-      (subgraph.resource_key(p.op), p) for p in primaries
+      (writers.resource_key(p.op), p) for p in primaries
     )
     # Per slot: original tensor/op -> the one reading the slot. They start with
     # each primary's ref tensor or handle (and op) mapped to the shadow's.

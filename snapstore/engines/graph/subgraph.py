@@ -38,9 +38,10 @@ from snapstore._tf import control_flow_util
 from snapstore._tf import creation_order
 from snapstore._tf import new_operation
 from snapstore._tf import tf
-
-# Ops that own a variable's buffer (ref variables) or resource (ResourceVariable).
-VARIABLE_OP_TYPES = frozenset(["VariableV2", "Variable", "VarHandleOp"])
+from snapstore.core.writers import RESOURCE_WRITER_PREFIXES
+from snapstore.core.writers import RESOURCE_WRITER_TYPES
+from snapstore.core.writers import resource_key
+from snapstore.core.writers import VARIABLE_OP_TYPES
 
 _LOOP_OP_TYPES = frozenset(
   [
@@ -57,24 +58,6 @@ _LOOP_OP_TYPES = frozenset(
 # Ops that take a ref input only to read it or pass it on.
 _REF_READERS = frozenset(
   ["IsVariableInitialized", "RefIdentity", "RefSwitch", "RefMerge", "RefSelect"]
-)
-
-# Resource ops that write the resource they are given (what the ordering
-# check of `snapshot_before` calls a known writer; see `writers.py`).
-RESOURCE_WRITER_TYPES = frozenset(
-  [
-    "AssignVariableOp",
-    "AssignAddVariableOp",
-    "AssignSubVariableOp",
-    "ResourceStridedSliceAssign",
-    "DestroyResourceOp",
-    "ResourceCountUpTo",
-  ]
-)
-RESOURCE_WRITER_PREFIXES = (
-  "ResourceApply",
-  "ResourceSparseApply",
-  "ResourceScatter",
 )
 
 # Stateful ops whose copy only reads state or draws its own random numbers, so
@@ -152,20 +135,6 @@ def unsafe_stateful(op):
   return op.op_def.is_stateful and op.type not in SAFE_STATEFUL_TYPES
 
 
-def resource_key(op):
-  """What identifies the buffer or resource a variable op owns.
-
-  Two variable ops with the same key are one variable (for example a
-  `VarHandleOp` rebuilt with the `shared_name` of another).
-  """
-  # Like TF, an empty shared_name means the op's own name.
-  return (
-    op.type == "VarHandleOp",
-    _str_attr(op, "container"),
-    _str_attr(op, "shared_name") or op.name,
-  )
-
-
 def aliased(op, variables):
   """Why `op` is one of `variables` under another op, or None.
 
@@ -212,13 +181,6 @@ def refusal(what, op, outputs, why):
       why,
     )
   )
-
-
-def _str_attr(op, name):
-  try:
-    return tf.compat.as_str(op.get_attr(name))
-  except ValueError:
-    return ""
 
 
 # -- selecting ops ------------------------------------------------------------------

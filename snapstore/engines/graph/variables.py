@@ -1,4 +1,4 @@
-"""Which variables a store covers, and the key each one is stored under.
+"""Which variables a graph-mode store covers, and the key each one is stored under.
 
 A store covers an explicit list (or `{key: variable}` dict, as `tf.train.Saver`
 takes), every global variable under a scope, or a collection; by default the
@@ -12,58 +12,32 @@ built under different scopes therefore have the same keys, and a snapshot of one
 restores into the other. A variable outside the scope (an optimizer's
 `beta1_power`, `global_step`) keeps its full name.
 
-    varset = VariableSet(scope="online", optimizer=opt, include_global_step=True)
+    varset = variable_set(scope="online", optimizer=opt, include_global_step=True)
     varset.keys   # ('beta1_power', 'beta2_power', 'dense/kernel', ...)
+
+The result is a `core.varset.VariableSet`.
 """
-
-import collections
-
-import numpy as np
 
 from snapstore._tf import is_keras_3_object
 from snapstore._tf import KERAS_3_FIX
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
-from snapstore import errors
 from snapstore.core import distributed
+from snapstore.core import varset
 
 # Collection holding every shadow variable made by any store. Shadows are never
 # themselves picked up by scope or collection resolution.
 SHADOW_VARIABLES = "snapstore_shadows"
 
-_SUPPORTED_DTYPES = (
-  tf.float16,
-  tf.float32,
-  tf.float64,
-  tf.int8,
-  tf.int16,
-  tf.int32,
-  tf.int64,
-  tf.uint8,
-  tf.uint16,
-  tf.bool,
-  tf.complex64,
-  tf.complex128,
-)
 
-
-class VariableSpec(
-  collections.namedtuple("VariableSpec", ["key", "variable", "shape", "dtype"])
+def variable_set(
+  var_list=None,
+  scope=None,
+  collection=None,
+  optimizer=None,
+  include_global_step=False,
 ):
-  """One covered variable: its key, the variable, static shape and numpy dtype."""
-
-  __slots__ = ()
-
-  @property
-  def nbytes(self):
-    return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
-
-class VariableSet(object):
-  """An ordered, validated set of variables of one graph, keyed by name.
-
-  Entries are sorted by key, so the order is the same in every graph that builds
-  the same model.
+  """The `VariableSet` a graph-mode store covers (see module doc).
 
   Args:
     var_list: A list of variables (a `PartitionedVariable` counts as its parts),
@@ -86,351 +60,156 @@ class VariableSet(object):
     TypeError: A non-variable in `var_list` or in the collection, or a single
       variable as `var_list`.
   """
-
-  def __init__(
-    self,
-    var_list=None,
-    scope=None,
-    collection=None,
-    optimizer=None,
-    include_global_step=False,
-  ):
-    if var_list is not None and collection is not None:
-      raise ValueError(
-        "Pass var_list or collection, not both (got a var_list and "
-        "collection=%r)." % (collection,)
-      )
-    self._prefix = _scope_name(scope)
-    pairs, graph, source = self._resolve(var_list, collection)
-    if optimizer is not None:
-      pairs += self._optimizer_pairs(optimizer, [v for _, v in pairs], graph)
-    if include_global_step:
-      _check_no_sync_replicas(optimizer)
-      step = tf.train.get_global_step(graph)
-      if step is None:
-        raise ValueError(
-          "include_global_step=True, but the graph has no global step. Create "
-          "it with tf.train.get_or_create_global_step() before the store."
-        )
-      pairs.append((None, step))
-    self._set_specs(self._make_specs(pairs, source))
-
-  @classmethod
-  def of(cls, pairs, source):
-    """A set of `(key, variable)` pairs keyed as given: the eager engine's
-    (`snapstore/engines/eager/variables.py` resolves them; eager variables have no
-    graph, and `graph` is None).
-
-    Raises:
-      ValueError: As for the constructor.
-    """
-    varset = cls.__new__(cls)
-    varset._prefix = None  # pylint: disable=protected-access
-    varset._set_specs(varset._make_specs(pairs, source))  # pylint: disable=protected-access
-    return varset
-
-  def _set_specs(self, specs):
-    self._specs = specs
-    self._graph = _graph_of(specs[0].variable)
-    self._by_key = {spec.key: spec for spec in specs}
-
-  # -- public accessors ---------------------------------------------------------
-
-  @property
-  def graph(self):
-    return self._graph
-
-  @property
-  def scope(self):
-    """The scope keys are relative to, or None."""
-    return self._prefix
-
-  @property
-  def specs(self):
-    """Tuple of `VariableSpec`, sorted by key."""
-    return self._specs
-
-  @property
-  def keys(self):
-    return tuple(spec.key for spec in self._specs)
-
-  @property
-  def variables(self):
-    return tuple(spec.variable for spec in self._specs)
-
-  @property
-  def nbytes(self):
-    """Bytes of one copy of every covered variable."""
-    return sum(spec.nbytes for spec in self._specs)
-
-  def __len__(self):
-    return len(self._specs)
-
-  def __iter__(self):
-    return iter(self._specs)
-
-  def __getitem__(self, key):
-    return self._by_key[key]
-
-  def check_declared(self, declared, source, more_problems=(), hint=None):
-    """Checks names, shapes and dtypes of arrays against the covered variables.
-
-    Args:
-      declared: A mapping from key to `(shape, numpy dtype)`, e.g. read from the
-        headers of a file before any data is loaded.
-      source: How to name the arrays' origin in the message, e.g. a file path.
-      more_problems: Problems the caller found itself (e.g. while mapping a
-        file's names to keys), reported after these in the same message.
-      hint: A sentence added to the message when it is raised.
-
-    Raises:
-      IncompatibleSnapshotError: listing every missing and unexpected key and
-        every shape and dtype mismatch.
-    """
-    problems = []
-    missing = [k for k in self.keys if k not in declared]
-    extra = sorted(str(k) for k in declared if k not in self._by_key)
-    if missing:
-      problems.append("missing variables: %s" % ", ".join(missing))
-    if extra:
-      problems.append(
-        "variables the store does not have: %s" % errors.names(extra)
-      )
-    for spec in self._specs:
-      if spec.key not in declared:
-        continue
-      shape, dtype = declared[spec.key]
-      if tuple(shape) != spec.shape:
-        problems.append(
-          "%s has shape %s, the variable has shape %s"
-          % (spec.key, tuple(shape), spec.shape)
-        )
-      if not same_dtype(dtype, spec.dtype):
-        problems.append(
-          "%s has dtype %s, the variable has dtype %s"
-          % (
-            spec.key,
-            np.dtype(dtype).name if _is_dtype(dtype) else dtype,
-            spec.dtype.name,
-          )
-        )
-    problems.extend(more_problems)
-    if problems:
-      raise errors.IncompatibleSnapshotError(
-        "%s does not match the store's variables: %s.%s"
-        % (source, "; ".join(problems), " " + hint if hint else "")
-      )
-
-  # -- resolution ---------------------------------------------------------------
-
-  def _resolve(self, var_list, collection):
-    """Returns ([(explicit key or None, variable)], graph, description)."""
-    if var_list is not None:
-      if isinstance(var_list, tf_variables.Variable):
-        raise TypeError(
-          "var_list must be a list or dict of variables, got the single "
-          "variable %s. Pass a list: var_list=[%s]."
-          % (var_list.name, var_list.op.name)
-        )
-      if isinstance(var_list, dict):
-        pairs, where = [], []
-        for key, var in sorted(var_list.items(), key=lambda kv: str(kv[0])):
-          if not isinstance(key, str) or not key:
-            raise TypeError(
-              "var_list keys must be non-empty strings, got %r." % (key,)
-            )
-          parts = _parts(var, "var_list[%r]" % key)
-          if len(parts) == 1:
-            pairs.append((key, parts[0]))
-          else:
-            pairs.extend(
-              ("%s/part_%d" % (key, i), p) for i, p in enumerate(parts)
-            )
-          where.extend(["key %r" % key] * len(parts))
-      else:
-        if isinstance(var_list, (str, bytes)) or not hasattr(
-          var_list, "__iter__"
-        ):
-          raise TypeError(
-            "var_list must be a list or dict of variables, got %r."
-            % (var_list,)
-          )
-        pairs, where = [], []
-        for i, var in enumerate(var_list):
-          parts = _parts(var, "var_list")
-          pairs.extend((None, p) for p in parts)
-          where.extend(["position %d" % i] * len(parts))
-      _check_listed_once([v for _, v in pairs], where)
-      return pairs, None, "var_list"
-    graph = tf.get_default_graph()
-    key = collection
-    if key is None:
-      key = (
-        tf.GraphKeys.GLOBAL_VARIABLES
-        if self._prefix is not None
-        else tf.GraphKeys.TRAINABLE_VARIABLES
-      )
-    shadows = set(id(v) for v in graph.get_collection(SHADOW_VARIABLES))
-    pairs = []
-    for var in graph.get_collection(key):
-      if not isinstance(var, tf_variables.Variable):
-        raise TypeError(
-          "Collection %r holds %r, which is not a variable." % (key, var)
-        )
-      if id(var) in shadows or not self._under_prefix(_op_name(var)):
-        continue
-      pairs.append((None, var))
-    if self._prefix is not None:
-      source = "collection %r under scope %r" % (key, self._prefix)
-    else:
-      source = "collection %r of the default graph" % (key,)
-    return pairs, graph, source
-
-  def _optimizer_pairs(self, optimizer, primaries, graph):
-    """Slot variables of `primaries` and non-slot variables of the optimizers."""
-    optimizers = (
-      optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+  if var_list is not None and collection is not None:
+    raise ValueError(
+      "Pass var_list or collection, not both (got a var_list and "
+      "collection=%r)." % (collection,)
     )
-    if primaries:
-      graph = primaries[0].graph
-    graph = graph or tf.get_default_graph()
-    pairs = []
-    for opt in optimizers:
-      if is_keras_3_object(opt):
-        raise TypeError(
-          "optimizer %r is a Keras 3 optimizer. %s" % (opt, KERAS_3_FIX)
-        )
-      if not _is_optimizer(opt):
-        raise TypeError(
-          "optimizer must be a tf.train.Optimizer or a Keras "
-          "optimizer, got %r." % (opt,)
-        )
-      parts = _wrapper_parts(opt, graph, primaries)
-      if parts is not None:
-        base, own = parts
-        pairs.extend(self._optimizer_pairs(base, primaries, graph))
-        pairs.extend((None, v) for v in own)
-        continue
-      with (
-        graph.as_default()
-      ):  # Optimizer.variables() filters by default graph.
-        opt_vars = list(opt.variables())
-      if not opt_vars and _makes_no_state(opt):
-        continue  # GradientDescent: nothing to cover
-      if not opt_vars:
-        raise ValueError(
-          "Optimizer %s has no variables yet. Build its train op (minimize() or "
-          "apply_gradients()) before creating the store, so that its slots "
-          "exist; or, for store.slots.snapshot_before, which builds the train "
-          "op after the store, make them first with "
-          "snapstore.create_slots(optimizer, var_list)."
-          % getattr(opt, "_name", type(opt).__name__)
-        )
-      names = list(opt.get_slot_names())
-      candidates = (
-        list(primaries)
-        + graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
-        + graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES)
-      )
-      # TF 1.15's get_slot of a distributed variable gives the slot's
-      # component on the variable's device; the store covers the slot.
-      whole = dict(
-        (id(part), v)
-        for v in opt_vars
-        if distributed.is_distributed(v)
-        for part in distributed.components(v)
-      )
-      any_slot = set(
-        id(whole.get(id(s), s))
-        for p in candidates
-        for s in _slots(opt, p, names)
-      )
-      pairs.extend(
-        (None, whole.get(id(s), s))
-        for p in primaries
-        for s in _slots(opt, p, names)
-      )
-      pairs.extend((None, v) for v in opt_vars if id(v) not in any_slot)
-    return pairs
-
-  def _make_specs(self, pairs, source):
-    seen = set()
-    specs = []
-    by_key = {}
-    for explicit_key, var in pairs:
-      if id(var) in seen:
-        continue
-      seen.add(id(var))
-      key = explicit_key or self._key_of(var)
-      if key in by_key:
-        raise ValueError(
-          "Variables %s and %s both map to key %r. Pass a dict var_list to "
-          "name them, or a scope that tells them apart."
-          % (by_key[key].name, var.name, key)
-        )
-      by_key[key] = var
-      specs.append(_spec(key, var))
-    if not specs:
-      hint = (
-        "Build the model before the store"
-        if source != "var_list"
-        else "Pass at least one variable"
-      )
+  prefix = _scope_name(scope)
+  pairs, graph, source = _resolve(var_list, collection, prefix)
+  if optimizer is not None:
+    pairs += _optimizer_pairs(optimizer, [v for _, v in pairs], graph)
+  if include_global_step:
+    _check_no_sync_replicas(optimizer)
+    step = tf.train.get_global_step(graph)
+    if step is None:
       raise ValueError(
-        "No variables to snapshot: %s is empty. %s." % (source, hint)
+        "include_global_step=True, but the graph has no global step. Create "
+        "it with tf.train.get_or_create_global_step() before the store."
       )
-    graphs = set(id(_graph_of(s.variable)) for s in specs)
-    if len(graphs) > 1:
+    pairs.append((None, step))
+  return varset.VariableSet(pairs, source, prefix)
+
+
+def _resolve(var_list, collection, prefix):
+  """Returns ([(explicit key or None, variable)], graph, description)."""
+  if var_list is not None:
+    if isinstance(var_list, tf_variables.Variable):
+      raise TypeError(
+        "var_list must be a list or dict of variables, got the single "
+        "variable %s. Pass a list: var_list=[%s]."
+        % (var_list.name, var_list.op.name)
+      )
+    if isinstance(var_list, dict):
+      pairs, where = [], []
+      for key, var in sorted(var_list.items(), key=lambda kv: str(kv[0])):
+        if not isinstance(key, str) or not key:
+          raise TypeError(
+            "var_list keys must be non-empty strings, got %r." % (key,)
+          )
+        parts = _parts(var, "var_list[%r]" % key)
+        if len(parts) == 1:
+          pairs.append((key, parts[0]))
+        else:
+          pairs.extend(
+            ("%s/part_%d" % (key, i), p) for i, p in enumerate(parts)
+          )
+        where.extend(["key %r" % key] * len(parts))
+    else:
+      if isinstance(var_list, (str, bytes)) or not hasattr(
+        var_list, "__iter__"
+      ):
+        raise TypeError(
+          "var_list must be a list or dict of variables, got %r." % (var_list,)
+        )
+      pairs, where = [], []
+      for i, var in enumerate(var_list):
+        parts = _parts(var, "var_list")
+        pairs.extend((None, p) for p in parts)
+        where.extend(["position %d" % i] * len(parts))
+    _check_listed_once([v for _, v in pairs], where)
+    return pairs, None, "var_list"
+  graph = tf.get_default_graph()
+  key = collection
+  if key is None:
+    key = (
+      tf.GraphKeys.GLOBAL_VARIABLES
+      if prefix is not None
+      else tf.GraphKeys.TRAINABLE_VARIABLES
+    )
+  shadows = set(id(v) for v in graph.get_collection(SHADOW_VARIABLES))
+  pairs = []
+  for var in graph.get_collection(key):
+    if not isinstance(var, tf_variables.Variable):
+      raise TypeError(
+        "Collection %r holds %r, which is not a variable." % (key, var)
+      )
+    if id(var) in shadows or not _under(varset.op_name(var), prefix):
+      continue
+    pairs.append((None, var))
+  if prefix is not None:
+    source = "collection %r under scope %r" % (key, prefix)
+  else:
+    source = "collection %r of the default graph" % (key,)
+  return pairs, graph, source
+
+
+def _optimizer_pairs(optimizer, primaries, graph):
+  """Slot variables of `primaries` and non-slot variables of the optimizers."""
+  optimizers = (
+    optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+  )
+  if primaries:
+    graph = primaries[0].graph
+  graph = graph or tf.get_default_graph()
+  pairs = []
+  for opt in optimizers:
+    if is_keras_3_object(opt):
+      raise TypeError(
+        "optimizer %r is a Keras 3 optimizer. %s" % (opt, KERAS_3_FIX)
+      )
+    if not _is_optimizer(opt):
+      raise TypeError(
+        "optimizer must be a tf.train.Optimizer or a Keras "
+        "optimizer, got %r." % (opt,)
+      )
+    parts = _wrapper_parts(opt, graph, primaries)
+    if parts is not None:
+      base, own = parts
+      pairs.extend(_optimizer_pairs(base, primaries, graph))
+      pairs.extend((None, v) for v in own)
+      continue
+    with graph.as_default():  # Optimizer.variables() filters by default graph.
+      opt_vars = list(opt.variables())
+    if not opt_vars and _makes_no_state(opt):
+      continue  # GradientDescent: nothing to cover
+    if not opt_vars:
       raise ValueError(
-        "The variables belong to %d different graphs; a store "
-        "covers variables of one graph." % len(graphs)
+        "Optimizer %s has no variables yet. Build its train op (minimize() or "
+        "apply_gradients()) before creating the store, so that its slots "
+        "exist; or, for store.slots.snapshot_before, which builds the train "
+        "op after the store, make them first with "
+        "snapstore.create_slots(optimizer, var_list)."
+        % getattr(opt, "_name", type(opt).__name__)
       )
-    return tuple(sorted(specs, key=lambda s: s.key))
-
-  def _under_prefix(self, name):
-    return self._prefix is None or name.startswith(self._prefix + "/")
-
-  def _key_of(self, var):
-    name = _op_name(var)
-    if self._prefix is not None and name.startswith(self._prefix + "/"):
-      return name[len(self._prefix) + 1 :]
-    return name
-
-
-def _op_name(variable):
-  """The name of `variable`'s op; a distributed variable's first component's.
-
-  A sync-on-read variable's `op` is, in TF 2.x graph mode, the op of the
-  aggregate read (an "Identity"), not a variable's.
-  """
-  return distributed.anchor(variable).op.name
-
-
-def _graph_of(variable):
-  """The graph of a graph-mode variable; None for an eager one."""
-  try:
-    # A component's: a sync-on-read variable's own `graph` is looked up on
-    # its cross-replica read, a collective under a multi-worker strategy.
-    return distributed.anchor(variable).graph
-  except AttributeError:  # "Tensor.graph is undefined when eager execution..."
-    return None
+    names = list(opt.get_slot_names())
+    candidates = (
+      list(primaries)
+      + graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
+      + graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES)
+    )
+    # TF 1.15's get_slot of a distributed variable gives the slot's
+    # component on the variable's device; the store covers the slot.
+    whole = dict(
+      (id(part), v)
+      for v in opt_vars
+      if distributed.is_distributed(v)
+      for part in distributed.components(v)
+    )
+    any_slot = set(
+      id(whole.get(id(s), s)) for p in candidates for s in _slots(opt, p, names)
+    )
+    pairs.extend(
+      (None, whole.get(id(s), s))
+      for p in primaries
+      for s in _slots(opt, p, names)
+    )
+    pairs.extend((None, v) for v in opt_vars if id(v) not in any_slot)
+  return pairs
 
 
-def same_dtype(a, b):
-  """True if numpy dtypes `a` and `b` hold the same values (any byte order)."""
-  try:
-    a, b = np.dtype(a), np.dtype(b)
-  except TypeError:
-    return False
-  return a.newbyteorder("=") == b.newbyteorder("=") and a.kind == b.kind
-
-
-def _is_dtype(x):
-  try:
-    np.dtype(x)
-    return True
-  except TypeError:
-    return False
+def _under(name, prefix):
+  return prefix is None or name.startswith(prefix + "/")
 
 
 def _scope_name(scope):
@@ -565,22 +344,3 @@ def _slots(opt, primary, names):
     if slot is not None:
       out.append(slot)
   return out
-
-
-def _spec(key, var):
-  if not var.shape.is_fully_defined():
-    raise ValueError(
-      "Variable %s has shape %s, which is not fully defined; snapstore needs "
-      "static shapes (create it with a known shape, or validate_shape=True)."
-      % (var.name, var.shape)
-    )
-  dtype = var.dtype.base_dtype
-  if dtype not in _SUPPORTED_DTYPES:
-    raise ValueError(
-      "Variable %s has dtype %s, which snapstore does not support. Supported: "
-      "%s."
-      % (var.name, dtype.name, ", ".join(d.name for d in _SUPPORTED_DTYPES))
-    )
-  return VariableSpec(
-    key, var, tuple(var.shape.as_list()), np.dtype(dtype.as_numpy_dtype)
-  )
