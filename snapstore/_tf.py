@@ -369,6 +369,119 @@ def not_converted_methods(cls):
   return cls
 
 
+# -- private attributes of tf.distribute, optimizers and Keras ------------------
+# Read here only; each with what it is for and the versions it holds on.
+
+
+def distribute_strategy_of(variable):
+  """The strategy a distributed variable was made under, or None
+  (`_distribute_strategy`: every variable kind, TF 1.15 and 2.x; the public
+  `distribute_strategy` exists only on distributed ones)."""
+  return getattr(variable, "_distribute_strategy", None)
+
+
+def strategy_task(extended):
+  """(ClusterSpec, task type, task id) a multi-worker strategy's `extended`
+  records of its cluster (TF 1.15's has no `cluster_resolver`)."""
+  return (extended._cluster_spec,) + strategy_task_id(extended)  # pylint: disable=protected-access
+
+
+def strategy_task_id(extended):
+  """(task type, task id) of this task, as a cluster strategy's `extended`
+  records it (multi-worker, parameter-server v1)."""
+  return extended._task_type, extended._task_id  # pylint: disable=protected-access
+
+
+def strategy_workers(extended):
+  """How many workers a strategy's `extended` runs on (`_num_workers`, 1
+  where it does not say)."""
+  return getattr(extended, "_num_workers", 1) or 1
+
+
+def communication_timeout(strategy):
+  """The collectives' timeout a strategy was given
+  (`CommunicationOptions(timeout_seconds=)`), or None."""
+  options = getattr(strategy.extended, "_communication_options", None)
+  return getattr(options, "timeout_seconds", None)
+
+
+def local_component(variable):
+  """In replica context, the component of a distributed variable the
+  replica owns: what `variable.value()` reads there
+  (`_get_on_device_or_primary`)."""
+  return variable._get_on_device_or_primary()  # pylint: disable=protected-access
+
+
+def cluster_coordinator(strategy):
+  """The `ClusterCoordinator` made for a parameter-server strategy (v2), or
+  None (`_cluster_coordinator`)."""
+  return getattr(strategy, "_cluster_coordinator", None)
+
+
+def save_slice_info(variable):
+  """The part of its partitioned variable `variable` is, or None
+  (`_save_slice_info`)."""
+  return getattr(variable, "_save_slice_info", None)
+
+
+def optimizer_name(opt):
+  """A tf.train optimizer's name (`_name`), or its class's."""
+  return getattr(opt, "_name", type(opt).__name__)
+
+
+def makes_no_state(opt):
+  """A `tf.train.Optimizer` whose class makes no slots or non-slot variables
+  (GradientDescent, ProximalGradientDescent): it never has any."""
+  create = getattr(type(opt), "_create_slots", None)
+  return isinstance(opt, tf.train.Optimizer) and (
+    create is tf.train.Optimizer._create_slots  # pylint: disable=protected-access
+  )
+
+
+def wrapped_optimizer(opt):
+  """The optimizer a TF 1.15 wrapper keeps (`_optimizer` or `_opt`), or None."""
+  return getattr(opt, "_optimizer", None) or getattr(opt, "_opt", None)
+
+
+def wrapper_state(opt):
+  """(loss scale weights {(name, graph key): variable} or None, the loss
+  scale manager or None, the EMA or None) a TF 1.15 optimizer wrapper
+  keeps: `MixedPrecisionLossScaleOptimizer` and Keras's
+  `LossScaleOptimizer` (`_loss_scale._weights`), contrib's
+  `LossScaleOptimizer` (`_loss_scale_manager`), `MovingAverageOptimizer`
+  (`_ema`)."""
+  weights = getattr(getattr(opt, "_loss_scale", None), "_weights", None)
+  return (
+    weights,
+    getattr(opt, "_loss_scale_manager", None),
+    getattr(opt, "_ema", None),
+  )
+
+
+def keras_layers(model):
+  """Every layer of a Keras model, nested ones included
+  (`_flatten_layers`, Keras 3 and tf-keras), or []."""
+  flatten = getattr(model, "_flatten_layers", None)
+  return list(flatten()) if callable(flatten) else []
+
+
+def keras_trained_variables(opt):
+  """The variables a Keras 3 optimizer was built on
+  (`_trainable_variables`), or ()."""
+  return getattr(opt, "_trainable_variables", None) or ()
+
+
+def keras_hyperparameters(opt):
+  """A tf-keras optimizer's hyperparameters (`_hyper`), {} elsewhere."""
+  return getattr(opt, "_hyper", None) or {}
+
+
+def keras_learning_rate(opt):
+  """What a Keras optimizer keeps its learning rate in (`_learning_rate`),
+  or None."""
+  return getattr(opt, "_learning_rate", None)
+
+
 def call_with_captures(concrete, captures):
   """Calls `concrete` (a `ConcreteFunction` of no arguments) with `captures`
   in place of its `captured_inputs`, position by position.
@@ -584,3 +697,30 @@ def stack():
     numpy.__version__,
     h5py.__version__,
   )
+
+
+# -- optimizers and Keras models: Lookahead's private reads --------------------
+# pylint: disable=protected-access
+
+
+def distributed_apply(optimizer, strategy, grads_and_vars, global_step):
+  """A `tf.train.Optimizer`'s update in the `merge_call` of a strategy's
+  replicas: what its own `apply_gradients` merges into
+  (`Optimizer._distributed_apply`, TF 1.15 and 2.x). Graph-mode Lookahead
+  builds its step around it, once for every replica."""
+  return optimizer._distributed_apply(
+    strategy, grads_and_vars, global_step=global_step
+  )
+
+
+def keras_steps_per_execution(model):
+  """How many steps a compiled Keras model runs between batch ends: Keras
+  3's `steps_per_execution`, or tf-keras's, which keeps it in a variable
+  (`_steps_per_execution`); None if it does not say."""
+  steps = getattr(model, "steps_per_execution", None)
+  if steps is None:
+    steps = getattr(model, "_steps_per_execution", None)
+  return steps
+
+
+# pylint: enable=protected-access

@@ -23,6 +23,7 @@ must not time out first (that would abort their collectives).
 import itertools
 import threading
 
+from snapstore._tf import communication_timeout
 from snapstore import errors
 
 TIMEOUT = 60.0  # the longest wait for the other workers (module doc)
@@ -95,8 +96,7 @@ class Late(Exception):
 
 def timeout(strategy):
   """The longest wait for the other workers under `strategy` (module doc)."""
-  options = getattr(strategy.extended, "_communication_options", None)
-  collective = getattr(options, "timeout_seconds", None)
+  collective = communication_timeout(strategy)
   return min(TIMEOUT, collective / 2.0) if collective else TIMEOUT
 
 

@@ -66,6 +66,9 @@ graph engine gives them the eager engine's semantics
 
 import numpy as np
 
+from snapstore._tf import strategy_workers
+from snapstore._tf import strategy_task_id
+from snapstore._tf import distribute_strategy_of
 from snapstore._tf import distribute_values
 from snapstore._tf import parameter_server_strategy
 from snapstore._tf import ops
@@ -143,12 +146,7 @@ def check_chief_of_ps(what):
     "would rewrite the variables every worker trains. Give the hook to the "
     "chief only: return it from model_fn in "
     "EstimatorSpec(training_chief_hooks=[hook]), or pass it in the chief's "
-    "hooks alone."
-    % (
-      what,
-      extended._task_type,  # pylint: disable=protected-access
-      extended._task_id,  # pylint: disable=protected-access
-    )
+    "hooks alone." % ((what,) + strategy_task_id(extended))
   )
 
 
@@ -157,9 +155,8 @@ def workers(variable):
   for a `MultiWorkerMirroredStrategy`'s on a cluster, else 1."""
   if not is_distributed(variable):
     return 1
-  strategy = getattr(variable, "_distribute_strategy", None)
-  extended = getattr(strategy, "extended", None)
-  return getattr(extended, "_num_workers", 1) or 1
+  extended = getattr(distribute_strategy_of(variable), "extended", None)
+  return strategy_workers(extended)
 
 
 def anchor(variable):

@@ -32,6 +32,7 @@ import re
 
 import numpy as np
 
+from snapstore._tf import save_slice_info
 from snapstore.core.varset import same_dtype
 from snapstore import errors
 
@@ -233,7 +234,7 @@ def _plan(varset, held, by_key):
 
 def _part(spec):
   """The `_Part` of a store variable that is a part of a partitioned variable."""
-  info = getattr(spec.variable, "_save_slice_info", None)
+  info = save_slice_info(spec.variable)
   match = re.match(r"^(.+)/part_\d+$", spec.key)
   if info is None or match is None:
     return None

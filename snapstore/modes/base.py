@@ -53,6 +53,11 @@ class CopyMode(abc.ABC):
     return self._initializer
 
   @property
+  def store_name(self):
+    """The name of the store the mode was built for."""
+    return self._name
+
+  @property
   def capacity(self):
     """The most snapshots the mode holds at once, or None for no bound."""
     return self._max_to_keep

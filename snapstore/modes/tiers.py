@@ -120,7 +120,7 @@ class TieredMode(base.CopyMode):
     max_pending=2,
     durable=False,
   ):
-    super(TieredMode, self).__init__(varset, inner.capacity, inner._name)  # pylint: disable=protected-access
+    super(TieredMode, self).__init__(varset, inner.capacity, inner.store_name)
     _check_compression(compression, compression_opts)
     self._inner = inner
     self._compression = compression

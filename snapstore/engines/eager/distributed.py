@@ -37,6 +37,9 @@ replica device (`v.values`). The eager engine treats it so:
   the local component only (`local`): each replica snapshots its own.
 """
 
+from snapstore._tf import distribute_strategy_of
+from snapstore._tf import cluster_coordinator
+from snapstore._tf import local_component
 from snapstore._tf import tf
 from snapstore._tf import tf2
 from snapstore.core.distributed import aggregate
@@ -132,7 +135,7 @@ def local(variable):
   Other variables as they are."""
   if not is_distributed(variable):
     return variable
-  return variable._get_on_device_or_primary()  # pylint: disable=protected-access
+  return local_component(variable)
 
 
 def in_replica_context():
@@ -170,7 +173,7 @@ def coordinated_strategies(variables):
   variables from the workers while the coordinator goes on."""
   out = []
   for variable in variables:
-    strategy = getattr(variable, "_distribute_strategy", None)
+    strategy = distribute_strategy_of(variable)
     if hasattr(strategy, "_cluster_coordinator") and not any(
       s is strategy for s in out
     ):
@@ -191,7 +194,7 @@ def check_no_functions_in_flight_eagerly(strategies, call):
 
 def _coordinators(strategies):
   """The `ClusterCoordinator`s made for `strategies` (at most one each)."""
-  found = [s._cluster_coordinator for s in strategies]  # pylint: disable=protected-access
+  found = [cluster_coordinator(s) for s in strategies]
   return [c for c in found if c is not None]
 
 

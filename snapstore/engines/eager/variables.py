@@ -50,6 +50,10 @@ process loads into another with the same keys.
 
 import collections
 
+from snapstore._tf import keras_learning_rate
+from snapstore._tf import keras_hyperparameters
+from snapstore._tf import keras_trained_variables
+from snapstore._tf import keras_layers
 from snapstore._tf import in_graph_mode
 from snapstore._tf import is_keras_3_object
 from snapstore._tf import is_sharded_variable
@@ -262,10 +266,9 @@ def _model_state(model, pairs):
   state; metrics are no model state).
   """
   known = set(id(v) for _, v in _expand_shards(pairs))
-  flatten = getattr(model, "_flatten_layers", None)
   layers = [
     layer
-    for layer in (flatten() if callable(flatten) else ())
+    for layer in keras_layers(model)
     if layer is not model and not _is_metric(layer)  # tf-keras: layers too
   ]
   found = []
@@ -400,7 +403,7 @@ def _trained_by(optimizer):
   """
   out = []
   for opt in wrapped_chain(optimizer):
-    for var in getattr(opt, "_trainable_variables", None) or ():
+    for var in keras_trained_variables(opt):
       inner = keras_variable_value(var) if is_keras_3_object(var) else var
       out.append(var if inner is None else inner)
   return out
@@ -436,7 +439,7 @@ def _hyperparameters(optimizer):
   return [
     v
     for opt in wrapped_chain(optimizer)
-    for v in (getattr(opt, "_hyper", None) or {}).values()
+    for v in keras_hyperparameters(opt).values()
     if _is_variable(v)
   ]
 
@@ -470,7 +473,7 @@ def _learning_rates(optimizer):
   """The learning-rate variables of `optimizer` and of any it wraps."""
   found = []
   for opt in wrapped_chain(optimizer):
-    rate = getattr(opt, "_learning_rate", None)
+    rate = keras_learning_rate(opt)
     if _is_variable(rate):  # not a schedule
       found.append(rate)
       inner = keras_variable_value(rate)

@@ -52,6 +52,7 @@ The ops are copied by `snapstore.engines.graph.subgraph`, which says why not by
 import collections
 import contextlib
 
+from snapstore._tf import save_slice_info
 from snapstore._tf import creation_order
 from snapstore._tf import deprecation
 from snapstore._tf import reapply_device_functions
@@ -287,7 +288,7 @@ class _Builder(object):
         constraint=getattr(var, "constraint", None),
         use_resource=copies.is_resource(var),
       )
-    info = getattr(var, "_save_slice_info", None)
+    info = save_slice_info(var)
     if info is not None:  # a part of a partitioned variable
       set_save_slice_info(
         new,

@@ -49,6 +49,8 @@ at first, backing off to 50 ms.
 
 import time
 
+from snapstore._tf import strategy_task
+from snapstore._tf import distribute_strategy_of
 from snapstore._tf import ops
 from snapstore._tf import state_ops
 from snapstore._tf import tf
@@ -75,12 +77,10 @@ def _cluster(varset):
     variable = spec.variable
     if distributed.workers(variable) <= 1:
       continue
-    strategy = variable._distribute_strategy  # pylint: disable=protected-access
-    extended = strategy.extended
-    # The strategy's own record of its cluster (TF 1.15 and 2.x alike;
-    # TF 1.15's strategy has no `cluster_resolver`).
-    cluster_spec = extended._cluster_spec  # pylint: disable=protected-access
-    me = "%s:%d" % (extended._task_type, extended._task_id)  # pylint: disable=protected-access
+    strategy = distribute_strategy_of(variable)
+    # The strategy's own record of its cluster (TF 1.15 and 2.x alike).
+    cluster_spec, task_type, task_id = strategy_task(strategy.extended)
+    me = "%s:%d" % (task_type, task_id)
     tasks = coordination.tasks_of(cluster_spec)
     if len(tasks) > 1 and me in tasks:
       return strategy, cluster_spec, me, tasks

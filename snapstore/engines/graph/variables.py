@@ -18,6 +18,10 @@ restores into the other. A variable outside the scope (an optimizer's
 The result is a `core.varset.VariableSet`.
 """
 
+from snapstore._tf import wrapper_state
+from snapstore._tf import makes_no_state
+from snapstore._tf import wrapped_optimizer
+from snapstore._tf import optimizer_name
 from snapstore._tf import is_keras_3_object
 from snapstore._tf import KERAS_3_FIX
 from snapstore._tf import tf
@@ -171,7 +175,7 @@ def _optimizer_pairs(optimizer, primaries, graph):
       continue
     with graph.as_default():  # Optimizer.variables() filters by default graph.
       opt_vars = list(opt.variables())
-    if not opt_vars and _makes_no_state(opt):
+    if not opt_vars and makes_no_state(opt):
       continue  # GradientDescent: nothing to cover
     if not opt_vars:
       raise ValueError(
@@ -179,8 +183,7 @@ def _optimizer_pairs(optimizer, primaries, graph):
         "apply_gradients()) before creating the store, so that its slots "
         "exist; or, for store.slots.snapshot_before, which builds the train "
         "op after the store, make them first with "
-        "snapstore.create_slots(optimizer, var_list)."
-        % getattr(opt, "_name", type(opt).__name__)
+        "snapstore.create_slots(optimizer, var_list)." % optimizer_name(opt)
       )
     names = list(opt.get_slot_names())
     candidates = (
@@ -281,15 +284,6 @@ def _is_optimizer(opt):
   )
 
 
-def _makes_no_state(opt):
-  """A `tf.train.Optimizer` whose class makes no slots or non-slot variables
-  (GradientDescent, ProximalGradientDescent): it never has any."""
-  create = getattr(type(opt), "_create_slots", None)
-  return isinstance(opt, tf.train.Optimizer) and (
-    create is tf.train.Optimizer._create_slots  # pylint: disable=protected-access
-  )
-
-
 def _wrapper_parts(opt, graph, primaries):
   """(wrapped optimizer, the wrapper's own variables) of an optimizer wrapper
   whose own `variables()` lists neither; None for any other optimizer.
@@ -310,7 +304,7 @@ def _wrapper_parts(opt, graph, primaries):
     `apply_gradients` and held by nothing: not covered).
   TF 2.x's wrappers list both, and are left as they are.
   """
-  base = getattr(opt, "_optimizer", None) or getattr(opt, "_opt", None)
+  base = wrapped_optimizer(opt)
   if base is None or base is opt or not _is_optimizer(base):
     return None
   try:
@@ -320,15 +314,13 @@ def _wrapper_parts(opt, graph, primaries):
   except AttributeError:  # no Optimizer.__init__ (contrib's wrappers)
     pass
   own = []
-  weights = getattr(getattr(opt, "_loss_scale", None), "_weights", None)
+  weights, manager, ema = wrapper_state(opt)
   if isinstance(weights, dict):  # {(name, graph key): variable}
     own += [v for _, v in sorted(weights.items(), key=lambda kv: kv[0][0])]
-  manager = getattr(opt, "_loss_scale_manager", None)
   if manager is not None:
     own += [
       v for _, v in sorted(vars(manager).items()) if isinstance(v, tf.Variable)
     ]
-  ema = getattr(opt, "_ema", None)
   if ema is not None and hasattr(ema, "average"):
     own += [a for a in (ema.average(p) for p in primaries) if a is not None]
   return base, [v for v in own if v.graph is graph]
