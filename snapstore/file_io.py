@@ -26,7 +26,7 @@ from snapstore.files import object_graph
 from snapstore.files import sources
 from snapstore.core import failures
 from snapstore import errors
-from snapstore.spill import file as spill_file
+from snapstore.spill import source as spill_source
 
 
 @not_converted_methods
@@ -231,7 +231,7 @@ class Files(object):
     """
     return self._load(
       "load_spill",
-      lambda: spill_file.open_snapshot(path, snapshot),
+      lambda: spill_source.open_snapshot(path, snapshot),
       tag,
       session,
       strip_prefix,

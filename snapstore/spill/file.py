@@ -639,55 +639,6 @@ def _in_use(path):
   )
 
 
-class SnapshotSource(object):
-  """One complete snapshot of a spill file, as a snapshot source (`snapstore.files.sources`).
-
-  Lets `SnapshotStore.load_spill` read a snapshot of another run's file the way
-  it reads a checkpoint or an `.npz`: names mapped, checked in full before any
-  data is read, each array's checksum verified as it is read. Made by
-  `open_snapshot`; closing it closes the file.
-  """
-
-  def __init__(self, spill_file, tag):
-    self._file = spill_file
-    self._tag = tag
-    self._declared = spill_file.declared(tag)
-
-  @property
-  def where(self):
-    return "Snapshot %r in %s" % (self._tag, self._file.path)
-
-  def declared(self):
-    return dict(self._declared)
-
-  def read(self, name):
-    return self._file.read_variable(self._tag, name)
-
-  def close(self):
-    self._file.close()
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc_info):
-    self.close()
-
-
-def open_snapshot(path, tag):
-  """Opens snapshot `tag` of the spill file `path` as a `SnapshotSource`.
-
-  Raises:
-    SnapshotFileError: As for `open_spill`.
-    UnknownTagError: No complete snapshot `tag` (incomplete ones are named).
-  """
-  spill_file = open_spill(path)
-  try:
-    return SnapshotSource(spill_file, tag)
-  except BaseException:
-    spill_file.close()
-    raise
-
-
 def open_spill(path):
   """Opens the spill file `path` for reading.
 
