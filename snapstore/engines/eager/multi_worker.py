@@ -22,44 +22,18 @@ program covers that worker's components only:
   sync-on-read value, this worker's aggregate of its own components
   (`snapstore/engines/eager/distributed.py`), not TensorFlow's cross-worker read.
 
-**Restore is coordinated.** A worker that restores alone, or workers that
-restore different snapshots, leave the replicas different: the next
-all-reduce adds gradients computed at different parameters, and the model
-diverges silently. So `store.restore` checks first, before writing any
-variable, that every worker is restoring the same snapshot at the same
-point: each worker publishes a fingerprint of (tag, the snapshot's sequence
-number in its store) in the strategy's coordination service (its key-value
-store) and reads every other worker's; the restore goes on only if all are
-equal. Otherwise it raises `CoordinationError` (the fix: call restore on
-every worker, with the same tag) and no variable changes.
-
-Why the coordination service and not a collective (an all-gather through
-the strategy, with `CommunicationOptions(timeout_seconds=)`): a collective
-that times out aborts every collective of the process ("Collective ops is
-aborted by: ... Restart your program to reset"), so refusing a lone
-worker's restore would end its training; a one-worker call through the
-strategy's own all-reduce would also shift the instance keys of every later
-collective against the other workers'. A key-value read that times out
-changes nothing, and training goes on.
-
-The wait is bounded by `TIMEOUT` (seconds; set it before building the
-store), and by half the strategy's `CommunicationOptions(timeout_seconds=)`
-when that is set: while a lone worker waits here, the others wait in their
-next collective for it, which must not time out first (that would abort
-their collectives). Each worker counts the checks its
-store completed (`round`); a refused check by timeout is not counted and its
-key is withdrawn, so a later coordinated restore pairs the workers' calls
-correctly. One race remains: a worker arriving within the instant in which
-another times out and withdraws its key may see it and go on alone; waiting
-a whole timeout late is itself the bug the check reports.
-
-Cost per restore: one key written and one read per other worker through the
-coordination service (round trips to worker 0's service: measured 2.5 ms
-per restore on two loopback workers, TF 2.21, against 0.3 ms for the copy
-of a 256 KiB device store), plus the wait for the slowest worker to call.
-Graph mode checks a restore with the same `Coordinator` (rounds, messages,
-timeout), exchanging the fingerprints through variables on the first worker
-instead of the coordination service (`snapstore/engines/graph/multi_worker.py`).
+**Restore is coordinated** (`snapstore/core/coordination.py`): this engine
+exchanges the workers' fingerprints through the strategy's coordination
+service (its key-value store). Not through a collective (an all-gather
+through the strategy, with `CommunicationOptions(timeout_seconds=)`): a
+collective that times out aborts every collective of the process
+("Collective ops is aborted by: ... Restart your program to reset"), so
+refusing a lone worker's restore would end its training; a one-worker call
+through the strategy's own all-reduce would also shift the instance keys
+of every later collective against the other workers'. A key-value read that
+times out changes nothing, and training goes on. Cost per restore: one key
+written and one read per other worker, plus the wait for the slowest
+worker (docs/design/multi_worker.md has the measured figures).
 
 `evaluate_with` is not coordinated: it puts every variable back bit for bit
 before it returns, so a worker evaluating alone leaves no trace (the

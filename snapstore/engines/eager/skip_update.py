@@ -3,7 +3,8 @@
 `SnapshotCallback(in_step=True)` undoes, inside the compiled step, a step
 whose loss is not finite. Copying the whole state at every step and writing
 it back (`in_step.py`) is exact but costs a read and an assign per variable
-and a pass over the state per step: 9-13% of a 1-2 ms step. Most of that
+and a pass over the state per step (docs/design/callback.md has the
+measured cost). Most of that
 state (the weights, the optimizer's slots and `iterations`) is written by one
 call only, the optimizer's update, which runs after the loss is known. So
 the cheaper exact undo is to apply that update only when the loss is finite

@@ -10,7 +10,7 @@ broadcast and no collective runs when it is built or initialized), host and
 disk mode one value per worker. A snapshot and a restore are local copies.
 
 A restore is checked first, as the eager engine checks it
-(`snapstore/engines/eager/multi_worker.py`: same rounds, fingerprints, messages and
+(`snapstore/core/coordination.py`: same rounds, fingerprints, messages and
 `TIMEOUT`): every worker must restore the same snapshot at the same point,
 or the replicas differ and the model diverges silently. The eager engine
 exchanges the fingerprints through the coordination service, which graph
@@ -42,9 +42,8 @@ ops to the user's graph at restore time (it may be finalized). The private
 session is made at the first restore, so the servers need not be up when
 the store is built. Cost per restore: one write and one read per other
 worker, round trips to the first worker's server, plus the wait for the
-slowest worker: 11 to 13 ms measured on two loopback workers (TF 2.21 and
-1.15, a busy 2-core machine); a worker waiting for another polls every 1 ms
-at first, backing off to 50 ms.
+slowest worker (docs/design/multi_worker.md has the measured figures); a
+worker waiting for another polls every 1 ms at first, backing off to 50 ms.
 """
 
 import time
