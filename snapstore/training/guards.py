@@ -10,7 +10,7 @@ batches again gives bit-identical parameters. Nothing else goes back: other
 variables, the position of input pipelines, the state of random ops.
 
 In graph mode the guard runs the steps (`guard.run`, a `session.run` that
-also fetches the watched tensors) or checks values fetched by hand
+also fetches the `watch_tensors`) or checks values fetched by hand
 (`guard.check`). Fetch the loss again after the step: the one fetched with
 the train op is computed before the update.
 
@@ -19,15 +19,15 @@ the train op is computed before the update.
     with tf.Session() as sess:
       ...
       for feed in batches:
-        with snapstore.Guard(store, watch=loss, reraise=False,
+        with snapstore.Guard(store, watch_tensors=loss, reraise=False,
                              session=sess) as guard:
           guard.run(train_op, feed)
           guard.run(loss, feed)  # the loss after the step
 
-Eagerly the guard calls the step function and checks what `watch` picks of
-its result; no call takes a session:
+Eagerly the guard calls the step function and checks what `watch_result`
+picks of its result; no call takes a session:
 
-    guard = snapstore.Guard(store, watch=True, reraise=False)
+    guard = snapstore.Guard(store, watch_result=True, reraise=False)
     for x, y in batches:
       with guard:
         guard.run(train_step, x, y)   # a NaN loss rolls the step back
@@ -39,6 +39,8 @@ parameter-server joins in `ps_joins.py`, and `snapstore.Trial` in
 `trial.py`. Why it works this way: docs/design/guards.md.
 """
 
+import warnings
+
 from snapstore.core import checks
 from snapstore import errors
 from snapstore.training import attempts
@@ -48,75 +50,60 @@ from snapstore.training.trial import Trial
 
 __all__ = ["Guard", "Trial"]
 
+# What each new name means, for the deprecation warnings of the old ones.
+_MEANS = {
+  "watch_tensors": "the float tensors guard.run fetches and checks in "
+  "each session.run",
+  "watch_result": "what guard.run checks of its step function's result",
+  "call_block": "calls a block that runs its steps through guard.run, "
+  "with the guard's retries",
+  "call_step": "runs one step through guard.run, with the guard's retries",
+}
+
 
 class Guard(object):
   """Snapshot on entry; roll back when the block raises or a loss is not finite.
 
-  Create with `snapstore.Guard(store, ...)`. Use it as `with guard:` for one attempt, or
-  iterate over it for up to `1 + retries` attempts:
+  Create with `snapstore.Guard(store, ...)`. Use it as `with guard:` for one
+  attempt, or iterate over it for up to `1 + retries` attempts:
 
-      for attempt in snapstore.Guard(store, watch=loss, retries=2,
-                                       session=sess):
+      for attempt in snapstore.Guard(store, watch_tensors=loss, retries=2,
+                                     session=sess):
         with attempt:
           attempt.run(train_op, feed)
           attempt.run(loss, feed)  # the loss after the step
 
-  Every use (a `with` block or a `for` loop) starts with a fresh snapshot
-  under `tag`, so one guard can serve every step of a loop. The snapshot stays
-  in the store afterwards (replaced by the next use) and counts against its
-  `max_to_keep`.
+  or let `call_step` (one step) or `call_block` (a function running the
+  block) do the loop:
 
-  With a train op from `store.slots.snapshot_before(..., tag=T)` and a guard of tag
-  `T`, the snapshot is the step's: each attempt's first `run`, if it fetches
-  that train op, takes it in the step's own run (with no `snapshot()` call);
-  if it fetches something else, `snapshot()` runs first, as usual. Run the
-  block's steps through `run` then: the guard cannot see a run of the train
-  op made with your own `session.run`, and each such run writes the slot.
-  What it cannot vouch for is refused with a ValueError that propagates
-  without a rollback: a second run of that train op in one attempt (it would
-  replace the guard's snapshot); `check()`, or a failure, before the
-  attempt's first `run` (the guard holds no snapshot yet); a rollback after
-  the train op ran outside `run` since the guard's snapshot (the train op
-  counts its copies into the slot, and the guard compares the count, reading
-  it once when it rolls back). A train op built with `if_finite=` is refused
-  on entry: it skips the snapshot when its loss is not finite, so its slot
-  need not hold the block's start. Any other pinned tag (an average's,
-  Lookahead's, a target network's: a slot in-graph ops write) is refused on
-  entry too.
+      guard = snapstore.Guard(store, watch_result="loss", retries=2)
+      loss = guard.call_step(train_step, x, y)  # returns {"loss": ..., ...}
+
+  Every use (a `with` block, a `for` loop, a `call_*`) starts with a fresh
+  snapshot under `tag`, so one guard can serve every step of a loop. The
+  snapshot stays in the store afterwards (replaced by the next use) and
+  counts against its `max_to_keep`.
 
   When an attempt raises an exception of a `catch` type (including the
-  `NonFiniteError` of a watched tensor), the store's variables are restored
+  `NonFiniteError` of a watched value), the store's variables are restored
   from the snapshot. Then the next attempt runs, if any is left; after the
   last one the exception is re-raised (`reraise=True`) or swallowed
   (`reraise=False`; `failed` tells). Other exceptions (KeyboardInterrupt, or
   types outside `catch`) propagate at once, without a rollback.
 
-  On an eager store, `run(fn, *args, **kwargs)` calls `fn` and checks the
-  part of its result that `watch` picks (see the module doc); `call(fn, ...)`
-  does the same with the guard's retries. Every attempt starts from the
-  snapshot taken on entry: an eager guard never uses a slot that the user's
-  `tf.function` writes (`store.slots.snapshot_in_step()`), and refuses such
-  a tag on entry (ValueError naming the other ways), because it cannot see
-  those writes: the function may run its step inside `run` or outside, more
-  than once per call, or skip its copy (`commit(if_finite=...)`), and the
-  slot would then hold another state than the block's start.
-
-      guard = snapstore.Guard(store, watch="loss", retries=2)
-      for attempt in guard:
-        with attempt:
-          opt.learning_rate.assign(0.1 * 0.5 ** attempt.number)
-          attempt.run(train_step, x, y)   # returns {"loss": ..., ...}
+  A pinned tag (an average's, Lookahead's, a target network's, an eager
+  in-step snapshot's) is refused on entry. In graph mode, the tag of a train
+  op from `store.slots.snapshot_before(..., tag=T)` is the exception: each
+  attempt takes its snapshot in that train op's run, and what the guard then
+  cannot vouch for is refused with a ValueError that propagates without a
+  rollback (`graph_runner.py`; docs/design/guards.md, "In-step tags").
 
   Args:
     store: The `SnapshotStore` whose variables are guarded.
-    watch: Graph mode: a float tensor or a list of them (a loss) that `run`
-      fetches and checks; any NaN or infinite element fails the attempt.
-      Eager store: what `run` checks of its function's result: None or False
-      (nothing), True (every element of the result, a nest of float tensors
-      or numbers), an int or string (`result[watch]`: a tuple's element, a
-      dict's key), or a function `result -> value(s)`.
+    watch: Deprecated: `watch_tensors` on a graph-mode store, `watch_result`
+      on an eager one (a DeprecationWarning names the one).
     retries: How many more attempts to make after a failed one (iteration
-      only; a `with` block runs once).
+      and `call_*` only; a `with` block runs once).
     reraise: After the last failed attempt, re-raise the exception (default)
       or swallow it.
     catch: An exception type or tuple of types that fail an attempt (and roll
@@ -126,15 +113,24 @@ class Guard(object):
       default session. A `MonitoredSession` is used as is by `run` (its hooks
       see the training step) and unwrapped for the store's copies. Graph mode
       only: an eager store takes none.
+    watch_tensors: Graph mode: a float tensor or a list of them (a loss)
+      that `run` fetches in each of its runs; any NaN or infinite element
+      fails the attempt.
+    watch_result: Eager store: what `run` checks of its function's result:
+      None or False (nothing), True (every element of the result, a nest of
+      float tensors or numbers), an int or string (`result[watch_result]`:
+      a tuple's element, a dict's key), or a function `result -> value(s)`.
 
   Raises:
-    TypeError: A watched value that is not a float tensor (eager: a `watch`
-      that is not one of the forms above); a bad `catch`, `retries`,
-      `reraise` or `tag`; a `session` on an eager store.
-    ValueError: Negative `retries`. On entry (`with` or iteration): the
-      tag is pinned (see above); or, on an eager store over
+    TypeError: A watched tensor that is not a float tensor; a `watch_result`
+      that is not one of the forms above; the other engine's argument
+      (`watch_tensors` on an eager store, `watch_result` in graph mode);
+      `watch` with its new name; a bad `catch`, `retries`, `reraise` or
+      `tag`; a `session` on an eager store.
+    ValueError: Negative `retries`. On entry (`with`, iteration or a
+      `call_*`): the tag is pinned (see above); or, on an eager store over
       parameter-server variables (v2), functions scheduled on the
-      `ClusterCoordinator` may still be running (see the module doc).
+      `ClusterCoordinator` may still be running (`ps_joins.py`).
     GraphMismatchError: A watched tensor of another graph than the store's.
   """
 
@@ -147,14 +143,16 @@ class Guard(object):
     catch=(Exception,),
     tag="guard",
     session=None,
+    *,
+    watch_tensors=None,
+    watch_result=None,
   ):
     self._store = store
     self._runner = runners.runner_for(store, session, "Guard")
-    given = {"watch_tensors": None, "watch_result": None}
-    given[self._runner.watch_argument] = watch
-    self._tensors = self._runner.watch_tensors(given["watch_tensors"], "watch")
-    self._picker = self._runner.watch_result(given["watch_result"], "watch")
-    self._watch = watch if self._picker is not None else self._tensors
+    given = _renamed_watch(self._runner, watch, watch_tensors, watch_result)
+    self._tensors = self._runner.watch_tensors(*given["watch_tensors"])
+    self._picker = self._runner.watch_result(*given["watch_result"])
+    self._watch_result = given["watch_result"][0]
     self._retries = checks.integer(retries, "retries", 0)
     if not isinstance(reraise, bool):
       raise TypeError("reraise must be a bool, got %r." % (reraise,))
@@ -171,9 +169,21 @@ class Guard(object):
     return self._use.tag if self._use is not None else self._requested
 
   @property
+  def watch_tensors(self):
+    """The tensors `run` fetches and checks (graph mode); [] eagerly."""
+    return list(self._tensors)
+
+  @property
+  def watch_result(self):
+    """`watch_result` as given (eager store); None in graph mode."""
+    return self._watch_result
+
+  @property
   def watch(self):
-    """The watched tensors; on an eager store, `watch` as given."""
-    return self._watch if self._picker is not None else list(self._tensors)
+    """Deprecated: `watch_tensors` in graph mode, `watch_result` eagerly."""
+    new = self._runner.watch_argument
+    _deprecated("guard.watch", "guard.%s" % new, new, self._store)
+    return getattr(self, new)
 
   @property
   def failures(self):
@@ -192,7 +202,8 @@ class Guard(object):
       raise ValueError(
         "retries=%d needs the block to run again, which a `with` statement "
         "cannot do. Iterate instead: `for attempt in snapstore.Guard(store, "
-        "...): with attempt: ...`, or use guard.call(fn)." % self._retries
+        "...): with attempt: ...`, or use guard.call_step(step, ...) or "
+        "guard.call_block(fn)." % self._retries
       )
     self._begin()
     self._entered = attempts.Attempt(self._use, 0, last=True).__enter__()
@@ -224,12 +235,18 @@ class Guard(object):
     finally:
       nesting.leave(self._store, use.tag)
 
-  def call(self, fn, *args, **kwargs):
-    """Runs `fn(*args, **kwargs)` under the guard, with its retries.
+  def call_block(self, fn, *args, **kwargs):
+    """Calls `fn(*args, **kwargs)` as the guarded block, with the retries.
 
-    Graph mode: inside `fn`, `guard.run` runs and checks steps. On an eager
-    store, what `fn` returns is checked as `run` checks it (`call` is `run`
-    with retries), so `guard.call(train_step, x, y)` guards one step.
+    `fn` runs the block's steps through `guard.run` (or checks values with
+    `guard.check`); each failed attempt is rolled back and `fn` called
+    again, up to `1 + retries` times. The same on both engines.
+
+        def block():
+          guard.run(train_op, feed)
+          return guard.run(loss, feed)  # the loss after the step
+
+        loss = guard.call_block(block)
 
     Returns:
       What `fn` returned, or None when every attempt failed and
@@ -237,10 +254,30 @@ class Guard(object):
     """
     for attempt in self:
       with attempt:
-        if self._runner.call_means == "call_step":
-          return attempt.run(fn, *args, **kwargs)
         return fn(*args, **kwargs)
     return None
+
+  def call_step(self, step, *args, **kwargs):
+    """Runs one step through `run`, with the retries.
+
+    `guard.call_step(train_step, x, y)` is `guard.run(train_step, x, y)`
+    (eagerly; in graph mode `guard.call_step(train_op, feed)`), retried from
+    the snapshot up to `1 + retries` times while it fails.
+
+    Returns:
+      What `run` returned, or None when every attempt failed and
+      `reraise=False`.
+    """
+    for attempt in self:
+      with attempt:
+        return attempt.run(step, *args, **kwargs)
+    return None
+
+  def call(self, fn, *args, **kwargs):
+    """Deprecated: `call_block` in graph mode, `call_step` eagerly."""
+    new = self._runner.call_means
+    _deprecated("guard.call()", "guard.%s()" % new, new, self._store)
+    return getattr(self, new)(fn, *args, **kwargs)
 
   # -- inside an attempt ------------------------------------------------------------
 
@@ -251,7 +288,7 @@ class Guard(object):
     run_metadata=None)` runs as `Session.run` does; the watched tensors are
     fetched in the same run. On an eager store: `run(fn, *args, **kwargs)`
     calls `fn(*args, **kwargs)` (e.g. a `tf.function` train step) and checks
-    what `watch` picks of its result.
+    what `watch_result` picks of its result.
 
     Returns:
       What `Session.run(fetches, ...)` returns; eagerly, what `fn` returns.
@@ -260,8 +297,8 @@ class Guard(object):
       NonFiniteError: A watched tensor (eagerly, a watched part of the
         result) has a NaN or infinite element. The guarded block fails and
         the guard rolls back.
-      TypeError: Eagerly: `fn` is not callable, or what `watch` picks is not
-        a float value (the block fails).
+      TypeError: Eagerly: `fn` is not callable, or what `watch_result`
+        picks is not a float value (the block fails).
       RuntimeError: Called outside the guarded block.
     """
     return self._active("run").run(fetches, *args, **kwargs)
@@ -319,3 +356,38 @@ def _exception_types(catch):
       "catch must be an exception type or a tuple of them, got %r." % (catch,)
     )
   return types
+
+
+def _renamed_watch(runner, watch, watch_tensors, watch_result):
+  """{argument: (value, the name the user gave it)}: `watch` under its new name.
+
+  Raises:
+    TypeError: `watch` and its new name both given.
+  """
+  given = {
+    "watch_tensors": (watch_tensors, "watch_tensors"),
+    "watch_result": (watch_result, "watch_result"),
+  }
+  if watch is None:
+    return given
+  new = runner.watch_argument
+  if given[new][0] is not None:
+    raise TypeError(
+      "snapstore.Guard() got watch= and %s=; pass %s= only (watch= is its "
+      "deprecated name on this store)." % (new, new)
+    )
+  _deprecated(
+    "snapstore.Guard(watch=...)", "%s=..." % new, new, runner.store, 4
+  )
+  given[new] = (watch, "watch")
+  return given
+
+
+def _deprecated(old, new, meaning, store, stacklevel=3):
+  warnings.warn(
+    "%s is deprecated and will be removed in the next release: on this "
+    "store (engine %r) use %s, %s."
+    % (old, store.engine.name, new, _MEANS[meaning]),
+    DeprecationWarning,
+    stacklevel=stacklevel,
+  )
