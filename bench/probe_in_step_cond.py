@@ -24,7 +24,7 @@ import bench_eager  # noqa: E402  (this folder: the fit timer)
 
 import snapstore  # noqa: E402
 from snapstore import _tf  # noqa: E402
-from snapstore.training import eager_callback  # noqa: E402
+from snapstore.training import in_step_undo  # noqa: E402
 
 BATCHES = 100
 
@@ -38,7 +38,7 @@ def main(argv=None):
   keras = tf.keras
   stack = _tf.stack().replace(" (compat.v1 graph mode)", "")
   print("stack: %s; load average %.2f %.2f %.2f" % ((stack,) + os.getloadavg()))
-  kept = eager_callback.keep_cond_as_call
+  kept = in_step_undo.keep_cond_as_call
 
   def model():
     keras.utils.set_random_seed(0)
@@ -62,7 +62,7 @@ def main(argv=None):
   for r in range(args.warmup + args.rounds):
     for v in variants[r % 3 :] + variants[: r % 3]:
       # The wrapped step is traced in each fit: the switch takes effect there.
-      eager_callback.keep_cond_as_call = (
+      in_step_undo.keep_cond_as_call = (
         (lambda output: None) if v.endswith("lowered") else kept
       )
       timer = bench_eager.EpochTimer.make(keras, BATCHES)
@@ -80,7 +80,7 @@ def main(argv=None):
       )
       if r >= args.warmup:
         times[v] += timer.per_batch
-  eager_callback.keep_cond_as_call = kept
+  in_step_undo.keep_cond_as_call = kept
   bare_med, bare_min = np.median(times["bare"]), np.min(times["bare"])
   print(
     "%-28s %10s %10s %8s %8s" % ("", "median ms", "min ms", "x med", "x min")

@@ -29,7 +29,7 @@ infinite:
 backend, tf-keras, TF 2.15's Keras 2): it takes the eager way when eager
 execution is on at `on_train_begin`, with its own protocol (the snapshot
 before a failing batch is restored, so that batch alone is undone); see
-`snapstore/training/eager_callback.py`. What follows is the graph-mode
+`snapstore/training/in_step_undo.py`. What follows is the graph-mode
 protocol.
 
 How a rollback works. A snapshot is taken before a step runs (the step's
@@ -71,7 +71,7 @@ train op count as steps (other runs write no slot) and have their loss
 checked. In graph mode `SnapshotCallback` has no such mode: `model.fit` builds
 its own train function from the optimizer's updates, and there is no train op
 to hand it. In eager `fit` it has: `SnapshotCallback(in_step=True)` wraps the
-model's `train_step` (see `snapstore/training/eager_callback.py`).
+model's `train_step` (see `snapstore/training/in_step_undo.py`).
 
 Estimators: `Estimator.train` always adds its own `NanTensorHook`, which ends
 training on a NaN loss. It runs after your hooks, so `SnapshotHook` has rolled
@@ -93,7 +93,7 @@ from snapstore.core import distributed
 from snapstore import errors
 from snapstore.store import SnapshotStore
 from snapstore.engines.graph import in_step
-from snapstore.training import eager_callback
+from snapstore.training import in_step_undo
 
 
 class _Keeper(object):
@@ -423,7 +423,7 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
   2.15, tf-keras on TF 2.16+ with TF_USE_LEGACY_KERAS=1, in a program that
   chose graph mode; the session is `tf.keras.backend.get_session()`) or eager
   `fit` (Keras 3 with the TensorFlow backend, tf-keras, TF 2.15's Keras 2; see
-  `snapstore/training/eager_callback.py`). Under Keras 3 the class is a Keras
+  `snapstore/training/in_step_undo.py`). Under Keras 3 the class is a Keras
   3 callback, and making one in graph mode raises a RuntimeError.
 
   Args:
@@ -452,7 +452,7 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
       copy the state into a device slot inside every train step and roll a
       step whose logs[monitor] is not finite back inside that step, so that
       no batch hook does any copy and `steps_per_execution > 1` stays exact
-      (see "In-step mode" in `snapstore/training/eager_callback.py`). With a
+      (see "In-step mode" in `snapstore/training/in_step_undo.py`). With a
       store of your own, a device store (1 slot is enough).
     in_step_undo: With `in_step`, how a step is undone. "copy" (default):
       the whole state is read at each step's start, kept in the store's slot
@@ -529,17 +529,17 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
     super(SnapshotCallback, self).set_model(model)
     # tf-keras refuses batch hooks under ParameterServerStrategy (v2) unless
     # the callback takes the logs as they come, a RemoteValue: this one does
-    # (snapstore/training/eager_callback.py, "Parameter servers"). In-step,
+    # (snapstore/training/in_step_undo.py, "Parameter servers"). In-step,
     # it reads one value per batch: taking the logs as tensors spares tf-keras
     # converting each of them at every batch.
     self._supports_tf_logs = (
-      self._in_step is not None or eager_callback.uses_coordinator(model)
+      self._in_step is not None or in_step_undo.uses_coordinator(model)
     )
 
   def on_train_begin(self, logs=None):
     if builds_eagerly():
       if self._eager is None and self._in_step is not None:
-        self._eager = eager_callback.InStepKeeper(
+        self._eager = in_step_undo.InStepKeeper(
           self._store_arg,
           self._in_step,
           self._monitor,
@@ -549,7 +549,7 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
           self._in_step_undo,
         )
       elif self._eager is None:
-        self._eager = eager_callback.EagerKeeper(
+        self._eager = in_step_undo.EagerKeeper(
           self._store_arg,
           self._timer_args,
           self._monitor,
@@ -606,7 +606,7 @@ class SnapshotCallback(_Protocol, keras_callback_base()):
     if self._eagerly:
       self._eager.after_batch(logs)
       return
-    value = eager_callback.monitored_value(self._monitor, logs)
+    value = in_step_undo.monitored_value(self._monitor, logs)
     self._keeper.after_step(tf.keras.backend.get_session(), value)
 
 
