@@ -50,7 +50,7 @@ from snapstore.training.averages import MovingAverage
 from snapstore.training.averages import RunningMean
 from snapstore.training.guards import Guard
 from snapstore.training.guards import Trial
-from snapstore.training.hooks import SnapshotCallback
+from snapstore.training.keras_callback import SnapshotCallback
 from snapstore.training.hooks import SnapshotHook
 from snapstore.training.lookahead import Lookahead
 from snapstore.training.rollback_optimizer import RollbackOptimizer

@@ -724,3 +724,36 @@ def keras_steps_per_execution(model):
 
 
 # pylint: enable=protected-access
+
+
+# -- SnapshotCallback: Keras's fit, read and set here only ----------------------
+# pylint: disable=protected-access
+
+
+def schedules_on_coordinator(strategy):
+  """Whether Keras's `fit` schedules the steps of a model under `strategy` on
+  a `ClusterCoordinator` (`_should_use_with_coordinator`: True for
+  `ParameterServerStrategy` v2; False for None and every other strategy)."""
+  return bool(getattr(strategy, "_should_use_with_coordinator", False))
+
+
+def keras_fit_coordinator(model):
+  """The `ClusterCoordinator` Keras's `fit` schedules `model`'s steps on:
+  the one tf-keras's `fit` made (`model._cluster_coordinator`, one per
+  strategy, before `on_train_begin`), else the strategy's
+  (`cluster_coordinator`); None without one."""
+  coordinator = getattr(model, "_cluster_coordinator", None)
+  if coordinator is None:
+    coordinator = cluster_coordinator(model.distribute_strategy)
+  return coordinator
+
+
+def take_tensor_logs(callback, take):
+  """Whether tf-keras hands a callback's batch hooks the logs as they come
+  (tensors; a `RemoteValue` under `ParameterServerStrategy` v2, whose `fit`
+  refuses batch hooks of a callback that does not take them so) rather
+  than as numpy values (`Callback._supports_tf_logs`)."""
+  callback._supports_tf_logs = bool(take)
+
+
+# pylint: enable=protected-access

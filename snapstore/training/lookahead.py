@@ -72,7 +72,7 @@ from snapstore.engines.eager import copies as eager_copies
 from snapstore.engines.eager import distributed as eager_distributed
 from snapstore.engines.eager import device as eager_device
 from snapstore.store import SnapshotStore
-from snapstore.training import in_step_undo
+from snapstore.training import followers
 from snapstore.training.wrapped_optimizer import WrapperOptimizer
 
 SLOW = "slow"
@@ -606,12 +606,12 @@ def _callback_class(base):
   class LookaheadCallback(base):
     """Calls `KerasLookahead.update()` after every training batch, or lets
     a `SnapshotCallback` of the same `fit` call it after each batch it does
-    not roll back (`in_step_undo.follow_rollbacks`)."""
+    not roll back (`followers.follow_rollbacks`)."""
 
     def __init__(self, lookahead):
       super(LookaheadCallback, self).__init__()
       self.lookahead = lookahead
-      in_step_undo.follow_rollbacks(self)
+      followers.follow_rollbacks(self)
 
     def on_train_begin(self, logs=None):
       del logs
@@ -619,7 +619,7 @@ def _callback_class(base):
 
     def on_train_batch_end(self, batch, logs=None):
       del batch, logs
-      if not in_step_undo.is_led(self):
+      if not followers.is_led(self):
         self.lookahead.update()
 
     def rollback_variables(self):

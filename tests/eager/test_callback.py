@@ -183,7 +183,7 @@ def test_the_callbacks_bookkeeping_stays_within_the_stores_snapshots():
   callback = snapstore.SnapshotCallback(every_n_batches=1)
   _fit(model, x, y, [callback], epochs=3)
   assert callback.snapshots >= 3 * NB
-  keeper = callback._eager
+  keeper = callback._keeper
   assert len(keeper._tags) <= callback.store.max_to_keep
   assert set(t for t, _ in keeper._tags) == set(callback.store.tags())
   assert len(keeper._metric_copies) <= callback.store.max_to_keep
@@ -775,7 +775,7 @@ def test_skip_puts_back_what_the_step_writes_outside_the_update():
   model = _compiled()
   callback = snapstore.SnapshotCallback(in_step=True, in_step_undo="skip")
   _fit(model, x, y, [callback], epochs=1)
-  restored = set(_tf_names(callback._eager._restored))  # pylint: disable=protected-access
+  restored = set(_tf_names(callback._keeper._undo._restored))  # pylint: disable=protected-access
   metrics = set(_tf_names(v for m in model.metrics for v in m.variables))
   assert metrics and metrics <= restored
   bn = model.get_layer("bn")
