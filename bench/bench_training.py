@@ -20,7 +20,7 @@ step. Measured, as time per training step:
   in-step packed, every step    the same with a store built with pack=True:
                                 one concatenation and assign per dtype
   in-step if finite, every step snapshot_before(..., if_finite=loss), what
-                                SnapshotHook(in_step=...) runs: the copy only
+                                SnapshotHook(in_step_tag=...) runs: the copy only
                                 after a finite loss
   in-step, minimize inside      store.slots.snapshot_before(lambda: opt.minimize(loss)):
                                 the gradients are built inside, so they wait

@@ -173,7 +173,7 @@ def _in_step_model(use_resource=False, if_finite=True):
 
 
 class InStepHookTest(tf.test.TestCase, parameterized.TestCase):
-  """SnapshotHook(in_step=tag): the train op's run snapshots if the loss is finite."""
+  """SnapshotHook(in_step_tag=tag): the train op's run snapshots if the loss is finite."""
 
   @parameterized.named_parameters(*helpers.kind_cases())
   def test_rolls_back_to_the_last_finite_step_with_no_run_of_its_own(
@@ -182,7 +182,7 @@ class InStepHookTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       model, store, train_op = _in_step_model(use_resource)
       hook = snapstore.SnapshotHook(
-        store, loss=model.loss, in_step="before_step"
+        store, loss=model.loss, in_step_tag="before_step"
       )
       counter = helpers.CountingHook()
       scales = [1.0, 1.0, 1.0, np.nan, 1.0, np.inf, np.nan, 1.0, 1.0]
@@ -229,7 +229,7 @@ class InStepHookTest(tf.test.TestCase, parameterized.TestCase):
       hook = snapstore.SnapshotHook(
         store,
         loss=model.loss,
-        in_step="before_step",
+        in_step_tag="before_step",
         max_consecutive_rollbacks=1,
         on_rollback=calls.append,
       )
@@ -254,7 +254,7 @@ class InStepHookTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       model, store, train_op = _in_step_model()
       hook = snapstore.SnapshotHook(
-        store, loss=model.loss, in_step="before_step"
+        store, loss=model.loss, in_step_tag="before_step"
       )
       with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
         with helpers.assert_raises_naming(
@@ -265,6 +265,52 @@ class InStepHookTest(tf.test.TestCase, parameterized.TestCase):
         ):
           sess.run(train_op, {model.scale: np.nan})
       self.assertEqual(hook.rollbacks, 0)
+
+
+class DeprecatedInStepTest(tf.test.TestCase):
+  """`SnapshotHook(in_step=tag)`: the old spelling of `in_step_tag=`, warned."""
+
+  def test_in_step_warns_and_rolls_back_as_in_step_tag(self):
+    with tf.Graph().as_default():
+      model, store, train_op = _in_step_model()
+      with self.assertWarnsRegex(
+        DeprecationWarning,
+        r"SnapshotHook\(in_step='before_step'\) is deprecated; pass "
+        r"in_step_tag='before_step'",
+      ):
+        hook = snapstore.SnapshotHook(
+          store, loss=model.loss, in_step="before_step"
+        )
+      with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        raw = sess._tf_sess()  # pylint: disable=protected-access
+        sess.run(train_op)
+        sess.run(train_op, {model.scale: np.nan})
+        # Back to the start of step 0, the newest step whose loss was finite.
+        helpers.assert_state(
+          th.state(store, raw), th.linear_state(th.momentum_steps(0)[0])
+        )
+      self.assertEqual(hook.rollbacks, 1)
+      self.assertEqual(hook.snapshots, 0)
+      self.assertEqual(hook.trusted, "before_step")
+
+  def test_in_step_is_checked_as_in_step_tag(self):
+    with tf.Graph().as_default():
+      model, store, _ = _in_step_model()
+    with self.assertWarns(DeprecationWarning):
+      with helpers.assert_raises_naming(
+        self, ValueError, "in_step_tag='before_step'", "pass loss="
+      ):
+        snapstore.SnapshotHook(store, in_step="before_step")
+
+  def test_both_spellings_are_refused(self):
+    with tf.Graph().as_default():
+      model, store, _ = _in_step_model()
+    with helpers.assert_raises_naming(
+      self, TypeError, "in_step is the old name of in_step_tag"
+    ):
+      snapstore.SnapshotHook(
+        store, loss=model.loss, in_step_tag="a", in_step="before_step"
+      )
 
 
 class SnapshotHookErrorsTest(tf.test.TestCase):
@@ -339,15 +385,15 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
     ):
       self._begin(snapstore.SnapshotHook(one_slot, every_n_steps=1), tf.Graph())
 
-  # -- in_step ---------------------------------------------------------------------
+  # -- in_step_tag ---------------------------------------------------------------------
 
   def test_in_step_needs_a_loss(self):
     with tf.Graph().as_default():
       _, store, _ = _in_step_model()
     with helpers.assert_raises_naming(
-      self, ValueError, "in_step='before_step'", "pass loss=", "if_finite"
+      self, ValueError, "in_step_tag='before_step'", "pass loss=", "if_finite"
     ):
-      snapstore.SnapshotHook(store, in_step="before_step")
+      snapstore.SnapshotHook(store, in_step_tag="before_step")
 
   def test_in_step_takes_no_period(self):
     with tf.Graph().as_default():
@@ -357,7 +403,7 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
         self, ValueError, "snapshots in its own run", "Pass neither"
       ):
         snapstore.SnapshotHook(
-          store, loss=model.loss, in_step="before_step", **period
+          store, loss=model.loss, in_step_tag="before_step", **period
         )
 
   def test_in_step_must_be_a_tag(self):
@@ -366,7 +412,7 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
     with helpers.assert_raises_naming(
       self, TypeError, "A tag must be an int or a non-empty string, got ''"
     ):
-      snapstore.SnapshotHook(store, loss=model.loss, in_step="")
+      snapstore.SnapshotHook(store, loss=model.loss, in_step_tag="")
 
   def test_in_step_tag_no_train_op_snapshots_under(self):
     graph = tf.Graph()
@@ -375,13 +421,14 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
     with helpers.assert_raises_naming(
       self,
       ValueError,
-      "in_step='other'",
+      "in_step_tag='other'",
       "no train op of the store",
       "pinned tags: \\['before_step'\\]",
       "snapshot_before\\(update, tag='other', if_finite=loss\\)",
     ):
       self._begin(
-        snapstore.SnapshotHook(store, loss=model.loss, in_step="other"), graph
+        snapstore.SnapshotHook(store, loss=model.loss, in_step_tag="other"),
+        graph,
       )
 
   def test_in_step_train_op_built_without_if_finite(self):
@@ -396,7 +443,9 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
       "if_finite=loss",
     ):
       self._begin(
-        snapstore.SnapshotHook(store, loss=model.loss, in_step="before_step"),
+        snapstore.SnapshotHook(
+          store, loss=model.loss, in_step_tag="before_step"
+        ),
         graph,
       )
 
@@ -413,7 +462,8 @@ class SnapshotHookErrorsTest(tf.test.TestCase):
       "same tensor",
     ):
       self._begin(
-        snapstore.SnapshotHook(store, loss=other, in_step="before_step"), graph
+        snapstore.SnapshotHook(store, loss=other, in_step_tag="before_step"),
+        graph,
       )
 
 

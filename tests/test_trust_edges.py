@@ -442,7 +442,7 @@ class InStepHookAcrossRecoveryTest(tf.test.TestCase):
     graph, model, store, train_op = _in_step(if_finite=True)
     with graph.as_default():
       hook = snapstore.SnapshotHook(
-        store, loss=model.loss, in_step="before_step"
+        store, loss=model.loss, in_step_tag="before_step"
       )
       with tf.train.MonitoredTrainingSession(
         hooks=[_AbortOnce(at=2), hook]

@@ -34,7 +34,7 @@ class GraphFitKeeper(fit_keeper.FitKeeper):
       raise ValueError(
         "in_step= is for eager fit; in graph mode, build the train op with "
         "store.slots.snapshot_before(..., if_finite=loss) and train it under "
-        "SnapshotHook(store, loss=loss, in_step=tag)."
+        "SnapshotHook(store, loss=loss, in_step_tag=tag)."
       )
     if options.backoff is not None:
       raise ValueError(

@@ -43,7 +43,7 @@ A snapshot in every step, in the step's own run. `store.snapshot()` costs a
 if_finite=loss)` copies the variables into a device slot in its run when the
 loss is finite (see `snapstore/engines/graph/in_step.py`), so the slot always
 holds the parameters of the newest step whose loss was finite: exactly the
-trusted snapshot. With `in_step=` the hook uses it and takes no snapshot
+trusted snapshot. With `in_step_tag=` the hook uses it and takes no snapshot
 and no `session.run` of its own (a rollback is one run of the restore):
 
     grads = opt.compute_gradients(loss)
@@ -52,7 +52,7 @@ and no `session.run` of its own (a rollback is one run of the restore):
                                     include_global_step=True)  # 1 slot is enough
     train_op = store.slots.snapshot_before(
         lambda: opt.apply_gradients(grads, global_step=step), if_finite=loss)
-    hook = snapstore.SnapshotHook(store, loss=loss, in_step="before_step")
+    hook = snapstore.SnapshotHook(store, loss=loss, in_step_tag="before_step")
 
 The slot is trusted after the first step whose loss is finite; a NaN or
 infinite loss before that raises `NonFiniteError`. That holds per session: a
@@ -67,6 +67,8 @@ the variables back by then, but `train()` still stops with
 `NanLossDuringTrainingError` (an infinite loss is rolled back and training
 goes on).
 """
+
+import warnings
 
 from snapstore._tf import tf
 from snapstore.core import checks
@@ -86,7 +88,7 @@ class SnapshotHook(protocol.Protocol, tf.train.SessionRunHook):
     store: A `SnapshotStore`, or a function of no arguments returning one,
       called in `begin()`, when the graph is complete but not finalized (how
       to use the hook with an Estimator, whose graph is built in `model_fn`).
-      With a `loss` and no `in_step`, the store must keep 2 snapshots.
+      With a `loss` and no `in_step_tag`, the store must keep 2 snapshots.
     every_n_steps: Snapshot every this many runs of the session.
     every_n_secs: Or: snapshot when this many seconds have passed.
     loss: The tensor to check after each run: a float `Tensor`, a tensor name
@@ -96,22 +98,25 @@ class SnapshotHook(protocol.Protocol, tf.train.SessionRunHook):
       rollbacks without a finite loss in between; None: never.
     on_rollback: A function called with the (raw) session after each rollback,
       e.g. to lower a learning rate.
-    in_step: Instead of `every_n_steps`/`every_n_secs`: the tag of a train
-      op from `store.slots.snapshot_before(update, tag=in_step,
+    in_step_tag: Instead of `every_n_steps`/`every_n_secs`: the tag of a train
+      op from `store.slots.snapshot_before(update, tag=in_step_tag,
       if_finite=loss)`, whose own run snapshots when its loss is finite. The
       hook takes no snapshot and checks only the runs that fetch that train
       op.
+    in_step: Deprecated spelling of `in_step_tag` (a `DeprecationWarning`);
+      removed in the next release.
 
   Raises:
     ValueError: Both or neither of `every_n_steps` and `every_n_secs` (without
-      `in_step`), or non-positive values; `in_step` without `loss`,
+      `in_step_tag`), or non-positive values; `in_step_tag` without `loss`,
       or with `every_n_steps` or `every_n_secs`. In `begin()`: an
-      `in_step` that no train op of the store snapshots under, one built
+      `in_step_tag` that no train op of the store snapshots under, one built
       without `if_finite`, or with another tensor than `loss`; a task that
       is not the chief of a `ParameterServerStrategy` v1 cluster (its
       snapshots would overwrite the chief's: give the hook to the chief only).
     TypeError: A store that is neither a `SnapshotStore` nor callable, a bad
-      `loss`, `on_rollback` or `in_step`.
+      `loss`, `on_rollback` or `in_step_tag`; both `in_step_tag` and
+      `in_step`.
   """
 
   def __init__(
@@ -122,8 +127,11 @@ class SnapshotHook(protocol.Protocol, tf.train.SessionRunHook):
     loss=None,
     max_consecutive_rollbacks=3,
     on_rollback=None,
+    in_step_tag=None,
+    *,
     in_step=None,
   ):
+    in_step_tag = _renamed_in_step(in_step, in_step_tag)
     if not (
       loss is None or isinstance(loss, (tf.Tensor, str)) or callable(loss)
     ):
@@ -131,19 +139,19 @@ class SnapshotHook(protocol.Protocol, tf.train.SessionRunHook):
         "loss must be a tensor, a tensor name or a function "
         "returning a tensor, got %r." % (loss,)
       )
-    if in_step is not None:
-      in_step = checks.tag(in_step)
+    if in_step_tag is not None:
+      in_step_tag = checks.tag(in_step_tag)
       if loss is None:
         raise ValueError(
-          "SnapshotHook(in_step=%r) rolls back when a step's loss is not "
+          "SnapshotHook(in_step_tag=%r) rolls back when a step's loss is not "
           "finite: pass loss=, the tensor given to snapshot_before(..., "
-          "if_finite=)." % (in_step,)
+          "if_finite=)." % (in_step_tag,)
         )
       if every_n_steps is not None or every_n_secs is not None:
         raise ValueError(
-          "SnapshotHook(in_step=%r): the train op snapshots in its own "
+          "SnapshotHook(in_step_tag=%r): the train op snapshots in its own "
           "run, so the hook takes no snapshots and every_n_steps/every_n_secs "
-          "do not apply. Pass neither." % (in_step,)
+          "do not apply. Pass neither." % (in_step_tag,)
         )
     self._configure(
       store,
@@ -153,13 +161,13 @@ class SnapshotHook(protocol.Protocol, tf.train.SessionRunHook):
       "every_n_steps",
       max_consecutive_rollbacks,
       on_rollback,
-      timed=in_step is None,
+      timed=in_step_tag is None,
     )
     self._stores = step_keeper.StorePerGraph("SnapshotHook")
     self._store_arg = store
     self._loss_arg = loss
     self._loss = None
-    self._in_step = in_step
+    self._in_step_tag = in_step_tag
     self._in_step_ops = None  # the train ops snapshotting under the tag
     self._checked = False  # whether this run is one the hook checks
 
@@ -168,8 +176,8 @@ class SnapshotHook(protocol.Protocol, tf.train.SessionRunHook):
     graph = tf.get_default_graph()
     store = self._stores.get(self._store_arg, graph, self._store_arg)
     self._loss = _resolve_loss(self._loss_arg, graph)
-    if self._in_step is not None:
-      self._in_step_ops = _in_step_ops(store, self._in_step, self._loss)
+    if self._in_step_tag is not None:
+      self._in_step_ops = _in_step_ops(store, self._in_step_tag, self._loss)
     timer = (
       tf.train.SecondOrStepTimer(*self._timer_args)
       if self._timer_args is not None
@@ -181,12 +189,12 @@ class SnapshotHook(protocol.Protocol, tf.train.SessionRunHook):
       self._loss is not None,
       self._max_consecutive,
       self._on_rollback,
-      self._in_step,
+      self._in_step_tag,
     )
 
   def after_create_session(self, session, coord):
     del session, coord
-    if self._in_step is not None:
+    if self._in_step_tag is not None:
       # A new session (MonitoredTrainingSession's recovery makes one) has a
       # slot of its own, holding what its initializer gave it: no step of
       # this session has vouched for it yet.
@@ -213,19 +221,42 @@ class SnapshotHook(protocol.Protocol, tf.train.SessionRunHook):
       self._keeper.after_step(run_context.session, run_values.results)
 
 
+def _renamed_in_step(in_step, in_step_tag):
+  """`in_step_tag`, or the deprecated `in_step` given for it (warned).
+
+  Raises:
+    TypeError: Both given.
+  """
+  if in_step is None:
+    return in_step_tag
+  if in_step_tag is not None:
+    raise TypeError(
+      "SnapshotHook got in_step_tag=%r and in_step=%r; in_step is the old "
+      "name of in_step_tag: pass in_step_tag only." % (in_step_tag, in_step)
+    )
+  warnings.warn(
+    "SnapshotHook(in_step=%r) is deprecated; pass in_step_tag=%r (the tag "
+    "the train op from store.slots.snapshot_before snapshots under). "
+    "in_step= will be removed in the next release." % (in_step, in_step),
+    DeprecationWarning,
+    stacklevel=3,
+  )
+  return in_step
+
+
 def _in_step_ops(store, tag, loss):
   """The train ops snapshotting under `tag` when `loss` is finite, checked."""
   try:
     slots = store.slots
   except errors.ModeError as e:
     raise ValueError(
-      "SnapshotHook(in_step=%r) needs a train op that snapshots into a "
+      "SnapshotHook(in_step_tag=%r) needs a train op that snapshots into a "
       "device slot in its run (store.slots.snapshot_before): %s" % (tag, e)
     )
   ops = slots.in_step_ops(tag)
   if not ops:
     raise ValueError(
-      "SnapshotHook(in_step=%r): no train op of the store snapshots "
+      "SnapshotHook(in_step_tag=%r): no train op of the store snapshots "
       "under that tag in its run (its pinned tags: %s). Build the train op "
       "with store.slots.snapshot_before(update, tag=%r, if_finite=loss)."
       % (tag, slots.pinned(), tag)
@@ -234,14 +265,14 @@ def _in_step_ops(store, tag, loss):
     condition = slots.in_step_condition(op)
     if condition is None:
       raise ValueError(
-        "SnapshotHook(in_step=%r): train op %s writes the slot in every "
+        "SnapshotHook(in_step_tag=%r): train op %s writes the slot in every "
         "run, also when the loss is not finite, so the slot could hold the "
         "parameters that gave it. Build the train op with "
         "store.slots.snapshot_before(..., if_finite=loss)." % (tag, op.name)
       )
     if condition.name != loss.name:
       raise ValueError(
-        "SnapshotHook(in_step=%r): the hook checks the loss %s, but train "
+        "SnapshotHook(in_step_tag=%r): the hook checks the loss %s, but train "
         "op %s snapshots when %s is finite. Pass the same tensor as loss= and "
         "as if_finite=, so that the slot holds parameters whose checked loss "
         "was finite." % (tag, loss.name, op.name, condition.name)

@@ -18,6 +18,8 @@ and hands it every callback method. The protocol is `SnapshotHook`'s
 docs/design/callback.md.
 """
 
+import warnings
+
 from snapstore._tf import keras_callback_base
 from snapstore._tf import take_tensor_logs
 from snapstore.core import checks
@@ -38,7 +40,7 @@ _KEEPERS = {
   ("eager", True): in_step_keeper.InStepKeeper,
 }
 
-# The tag of the in-step slot of `in_step=True`.
+# The tag of the in-step slot unless `in_step_tag` names one.
 _IN_STEP_TAG = "before_step"
 
 
@@ -76,12 +78,13 @@ class SnapshotCallback(protocol.Protocol, keras_callback_base()):
       variable) by this factor, 0 < backoff, at each rollback. Checked at
       `on_train_begin`.
     in_step: Eager `fit` only, instead of `every_n_batches`/`every_n_secs`:
-      True (or the tag to pin the slot under; True means "before_step") to
-      copy the state into a device slot inside every train step and roll a
-      step whose logs[monitor] is not finite back inside that step, so that
-      no batch hook does any copy and `steps_per_execution > 1` stays exact
-      (see docs/design/callback.md, "In-step mode"). With a store of your
-      own, a device store (1 slot is enough).
+      True to copy the state into a device slot inside every train step and
+      roll a step whose logs[monitor] is not finite back inside that step,
+      so that no batch hook does any copy and `steps_per_execution > 1`
+      stays exact (see docs/design/callback.md, "In-step mode"). With a
+      store of your own, a device store (1 slot is enough). A tag here is
+      the deprecated spelling of `in_step=True, in_step_tag=<tag>` (a
+      `DeprecationWarning`; removed in the next release).
     in_step_undo: With `in_step`, how a step is undone. "copy" (default):
       the whole state is read at each step's start, kept in the store's slot
       when the logged value is finite (the start of the newest such step)
@@ -100,13 +103,19 @@ class SnapshotCallback(protocol.Protocol, keras_callback_base()):
       Keras's own train step, a `monitor` that is one of its metrics
       ("loss"), no strategy but the default one or `OneDeviceStrategy`, and
       no store or tag of your own.
+    in_step_tag: With `in_step=True`: the tag the slot is pinned under
+      (default "before_step"), as `SnapshotHook(in_step_tag=)` names the
+      train op's.
+
   Raises:
     ValueError: Both or neither of `every_n_batches` and `every_n_secs`
       (without `in_step`); a `backoff` that is not > 0; `in_step` with
-      `every_n_batches`, `every_n_secs` or `monitor=None`; an
-      `in_step_undo` that is not "copy" or "skip", or "skip" without
-      `in_step=True` or with a store of your own.
-    TypeError: A bad `store`, `on_rollback`, `backoff` or `in_step`.
+      `every_n_batches`, `every_n_secs` or `monitor=None`; `in_step_tag`
+      without `in_step=True`; an `in_step_undo` that is not "copy" or
+      "skip", or "skip" without `in_step=True`, or with a store or an
+      `in_step_tag` of your own.
+    TypeError: A bad `store`, `on_rollback`, `backoff`, `in_step` or
+      `in_step_tag`; both `in_step_tag` and a tag as `in_step`.
     RuntimeError: Made in graph mode where `tf.keras` is Keras 3, which has
       no graph mode.
   """
@@ -122,13 +131,15 @@ class SnapshotCallback(protocol.Protocol, keras_callback_base()):
     backoff=None,
     in_step=False,
     in_step_undo="copy",
+    in_step_tag=None,
   ):
-    on = in_step is not False and in_step is not None
-    _KEEPERS[(choice.new_engine().name, on)].check_made()
+    in_step, in_step_tag = _renamed_in_step(in_step, in_step_tag)
+    _KEEPERS[(choice.new_engine().name, in_step)].check_made()
     super(SnapshotCallback, self).__init__()
-    in_step_undo = _in_step_undo(in_step_undo, in_step, store)
-    in_step_tag = _in_step_tag(in_step, every_n_batches, every_n_secs, monitor)
-    in_step = in_step_tag is not None
+    in_step_undo = _in_step_undo(in_step_undo, in_step, in_step_tag, store)
+    in_step_tag = _in_step_tag(
+      in_step, in_step_tag, every_n_batches, every_n_secs, monitor
+    )
     self._configure(
       store,
       True,
@@ -191,38 +202,75 @@ class SnapshotCallback(protocol.Protocol, keras_callback_base()):
     self._keeper.after_batch(batch, logs)
 
 
-def _in_step_undo(undo, in_step, store):
+def _renamed_in_step(in_step, in_step_tag):
+  """(in_step, in_step_tag), the deprecated tag as `in_step` moved (warned).
+
+  Raises:
+    TypeError: A tag as `in_step` and `in_step_tag` too; a bad tag.
+  """
+  if in_step is None or isinstance(in_step, bool):
+    return bool(in_step), in_step_tag
+  tag = checks.tag(in_step)
+  if in_step_tag is not None:
+    raise TypeError(
+      "SnapshotCallback got in_step=%r and in_step_tag=%r: a tag as in_step "
+      "is the old spelling of in_step=True, in_step_tag=<tag>. Pass "
+      "in_step=True, in_step_tag=%r." % (in_step, in_step_tag, in_step_tag)
+    )
+  warnings.warn(
+    "SnapshotCallback(in_step=%r) is deprecated: in_step is True or False; "
+    "pass in_step=True, in_step_tag=%r. A tag as in_step will be refused "
+    "in the next release." % (tag, tag),
+    DeprecationWarning,
+    stacklevel=3,
+  )
+  return True, tag
+
+
+def _in_step_undo(undo, in_step, in_step_tag, store):
   """SnapshotCallback's `in_step_undo`, checked against its other arguments."""
   if undo not in in_step_undo.WAYS:
     raise ValueError(
       "Invalid in_step_undo %r; must be one of %s."
       % (undo, ", ".join(sorted(in_step_undo.WAYS)))
     )
-  if undo == "skip" and (store is not None or in_step is not True):
+  if undo == "skip" and (
+    store is not None or not in_step or in_step_tag is not None
+  ):
+    got = ["in_step=%r" % (in_step,)]
+    if in_step_tag is not None:
+      got.append("in_step_tag=%r" % (in_step_tag,))
+    if store is not None:
+      got.append("a store")
     raise ValueError(
       "in_step_undo='skip' undoes a step by not applying its update and "
       "copies nothing, so it needs in_step=True, with no store and no tag "
-      "of your own (got in_step=%r%s). For a slot you can restore, use "
-      "in_step_undo='copy'."
-      % (in_step, " and a store" if store is not None else "")
+      "of your own (got %s). For a slot you can restore, use "
+      "in_step_undo='copy'." % " and ".join(got)
     )
   return undo
 
 
-def _in_step_tag(in_step, every_n_batches, every_n_secs, monitor):
-  """SnapshotCallback's `in_step`: the slot's tag, or None; checked."""
-  if in_step is False or in_step is None:
+def _in_step_tag(in_step, tag, every_n_batches, every_n_secs, monitor):
+  """The in-step slot's tag (None without `in_step`), checked with the
+  options it excludes and needs."""
+  if not in_step:
+    if tag is not None:
+      raise ValueError(
+        "SnapshotCallback(in_step_tag=%r) names the slot of in-step "
+        "snapshots: pass in_step=True too, or leave in_step_tag out." % (tag,)
+      )
     return None
-  tag = _IN_STEP_TAG if in_step is True else checks.tag(in_step)
+  tag = _IN_STEP_TAG if tag is None else checks.tag(tag)
   if every_n_batches is not None or every_n_secs is not None:
     raise ValueError(
-      "SnapshotCallback(in_step=%r): every train step copies into the slot, "
-      "so every_n_batches/every_n_secs do not apply. Pass neither." % (in_step,)
+      "SnapshotCallback(in_step=True): every train step copies into the "
+      "slot, so every_n_batches/every_n_secs do not apply. Pass neither."
     )
   if monitor is None:
     raise ValueError(
-      "SnapshotCallback(in_step=%r) rolls back a step whose logs[monitor] is "
-      "not finite: pass monitor= (e.g. 'loss'), or use every_n_batches= for "
-      "snapshots without rollback." % (in_step,)
+      "SnapshotCallback(in_step=True) rolls back a step whose logs[monitor] "
+      "is not finite: pass monitor= (e.g. 'loss'), or use every_n_batches= "
+      "for snapshots without rollback."
     )
   return tag

@@ -84,7 +84,7 @@ class Protocol(object):
   @property
   def snapshots(self):
     """Snapshots taken since training started (0 when the train step
-    takes them: `in_step`)."""
+    takes them: `in_step_tag`, `in_step`)."""
     return self._keeper.snapshots if self._keeper else 0
 
   @property

@@ -864,13 +864,43 @@ def test_in_step_with_a_store_of_your_own_restores_the_metrics_too():
   clean = _compiled(4)
   _fit(clean, *_without(x, y, 3))
   model = _compiled(4)
-  callback = snapstore.SnapshotCallback(_store_without_metrics, in_step="ok")
+  callback = snapstore.SnapshotCallback(
+    _store_without_metrics, in_step=True, in_step_tag="ok"
+  )
   history = _fit(model, x, y, [callback])
   assert callback.rollbacks == 2
   assert not any(k.startswith("metrics/") for k in callback.store.keys)
   assert callback.store.slots.pinned() == ["ok"]
   common.assert_bits_equal(_state(clean), _state(model))
   assert np.all(np.isfinite(history.history["loss"]))
+
+
+def test_a_tag_as_in_step_is_deprecated_and_means_in_step_tag():
+  # in_step is True or False; the slot's tag is in_step_tag. The old
+  # spelling, a tag as in_step, warns and fits as the new one does.
+  x, y = _data(3)
+  new = _compiled(4)
+  _fit(
+    new,
+    x,
+    y,
+    [
+      snapstore.SnapshotCallback(
+        _store_without_metrics, in_step=True, in_step_tag="ok"
+      )
+    ],
+  )
+  model = _compiled(4)
+  with pytest.warns(
+    DeprecationWarning,
+    match=r"SnapshotCallback\(in_step='ok'\) is deprecated: in_step is True "
+    r"or False; pass in_step=True, in_step_tag='ok'",
+  ):
+    callback = snapstore.SnapshotCallback(_store_without_metrics, in_step="ok")
+  _fit(model, x, y, [callback])
+  assert callback.rollbacks == 2
+  assert callback.store.slots.pinned() == ["ok"]
+  common.assert_bits_equal(_state(new), _state(model))
 
 
 @pytest.mark.parametrize("undo", UNDO)
@@ -1109,17 +1139,29 @@ def test_in_step_store_function_must_return_a_store():
     (dict(every_n_batches=1), ValueError, "every_n_batches/every_n_secs do"),
     (dict(every_n_secs=1.0), ValueError, "every_n_batches/every_n_secs do"),
     (dict(monitor=None), ValueError, r"pass monitor= \(e.g. 'loss'\)"),
-    (dict(in_step=""), TypeError, "A tag must be an int or a non-empty"),
+    (dict(in_step_tag=""), TypeError, "A tag must be an int or a non-empty"),
     (
       dict(in_step_undo="fast"),
       ValueError,
       "Invalid in_step_undo 'fast'; must be one of copy, skip",
     ),
     (
-      dict(in_step_undo="skip", in_step="mine"),
+      dict(in_step_undo="skip", in_step_tag="mine"),
       ValueError,
       r"copies nothing, so it needs in_step=True, with no store and no tag "
-      r"of your own \(got in_step='mine'\)",
+      r"of your own \(got in_step=True and in_step_tag='mine'\)",
+    ),
+    (
+      dict(in_step=False, in_step_tag="mine"),
+      ValueError,
+      r"in_step_tag='mine'\) names the slot of in-step snapshots: pass "
+      r"in_step=True too",
+    ),
+    (
+      dict(in_step="mine", in_step_tag="other"),
+      TypeError,
+      r"a tag as in_step is the old spelling of in_step=True, "
+      r"in_step_tag=<tag>",
     ),
     (
       dict(in_step_undo="skip", in_step=False),
