@@ -54,7 +54,8 @@ from snapstore.training.keras_callback import SnapshotCallback
 from snapstore.training.hooks import SnapshotHook
 from snapstore.training.lookahead import Lookahead
 from snapstore.training.rollback_optimizer import RollbackOptimizer
-from snapstore.engines.graph.in_step import create_slots
+from snapstore.engines.graph.in_step import create_optimizer_slots
+from snapstore.engines.graph.in_step import create_slots  # deprecated
 
 __all__ = [
   "__version__",
@@ -96,6 +97,7 @@ __all__ = [
   "TrialError",
   "UnknownTagError",
   "clone",
+  "create_optimizer_slots",
   "create_slots",
   "open_spill",
 ]

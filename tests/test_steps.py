@@ -2,6 +2,7 @@
 
 import contextlib
 from unittest import mock
+import warnings
 
 from absl.testing import parameterized
 import numpy as np
@@ -1266,12 +1267,12 @@ class BatchNormTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(np.array_equal(value, was), not pass_updates)
 
 
-class CreateSlotsTest(tf.test.TestCase):
+class CreateOptimizerSlotsTest(tf.test.TestCase):
   def test_it_makes_adams_state_that_apply_gradients_then_uses(self):
     with tf.Graph().as_default():
       w = tf.Variable([1.0, 2.0], name="w")
       opt = tf.train.AdamOptimizer(0.1)
-      made = snapstore.create_slots(opt, [w])
+      made = snapstore.create_optimizer_slots(opt, [w])
       self.assertCountEqual(
         [v.op.name for v in made],
         ["w/Adam", "w/Adam_1", "beta1_power", "beta2_power"],
@@ -1283,16 +1284,38 @@ class CreateSlotsTest(tf.test.TestCase):
     with tf.Graph().as_default():
       w = tf.Variable([1.0], name="w")
       with helpers.assert_raises_naming(self, TypeError, "tf.train.Optimizer"):
-        snapstore.create_slots(object(), [w])
+        snapstore.create_optimizer_slots(object(), [w])
 
   def test_no_variables_are_refused(self):
     with helpers.assert_raises_naming(self, ValueError, "got none"):
-      snapstore.create_slots(tf.train.AdamOptimizer(0.1), [])
+      snapstore.create_optimizer_slots(tf.train.AdamOptimizer(0.1), [])
 
   def test_a_non_variable_is_refused(self):
     with tf.Graph().as_default():
       with helpers.assert_raises_naming(self, TypeError, "takes variables"):
-        snapstore.create_slots(tf.train.AdamOptimizer(0.1), [tf.constant(1.0)])
+        snapstore.create_optimizer_slots(
+          tf.train.AdamOptimizer(0.1), [tf.constant(1.0)]
+        )
+
+  def test_create_slots_is_the_deprecated_name(self):
+    # Kept for one release: it warns, naming the new name, and does the same.
+    with tf.Graph().as_default():
+      w = tf.Variable([1.0, 2.0], name="w")
+      opt = tf.train.AdamOptimizer(0.1)
+      with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        made = snapstore.create_slots(opt, [w])
+      self.assertEqual(
+        [w.category for w in caught], [DeprecationWarning], caught
+      )
+      self.assertRegex(
+        str(caught[0].message),
+        r"snapstore.create_slots is deprecated.*"
+        r"snapstore.create_optimizer_slots\(optimizer, var_list\)",
+      )
+      self.assertEqual(caught[0].filename, __file__)  # the caller's line
+      self.assertCountEqual(opt.variables(), made)
+      self.assertEqual(len(made), 4)
 
 
 if __name__ == "__main__":

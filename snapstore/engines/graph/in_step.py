@@ -5,7 +5,7 @@ a `session.run` of its own when taken with `store.snapshot()`. Put in the step
 instead, it is one more group of copies in the run the step makes anyway:
 
     grads = opt.compute_gradients(loss)                  # outside: in parallel
-    snapstore.create_slots(opt, [v for g, v in grads if g is not None])
+    snapstore.create_optimizer_slots(opt, [v for g, v in grads if g is not None])
     store = snapstore.SnapshotStore(scope="net", optimizer=opt,
                                     include_global_step=True)
     train_op = store.slots.snapshot_before(                    # with the copy
@@ -15,8 +15,9 @@ instead, it is one more group of copies in the run the step makes anyway:
     store.restore("before_step")         # undoes the last step, bit for bit
 
 A store with `optimizer=` needs the optimizer's slots to exist when it is
-built, and the train op is built after the store: `create_slots(opt,
-var_list)` makes them first, as `apply_gradients` would.
+built, and the train op is built after the store:
+`create_optimizer_slots(opt, var_list)` makes them first, as
+`apply_gradients` would.
 
 The rule: the update is built by a function called under
 `tf.control_dependencies([store.slots.snapshot_op(slot)])`, so every op it creates
@@ -69,6 +70,7 @@ copy made under the gate's control input.
 """
 
 import collections
+import warnings
 
 import numpy as np
 
@@ -89,7 +91,7 @@ from snapstore.engines.graph import subgraph
 from snapstore.core import writers
 
 
-def create_slots(optimizer, var_list):
+def create_optimizer_slots(optimizer, var_list):
   """Creates `optimizer`'s state for `var_list` now, as `apply_gradients` would.
 
   So that a `SnapshotStore(optimizer=optimizer)` covering that state can be
@@ -111,21 +113,41 @@ def create_slots(optimizer, var_list):
   """
   if not isinstance(optimizer, tf.train.Optimizer):
     raise TypeError(
-      "create_slots() takes a tf.train.Optimizer, got %r. A Keras "
+      "create_optimizer_slots() takes a tf.train.Optimizer, got %r. A Keras "
       "optimizer creates its state with its first update." % (optimizer,)
     )
   var_list = list(var_list)
   if not var_list:
     raise ValueError(
-      "create_slots() needs the variables the optimizer will update, got none."
+      "create_optimizer_slots() needs the variables the optimizer will "
+      "update, got none."
     )
   bad = [v for v in var_list if not isinstance(v, tf_variables.Variable)]
   if bad:
-    raise TypeError("create_slots() takes variables, got %r." % (bad[0],))
+    raise TypeError(
+      "create_optimizer_slots() takes variables, got %r." % (bad[0],)
+    )
   with var_list[0].graph.as_default():
     with ops.init_scope():
       _create_slots(optimizer, var_list)
     return optimizer.variables()
+
+
+def create_slots(optimizer, var_list):
+  """Deprecated: `create_optimizer_slots` (removed in the next release).
+
+  Renamed because a store's slots (`store.slots`) hold snapshots; these are
+  the optimizer's own state.
+  """
+  warnings.warn(
+    "snapstore.create_slots is deprecated and will be removed in the next "
+    "release: use snapstore.create_optimizer_slots(optimizer, var_list), "
+    "which it calls (store.slots are snapshot slots; this makes the "
+    "optimizer's).",
+    DeprecationWarning,
+    stacklevel=2,
+  )
+  return create_optimizer_slots(optimizer, var_list)
 
 
 # A train op built by `build`, and what a guard needs to trust its slot.
