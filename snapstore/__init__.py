@@ -52,6 +52,7 @@ from snapstore.training.guards import Guard
 from snapstore.training.guards import Trial
 from snapstore.training.keras_callback import SnapshotCallback
 from snapstore.training.hooks import SnapshotHook
+from snapstore.training.keras_lookahead import KerasLookahead
 from snapstore.training.lookahead import Lookahead
 from snapstore.training.rollback_optimizer import RollbackOptimizer
 from snapstore.engines.graph.in_step import create_optimizer_slots
@@ -69,6 +70,7 @@ __all__ = [
   "GraphMismatchError",
   "Guard",
   "IncompatibleSnapshotError",
+  "KerasLookahead",
   "Lookahead",
   "MODES",
   "ModeError",

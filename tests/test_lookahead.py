@@ -353,7 +353,7 @@ class SlowWeightsTest(tf.test.TestCase, parameterized.TestCase):
 
 class InStepTest(tf.test.TestCase, parameterized.TestCase):
   """`store.slots.snapshot_before` around a Lookahead step: its state (slow
-  weights, counter) is made by `create_slots`, before the store and the train
+  weights, counter) is made by `create_optimizer_slots`, before the store and the train
   op, so the store covers it and a rollback undoes a synchronization."""
 
   @parameterized.named_parameters(*helpers.VARIABLE_KINDS)
@@ -374,7 +374,7 @@ class InStepTest(tf.test.TestCase, parameterized.TestCase):
       }
       opt = snapstore.Lookahead(_inner(True), k=k, alpha=alpha)
       ordered = [v for _, v in sorted(variables.items())]
-      made = snapstore.create_slots(opt, ordered)
+      made = snapstore.create_optimizer_slots(opt, ordered)
       self.assertCountEqual(
         [v.op.name for v in made],
         [
@@ -432,20 +432,55 @@ class InStepTest(tf.test.TestCase, parameterized.TestCase):
       w = tf.get_variable("w", [2])
       b = tf.get_variable("b", [2])
       opt = snapstore.Lookahead(tf.train.GradientDescentOptimizer(0.1))
-      snapstore.create_slots(opt, [w])
+      snapstore.create_optimizer_slots(opt, [w])
       with self.assertRaisesRegex(
         ValueError,
-        r"made its slow weights for \['w'\] \(create_slots\), but this "
-        r"train op trains \['b', 'w'\]",
+        r"made its slow weights for \['w'\] \(create_optimizer_slots\), but "
+        r"this train op trains \['b', 'w'\]",
       ):
         opt.minimize(tf.reduce_sum(w + b))
+
+
+class LookaheadClassTest(tf.test.TestCase):
+  """`snapstore.Lookahead` is the tf.train wrapper; `KerasLookahead` is the
+  eager engine's, refused in graph mode (tests/eager/test_lookahead.py)."""
+
+  def test_what_lookahead_returns_is_a_lookahead_and_an_optimizer(self):
+    with tf.Graph().as_default():
+      opt = snapstore.Lookahead(tf.train.GradientDescentOptimizer(0.1))
+      self.assertIsInstance(opt, snapstore.Lookahead)
+      self.assertIsInstance(opt, tf.train.Optimizer)
+      self.assertNotIsInstance(opt, snapstore.KerasLookahead)
+
+  def test_keras_lookahead_is_refused_in_graph_mode(self):
+    with tf.Graph().as_default():
+      w = tf.get_variable("w", [2])
+      with self.assertRaisesRegex(
+        snapstore.ModeError,
+        r"KerasLookahead runs on the eager engine.*snapstore\.Lookahead\(",
+      ):
+        snapstore.KerasLookahead(_keras_sgd(), var_list=[w])
+      made = [v.op.name for v in tf.global_variables() if "Lookahead" in v.name]
+      self.assertEqual(made, [])  # refused before any store or counter
+
+
+def _keras_sgd():
+  """A Keras optimizer of the Keras in use (tf-keras, or TF 1.15's own),
+  which KerasLookahead takes; a stand-in of tf-keras's module on TF 1.15,
+  whose tf.keras lives in the tensorflow package."""
+  opt = tf.keras.optimizers.SGD(0.1)
+  if type(opt).__module__.split(".")[0] in ("keras", "tf_keras"):
+    return opt
+  stand_in = type("SGD", (type(opt),), {"__module__": "tf_keras.optimizers"})
+  return stand_in(0.1)
 
 
 class LookaheadErrorsTest(tf.test.TestCase):
   def test_bad_arguments(self):
     sgd = tf.train.GradientDescentOptimizer(0.1)
     with self.assertRaisesRegex(
-      TypeError, "Lookahead wraps a tf.train.Optimizer"
+      TypeError,
+      "Lookahead wraps a tf.train.Optimizer.*use snapstore.KerasLookahead",
     ):
       snapstore.Lookahead(tf.keras.optimizers.SGD(0.1))
     with self.assertRaisesRegex(ValueError, "k must be >= 1, got 0"):

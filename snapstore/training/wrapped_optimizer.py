@@ -33,18 +33,20 @@ class WrapperOptimizer(tf.train.Optimizer):
     TypeError: `optimizer` is not a `tf.train.Optimizer`.
   """
 
+  # What a refusal of a Keras optimizer offers instead (a subclass's own).
+  _keras_way = "Keras optimizers are not supported."
+
   def __init__(self, optimizer, use_locking, name):
     if not isinstance(optimizer, tf.train.Optimizer):
       raise TypeError(
         "%s wraps a tf.train.Optimizer (e.g. tf.train.AdamOptimizer(...)), got "
-        "%r. Keras optimizers are not supported."
-        % (type(self).__name__, optimizer)
+        "%r. %s" % (type(self).__name__, optimizer, self._keras_way)
       )
     super(WrapperOptimizer, self).__init__(use_locking, name)
     self._optimizer = optimizer
     self._states = attached.PerObject("optimizer_state")  # on each graph
     # Graphs in which the train op is built (a state may come first, from
-    # `create_slots`).
+    # `create_optimizer_slots`).
     self._built = attached.PerObject("optimizer_built")
     self._graphs = weakref.WeakSet()  # the graphs with a state
 
@@ -99,13 +101,13 @@ class WrapperOptimizer(tf.train.Optimizer):
     if self._built.get(variables[0].graph):
       raise ValueError(
         "%s %r already has a train op in this graph; create one %s per train "
-        "op." % (type(self).__name__, self._name, type(self).__name__)
+        "op." % (type(self).__name__, self.get_name(), type(self).__name__)
       )
     return variables
 
   def _create_slots(self, var_list):
-    """What `snapstore.create_slots(wrapper, var_list)` calls: the inner
-    optimizer's slots, then the wrapper's own state (`_prepare`)."""
+    """What `snapstore.create_optimizer_slots(wrapper, var_list)` calls: the
+    inner optimizer's slots, then the wrapper's own state (`_prepare`)."""
     create_slots(self._optimizer, var_list)
     self._prepare(var_list)
 
@@ -138,7 +140,7 @@ class WrapperOptimizer(tf.train.Optimizer):
     if state is None:
       raise ValueError(
         "%s %r has no train op in this graph yet; call minimize() or "
-        "apply_gradients() first." % (type(self).__name__, self._name)
+        "apply_gradients() first." % (type(self).__name__, self.get_name())
       )
     return state
 

@@ -190,7 +190,7 @@ def _averages(strategy, index, arrays, facts, np, tf):
   # MovingAverage and Lookahead, updated after each step (cross-replica).
   ema_store = snapstore.SnapshotStore(var_list=model, name="ema")
   ema = snapstore.MovingAverage(ema_store, tau=0.25)
-  lookahead = snapstore.Lookahead(opt, k=2, alpha=0.5, var_list=model)
+  lookahead = snapstore.KerasLookahead(opt, k=2, alpha=0.5, var_list=model)
   step = common.replicated_step(strategy, model, opt)
   keys = list(ema_store.variables)
   for i, a in enumerate(_shadow_state(ema_store)):

@@ -133,7 +133,7 @@ def _averages(strategy, coordinator):
   ema = snapstore.MovingAverage(
     snapstore.SnapshotStore(var_list=[u, c], name="ema"), tau=0.25
   )
-  lookahead = snapstore.Lookahead(
+  lookahead = snapstore.KerasLookahead(
     common.keras.optimizers.SGD(0.1), k=2, alpha=0.5, var_list=[u, c]
   )
   average = held()

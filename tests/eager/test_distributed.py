@@ -268,7 +268,7 @@ def test_lookahead_synchronizes_each_component_with_its_own(strategy):
   w, _ = _make(strategy)
   with strategy.scope():
     opt = keras.optimizers.SGD(0.1)
-  lookahead = snapstore.Lookahead(opt, k=2, alpha=0.5, var_list=[w])
+  lookahead = snapstore.KerasLookahead(opt, k=2, alpha=0.5, var_list=[w])
   phi = _components(w)
   for t in range(1, 5):
     for j, part in enumerate(w.values):
@@ -325,7 +325,7 @@ def test_updates_inside_strategy_run_are_refused(strategy, which):
   else:
     with strategy.scope():
       opt = keras.optimizers.SGD(0.1)
-    lookahead = snapstore.Lookahead(opt, k=1, alpha=0.5, var_list=[w])
+    lookahead = snapstore.KerasLookahead(opt, k=1, alpha=0.5, var_list=[w])
     update, call = lookahead.update, "Lookahead"
   shadow_before = _components(w)
 
@@ -769,7 +769,7 @@ def test_lookahead_with_a_snapshot_callback_under_the_strategy(strategy, how):
       model = common.small_model(seed=3)
       opt = keras.optimizers.Adam(0.01)
       model.compile(optimizer=opt, loss="mse")
-    lookahead = snapstore.Lookahead(opt, k=2, var_list=model)
+    lookahead = snapstore.KerasLookahead(opt, k=2, var_list=model)
     callbacks = [lookahead.callback()] + ([callback] if callback else [])
     model.fit(
       x,

@@ -1,4 +1,4 @@
-"""`snapstore.Lookahead` with a Keras optimizer, on the eager engine.
+"""`snapstore.KerasLookahead`: Lookahead next to a Keras optimizer, eagerly.
 
 The trajectory is checked step by step, bit for bit, against a numpy
 implementation of Zhang et al.'s rule around plain SGD with fed gradients
@@ -7,13 +7,15 @@ implementation of Zhang et al.'s rule around plain SGD with fed gradients
 batch ends with.
 """
 
+import re
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import snapstore
 from snapstore import _tf
-from snapstore.training.lookahead import KerasLookahead
 from tests.eager import common
 from tests.eager.common import assert_bits_equal
 from tests.eager.common import keras
@@ -46,8 +48,8 @@ def test_every_step_equals_the_numpy_rule(k, alpha, inside):
   model, wide = _layers()
   opt = keras.optimizers.SGD(LR)
   var_list = list(model.trainable_variables) + list(wide.trainable_variables)
-  lookahead = snapstore.Lookahead(opt, k=k, alpha=alpha, var_list=var_list)
-  assert isinstance(lookahead, KerasLookahead)
+  lookahead = snapstore.KerasLookahead(opt, k=k, alpha=alpha, var_list=var_list)
+  assert isinstance(lookahead, snapstore.KerasLookahead)
   store = lookahead.store()
   assert store.slots.pinned() == ["slow"]
   keys = list(store.keys)
@@ -110,7 +112,7 @@ def test_the_fit_callback_synchronizes_every_k_batches():
   opt = keras.optimizers.SGD(0.05, momentum=0.9)
   model.compile(optimizer=opt, loss="mse")
   k, alpha = 3, 0.5
-  lookahead = snapstore.Lookahead(opt, k=k, alpha=alpha, var_list=model)
+  lookahead = snapstore.KerasLookahead(opt, k=k, alpha=alpha, var_list=model)
   fast = list(lookahead.store().variables.values())
   before, after = _Recorder(fast), _Recorder(fast)
   x = np.concatenate([b[0] for b in common.batches(8, seed=2)])
@@ -139,7 +141,7 @@ def test_the_fit_callback_synchronizes_every_k_batches():
 def test_evaluate_with_the_slow_weights_and_reset():
   model, wide = _layers()
   opt = keras.optimizers.SGD(LR)
-  lookahead = snapstore.Lookahead(opt, k=5, alpha=0.5, var_list=wide)
+  lookahead = snapstore.KerasLookahead(opt, k=5, alpha=0.5, var_list=wide)
   grads = [np.full([3, 2], 0.25), np.full([2], -0.5)]
   opt.apply_gradients(zip(grads, wide.trainable_variables))
   lookahead.update()
@@ -182,7 +184,7 @@ def _lookahead_fit(data, snapshot_callback=None, order="snapshot_first"):
   model = common.small_model(seed=3)
   opt = keras.optimizers.Adam(0.01)
   model.compile(optimizer=opt, loss="mse", metrics=["mae"])
-  lookahead = snapstore.Lookahead(opt, k=2, alpha=0.5, var_list=model)
+  lookahead = snapstore.KerasLookahead(opt, k=2, alpha=0.5, var_list=model)
   callbacks = [lookahead.callback()]
   if snapshot_callback is not None:
     if order == "snapshot_first":
@@ -239,7 +241,7 @@ def _compiled_with_lookahead():
   model = common.small_model(seed=3)
   opt = keras.optimizers.Adam(0.01)
   model.compile(optimizer=opt, loss="mse", metrics=["mae"])
-  return model, snapstore.Lookahead(opt, k=2, alpha=0.5, var_list=model)
+  return model, snapstore.KerasLookahead(opt, k=2, alpha=0.5, var_list=model)
 
 
 class _AtBatchBegin(keras.callbacks.Callback):
@@ -287,23 +289,72 @@ def test_a_rollback_over_several_batches_takes_lookahead_back_too(order):
   assert int(lookahead.counter.numpy()) == 6  # 8 batches, 2 undone
 
 
+# -- the class, and the old spelling -----------------------------------------------
+
+
+def test_keras_lookahead_is_not_an_optimizer_wrapper():
+  _, wide = _layers()
+  lookahead = snapstore.KerasLookahead(keras.optimizers.SGD(LR), var_list=wide)
+  assert isinstance(lookahead, snapstore.KerasLookahead)
+  assert not isinstance(lookahead, snapstore.Lookahead)
+  assert not isinstance(lookahead, tf.compat.v1.train.Optimizer)
+
+
+def test_lookahead_of_a_keras_optimizer_is_deprecated():
+  # For one release, snapstore.Lookahead(keras_optimizer) still makes a
+  # KerasLookahead, warning with the new spelling at the caller's line.
+  _, wide = _layers()
+  opt = keras.optimizers.SGD(LR)
+  with pytest.warns(DeprecationWarning) as caught:
+    lookahead = snapstore.Lookahead(opt, 3, 0.25, name="old", var_list=wide)
+  caught = [w for w in caught if "snapstore" in str(w.message)]
+  assert len(caught) == 1
+  assert re.search(
+    r"snapstore.Lookahead\(keras_optimizer, \.\.\.\) is deprecated.*"
+    r"use snapstore.KerasLookahead\(keras_optimizer, k, alpha, "
+    r"var_list=model\)",
+    str(caught[0].message),
+  )
+  assert caught[0].filename == __file__
+  assert type(lookahead) is snapstore.KerasLookahead
+  assert (lookahead.optimizer, lookahead.k, lookahead.alpha) == (opt, 3, 0.25)
+  assert list(lookahead.variables())[0] == "old/counter"
+
+
+def test_lookahead_of_a_tf_train_optimizer_is_not_deprecated():
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", DeprecationWarning)
+    opt = snapstore.Lookahead(tf.compat.v1.train.GradientDescentOptimizer(LR))
+  assert isinstance(opt, snapstore.Lookahead)
+
+
+def test_keras_lookahead_refuses_a_tf_train_optimizer():
+  _, wide = _layers()
+  with pytest.raises(TypeError, match="use snapstore.Lookahead"):
+    snapstore.KerasLookahead(
+      tf.compat.v1.train.GradientDescentOptimizer(LR), var_list=wide
+    )
+
+
 # -- errors --------------------------------------------------------------------
 
 
 def test_var_list_is_required():
   with pytest.raises(ValueError, match="needs the variables it trains"):
-    snapstore.Lookahead(keras.optimizers.SGD(LR), k=2)
+    snapstore.KerasLookahead(keras.optimizers.SGD(LR), k=2)
 
 
 def test_use_locking_is_graph_modes():
   _, wide = _layers()
   with pytest.raises(ValueError, match="use_locking=True is for graph mode"):
-    snapstore.Lookahead(keras.optimizers.SGD(LR), 2, 0.5, True, var_list=wide)
+    snapstore.KerasLookahead(
+      keras.optimizers.SGD(LR), 2, 0.5, True, var_list=wide
+    )
 
 
 def test_a_variable_that_is_not_a_float():
   with pytest.raises(ValueError, match="Lookahead trains float variables"):
-    snapstore.Lookahead(
+    snapstore.KerasLookahead(
       keras.optimizers.SGD(LR), var_list=[tf.Variable(3, name="n")]
     )
 
@@ -314,7 +365,7 @@ def test_not_built_inside_a_tf_function():
 
   @tf.function
   def build():
-    snapstore.Lookahead(opt, var_list=wide)
+    snapstore.KerasLookahead(opt, var_list=wide)
 
   with pytest.raises(snapstore.ModeError, match="cannot be built inside"):
     build()
@@ -324,7 +375,7 @@ def test_fit_with_several_steps_per_execution_is_refused():
   model = common.small_model()
   opt = keras.optimizers.SGD(LR)
   model.compile(optimizer=opt, loss="mse", steps_per_execution=2)
-  lookahead = snapstore.Lookahead(opt, k=2, var_list=model)
+  lookahead = snapstore.KerasLookahead(opt, k=2, var_list=model)
   x, y = common.batches(1)[0]
   with pytest.raises(ValueError, match="steps_per_execution=2"):
     model.fit(x, y, verbose=0, callbacks=[lookahead.callback()])
@@ -334,7 +385,9 @@ def test_fit_with_several_steps_per_execution_is_refused():
 def test_fit_with_another_optimizer_is_refused():
   model = common.small_model()
   model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
-  lookahead = snapstore.Lookahead(keras.optimizers.SGD(LR), k=2, var_list=model)
+  lookahead = snapstore.KerasLookahead(
+    keras.optimizers.SGD(LR), k=2, var_list=model
+  )
   x, y = common.batches(1)[0]
   with pytest.raises(ValueError, match="not the one this Lookahead follows"):
     model.fit(x, y, verbose=0, callbacks=[lookahead.callback()])
