@@ -1,9 +1,9 @@
 """Averages of a model's variables, kept in a device store's shadows.
 
-Two kinds, each one grouped op built once, that writes one device slot of a
-`SnapshotStore(mode="device")` and pins it under a tag (see
-`store.slots.pin`), so that `store.evaluate_with(..., tag=...)`,
-`store.restore(tag)` and `store.files.save_npz(path, tag)` use the average:
+Two kinds, each updating one device slot of a `SnapshotStore(mode="device")`
+pinned under a tag (see `store.slots.pin`), so that
+`store.evaluate_with(..., tag=...)`, `store.restore(tag)` and
+`store.files.save_npz(path, tag)` use the average:
 
 - `MovingAverage`: the exponential (Polyak) moving average with rate tau,
   in one of two forms that are equal in exact arithmetic but round
@@ -19,17 +19,25 @@ Two kinds, each one grouped op built once, that writes one device slot of a
   `num_updates` warm-up if given, and a separate rate for non-trainable
   variables (batch-norm statistics). `tau=1.0` is a hard copy in both (a
   target network's periodic update).
-- `RunningMean`: the running mean of stochastic weight averaging (Izmailov et
-  al. 2018, "Averaging Weights Leads to Wider Optima and Better
-  Generalization") with its count n:
+- `RunningMean` (graph mode): the running mean of stochastic weight
+  averaging (Izmailov et al. 2018, "Averaging Weights Leads to Wider Optima
+  and Better Generalization") with its count n:
 
       average <- average + (variable - average) / (n + 1);  n <- n + 1
 
   the first update (n = 0) copying the variables exactly.
 
 Variables that are not floats (a global step, integer counters) are copied,
-not averaged. Build the average after the train op and order it after the
-step as with `tf.train.ExponentialMovingAverage`:
+not averaged. The average starts at the values the shadows start with (graph
+mode: the variables' initial values, as TF's EMA; eagerly: the values the
+variables hold when the store is built). `evaluate_with` swaps the average in
+and puts the variables back bit for bit.
+
+How the update runs depends on the store's engine, each with its own builder
+picked once by `store.engine.name` (`averages_graph.py`: one grouped op,
+`update_op`, built under the control dependencies in effect; and
+`averages_eager.py`: one traced function, `update()`). In graph mode, build
+the average after the train op and order it after the step:
 
     store = snapstore.SnapshotStore(scope="net", mode="device", saveable=True)
     with tf.control_dependencies([train_op]):
@@ -38,18 +46,9 @@ step as with `tf.train.ExponentialMovingAverage`:
     ...
     ema_loss = store.evaluate_with(loss, feed, tag=ema.tag, session=sess)
 
-The average starts at the variables' initial values (the shadows' initial
-value), as TF's EMA does. `saveable=True` on the store puts the averages in
-checkpoints. The shadows holding the averages are the store's:
-`store.slots.shadows(ema.slot)`.
-
-On the eager engine (a device store built with eager execution on),
-`MovingAverage` builds its update as one traced function when it is made:
-`ema.update()` runs it, eagerly (one dispatch) or inside your own
-`tf.function` train step after the optimizer's update (no extra dispatch; the
-function's automatic control dependencies order it after the step's writes).
-The arithmetic is the graph version's, bit for bit; `num_updates` is a
-variable read at each update (e.g. the optimizer's `iterations`):
+Eagerly, call `update()` after the optimizer's update, also inside your
+`tf.function` step (not one compiled with `jit_compile=True` if the
+arithmetic must be exact: XLA fuses the multiply and the add):
 
     store = snapstore.SnapshotStore(var_list=model, mode="device")
     ema = snapstore.MovingAverage(store, tau=0.001)
@@ -63,41 +62,28 @@ variable read at each update (e.g. the optimizer's `iterations`):
 
     ema_loss = ema.evaluate_with(lambda: loss_fn(y, model(x)))
 
-Inside a function compiled with XLA (`jit_compile=True`) the update is not
-exact: XLA fuses the multiply and the add into one fused multiply-add,
-rounded once (measured on CPU: about 1 in 8 float32 elements differs per
-update). For the exact arithmetic there, call `ema.update()` after the
-compiled step (one more dispatch).
-
-The average starts at the values the variables hold when the store is built.
-`evaluate_with` swaps the average in through scratch shadows and puts the
-variables back bit for bit, also when the function raises (unlike Keras 3's
-`SwapEMAWeights`, whose arithmetic swap changes bits). `RunningMean` is graph
-mode's only.
+`saveable=True` on a graph-mode store puts the averages in checkpoints. The
+shadows holding the averages are the store's: `store.slots.shadows(ema.slot)`.
+Why two forms, and what XLA does to the update: docs/design/averages.md.
 """
 
-import numpy as np
-
-from snapstore._tf import is_keras_3_object
-from snapstore._tf import keras_variable_value
-from snapstore._tf import ops
-from snapstore._tf import tf
-from snapstore._tf import tf_variables
 from snapstore.core import checks
-from snapstore.engines.graph import copies
-from snapstore.core import distributed
-from snapstore.engines.graph import variables
-from snapstore.engines.eager import copies as eager_copies
-from snapstore.engines.eager import distributed as eager_distributed
 from snapstore import errors
-from snapstore.engines.eager import device as eager_device
+from snapstore.training import averages_eager
+from snapstore.training import averages_graph
 
 # The arithmetic `MovingAverage` can use (see its docstring).
 FORMS = ("ema", "lerp")
 
+# The update builder of each engine, by `store.engine.name`.
+_BUILDERS = {
+  "graph": averages_graph.GraphAverage,
+  "eager": averages_eager.EagerAverage,
+}
+
 
 class _SlotAverage(object):
-  """An average written by in-graph ops into a pinned device slot of `store`."""
+  """An average written by its update into a pinned device slot of `store`."""
 
   def __init__(self, store, slot, tag, what):
     try:
@@ -106,40 +92,11 @@ class _SlotAverage(object):
       raise errors.ModeError(
         "%s keeps its average in device shadows. %s" % (what, e)
       ) from None
-    self._eager = is_eager(store)
-    if self._eager:
-      eager_device.check_not_traced(what)
-    else:
-      _check_cross_replica(what)
     self._store = store
     self._slot = slot
-    # Every check first (shadows() refuses a packed store): a refused average
-    # must leave no pinned tag behind.
-    variables_ = list(store.variables.values())
-    # Parameter-server strategies (v2) whose coordinator may be running
-    # steps that write the variables: an eager update refuses to run then.
-    self._ps_strategies = (
-      eager_distributed.coordinated_strategies(variables_)
-      if self._eager
-      else []
-    )
-    if self._eager:  # a distributed variable's shadow is distributed
-      self._pairs = list(zip(variables_, slots.shadows(slot).values()))
-    else:
-      # A graph-mode shadow per component (a distributed variable's are
-      # plain variables, `snapstore.core.distributed`): each component is
-      # averaged from its own value on its own device, as TF's EMA does
-      # under a strategy (`extended.update` per component); replicas never
-      # mix. `_parts` keeps the variable each component belongs to (the
-      # variable is in TRAINABLE_VARIABLES, not its components).
-      self._parts = [
-        (var, part, shadow)
-        for var, shadows in zip(
-          variables_, slots.component_shadows(slot).values()
-        )
-        for part, shadow in zip(distributed.components(var), shadows)
-      ]
-      self._pairs = [(part, shadow) for _, part, shadow in self._parts]
+    # Every check first (the builder refuses a packed store, a trace, a
+    # replica context): a refused average must leave no pinned tag behind.
+    self._builder = builder(store)(store, slot, what)
     self._tag = slots.pin(slot, tag)
 
   @property
@@ -157,18 +114,12 @@ class _SlotAverage(object):
 
   @property
   def update_op(self):
-    """The grouped op updating the average (one run is one update).
+    """Graph mode: the grouped op updating the average (one run is one update).
 
     Raises:
       ModeError: An eager store: call `update()` instead.
     """
-    if self._eager:
-      raise errors.ModeError(
-        "update_op is graph mode's; this average's store runs eagerly. Call "
-        "update() instead: one traced function, eagerly or inside your "
-        "tf.function train step after the optimizer's update."
-      )
-    return self._update_op
+    return self._builder.update_op()
 
   def update(self):
     """Eager engine: updates the average once (a traced function built once).
@@ -176,8 +127,7 @@ class _SlotAverage(object):
     Call it eagerly, or inside your own `tf.function` after the optimizer's
     update: the call then runs in the step's own function, ordered after the
     step's writes of the variables. Not inside a `jit_compile=True` function
-    if the arithmetic must be exact (XLA fuses multiply-adds; see the module
-    docstring).
+    if the arithmetic must be exact (XLA fuses multiply-adds).
 
     Under a `tf.distribute` strategy, call it outside `strategy.run` (each
     replica's component is averaged from its own values).
@@ -188,16 +138,7 @@ class _SlotAverage(object):
         eagerly while steps scheduled on a `ClusterCoordinator` may still
         write the variables (`coordinator.join()` first).
     """
-    if not self._eager:
-      raise errors.ModeError(
-        "update() is the eager engine's; this average's store runs in graph "
-        "mode. Run update_op in your session (e.g. sess.run(ema.update_op))."
-      )
-    eager_distributed.check_cross_replica("MovingAverage.update()")
-    eager_distributed.check_no_functions_in_flight_eagerly(
-      self._ps_strategies, "MovingAverage.update"
-    )
-    return self._update_fn()
+    return self._builder.update()
 
   def evaluate_with(self, fetches, feed_dict=None, session=None):
     """Runs `fetches` with the averages, then puts the variables back bit for bit.
@@ -210,15 +151,19 @@ class _SlotAverage(object):
     )
 
 
+def builder(store):
+  """The update builder class for `store`'s engine (see module doc)."""
+  return _BUILDERS[store.engine.name]
+
+
 class MovingAverage(_SlotAverage):
   """An exponential moving average in a device slot (see module docstring).
 
   Two forms, because the two families of code a user replaces with this one
-  round differently, and a run that must reproduce one of them (a checkpoint's
-  averages, an RL agent's actions step for step) needs its arithmetic, not
-  merely the same average up to rounding: after one update the forms differ
-  in the last bit of about a quarter of float32 elements, and over thousands
-  of updates these differences grow.
+  round differently, and a run that must reproduce one of them (a
+  checkpoint's averages, an RL agent's actions step for step) needs its
+  arithmetic, not merely the same average up to rounding (how much they
+  differ: docs/design/averages.md).
 
   - `form="ema"` (the default): `average - (average - variable) * rate`,
     the arithmetic of `tf.train.ExponentialMovingAverage` and
@@ -314,58 +259,14 @@ class MovingAverage(_SlotAverage):
       _check_rate(decay, "decay", decay=True)
     if tau_non_trainable is not None:
       _check_rate(tau_non_trainable, "tau_non_trainable")
-    if is_eager(store):
-      if num_updates is not None:
-        num_updates = _eager_num_updates(num_updates)
-    elif num_updates is not None:
-      _check_num_updates(num_updates, store.graph)
+    num_updates = builder(store).num_updates(num_updates, store)
     super(MovingAverage, self).__init__(store, slot, tag, "MovingAverage")
     self._tau = tau
     self._decay = decay
     self._form = form
-    if self._eager:
-      self._update_fn = _eager_moving_average(
-        self._pairs, tau, decay, tau_non_trainable, num_updates, form, name
-      )
-      return
-    trainable = set(
-      id(v)
-      for v in store.graph.get_collection(tf.GraphKeys.TRAINABLE_VARIABLES)
+    self._builder.moving_average(
+      tau, decay, tau_non_trainable, num_updates, form, name
     )
-    with store.graph.as_default(), tf.name_scope(name) as scope:
-      warmup = None
-      if num_updates is not None:
-        n = tf.cast(num_updates, tf.float32, name="num_updates")
-        warmup = (1.0 + n) / (10.0 + n)
-      rates = {}  # (kind, value, dtype) -> rate tensor, made once per rate
-      updates = []
-      for owner, var, shadow in self._parts:
-        dtype = var.dtype.base_dtype
-        if not dtype.is_floating:
-          updates.append(_copy(var, shadow))
-          continue
-        if tau_non_trainable is not None and id(owner) not in trainable:
-          key = ("tau", tau_non_trainable, dtype)
-        elif decay is not None:
-          key = ("decay", decay, dtype)
-        else:
-          key = ("tau", tau, dtype)
-        if key[:2] == ("tau", 1.0):  # a hard copy, exact also for inf and NaN
-          updates.append(_copy(var, shadow))
-          continue
-        if key not in rates:
-          if form == "lerp":
-            rates[key] = _lerp_weights(key[1], warmup, dtype)
-          elif key[0] == "decay":
-            rates[key] = _rate_from_decay(decay, warmup, dtype)
-          else:
-            rates[key] = _rate(key[1], warmup, dtype)
-        updates.append(
-          _lerp_update(var, shadow, *rates[key])
-          if form == "lerp"
-          else _ema_update(var, shadow, rates[key])
-        )
-      self._update_op = tf.group(*updates, name=scope)
 
   @property
   def tau(self):
@@ -407,51 +308,14 @@ class RunningMean(_SlotAverage):
     name: Name scope of the ops and of the count variable.
 
   Raises:
-    ModeError: The store is not in device mode.
+    ModeError: The store is not in device mode, or runs eagerly.
     ValueError: The slot holds another snapshot (see `store.slots.pin`).
   """
 
   def __init__(self, store, slot=0, tag="swa", name="running_mean"):
-    if is_eager(store):
-      raise errors.ModeError(
-        "RunningMean is graph mode's; this store runs eagerly. For an "
-        "eager average use snapstore.MovingAverage(store, tau=...), or keep "
-        "the SWA mean yourself and load it with store.load_arrays(arrays, "
-        "tag)."
-      )
+    builder(store).check_running_mean()
     super(RunningMean, self).__init__(store, slot, tag, "RunningMean")
-    first_var, first_shadow = self._pairs[0]
-    graph = store.graph
-    collections = [variables.SHADOW_VARIABLES]
-    if any(
-      v is first_shadow
-      for v in graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
-    ):
-      collections.append(tf.GraphKeys.GLOBAL_VARIABLES)
-    else:
-      collections.append(tf.GraphKeys.LOCAL_VARIABLES)
-    with graph.as_default(), tf.name_scope(name) as scope:
-      with ops.init_scope(), ops.colocate_with(first_var):
-        self._count = tf.Variable(
-          np.int64(0),
-          trainable=False,
-          collections=collections,
-          name="count",
-          use_resource=copies.is_resource(first_var),
-        )
-      n = copies.read(self._count)
-      averaged = tf.cond(
-        tf.equal(n, 0),
-        lambda: self._copy_all(),
-        lambda: self._add_to_mean(n),
-        name="average",
-      )
-      with tf.control_dependencies([averaged]):
-        self._update_op = tf.group(
-          copies.assign_add(self._count, tf.constant(1, tf.int64)), name=scope
-        )
-      with tf.control_dependencies(None):  # a reset never waits for a step
-        self._reset_op = copies.assign(self._count, tf.constant(0, tf.int64))
+    self._count, self._reset_op = self._builder.running_mean(name)
 
   @property
   def count(self):
@@ -463,187 +327,6 @@ class RunningMean(_SlotAverage):
     """An op setting the count to 0: the next update restarts the mean."""
     return self._reset_op
 
-  def _copy_all(self):
-    return copies.copy(
-      [v for v, _ in self._pairs], [s for _, s in self._pairs], "copy"
-    )
-
-  def _add_to_mean(self, n):
-    updates = []
-    for var, shadow in self._pairs:
-      if not var.dtype.base_dtype.is_floating:
-        updates.append(_copy(var, shadow))
-        continue
-      with ops.colocate_with(var):
-        dtype = var.dtype.base_dtype
-        mean = copies.read(shadow)
-        delta = (copies.read(var) - mean) / tf.cast(n + 1, dtype)
-        updates.append(copies.assign_add(shadow, delta))
-    return tf.group(*updates)
-
-
-def _check_cross_replica(what):
-  """Refuses building a graph-mode average inside `strategy.run`.
-
-  Its update op updates every replica's component itself; built in replica
-  context, each replica would build (and pin) one.
-
-  Raises:
-    ValueError: Called in replica context.
-  """
-  if eager_distributed.in_replica_context():
-    raise ValueError(
-      "%s was built inside strategy.run (replica context): its update op "
-      "updates every replica's component itself, so each replica would "
-      "build one. Build it after strategy.run returns, in cross-replica "
-      "context, under tf.control_dependencies([train_op]) to order it "
-      "after the step." % what
-    )
-
-
-def _copy(var, shadow):
-  return copies.assign(shadow, copies.read(var))
-
-
-def is_eager(store):
-  """Whether `store` runs on the eager engine (built with eager execution on)."""
-  return store.engine.name == "eager"
-
-
-def _eager_num_updates(num_updates):
-  """The `tf.Variable` an eager `num_updates` reads at each update."""
-  if is_keras_3_object(num_updates):
-    inner = keras_variable_value(num_updates)
-    num_updates = inner if inner is not None else num_updates
-  if not isinstance(num_updates, tf_variables.Variable):
-    raise TypeError(
-      "num_updates on an eager store must be a variable read at each update "
-      "(e.g. optimizer.iterations), got %r. A tensor would be a constant "
-      "fixed when the update is traced." % (num_updates,)
-    )
-  dtype = num_updates.dtype.base_dtype
-  if not (dtype.is_integer or dtype.is_floating) or num_updates.shape.ndims:
-    raise TypeError(
-      "num_updates must be a numeric scalar, got %s of dtype %s and shape "
-      "%s." % (num_updates.name, dtype.name, num_updates.shape)
-    )
-  return num_updates
-
-
-def _eager_moving_average(
-  pairs, tau, decay, tau_non_trainable, num_updates, form, name
-):
-  """The traced function of an eager `MovingAverage`'s update.
-
-  The arithmetic of the graph version (the same rate helpers); which
-  variables take `tau_non_trainable` is decided by the variables' own
-  `trainable` flag (batch-norm statistics, optimizer state and Keras 3 seed
-  states are not trainable).
-  """
-
-  # A distributed variable's components, each averaged from its own
-  # replica's values on its own device (as TF's EMA under a strategy,
-  # through `extended.update`); replicas never mix.
-  component_pairs = [
-    (part, target)
-    for var, shadow in pairs
-    for part, target in zip(
-      eager_distributed.components(var), eager_distributed.components(shadow)
-    )
-  ]
-
-  def update():
-    warmup = None
-    if num_updates is not None:
-      with tf.device(num_updates.device):
-        n = tf.cast(num_updates.value(), tf.float32, name="num_updates")
-      warmup = (1.0 + n) / (10.0 + n)
-    rates = {}  # (kind, value, dtype) -> rate tensor(s), made once per rate
-    for var, shadow in component_pairs:
-      dtype = var.dtype.base_dtype
-      with tf.device(shadow.device):
-        if not dtype.is_floating:
-          shadow.assign(var.value(), read_value=False)
-          continue
-        if tau_non_trainable is not None and not var.trainable:
-          key = ("tau", tau_non_trainable, dtype)
-        elif decay is not None:
-          key = ("decay", decay, dtype)
-        else:
-          key = ("tau", tau, dtype)
-        if key[:2] == ("tau", 1.0):  # a hard copy, exact also for inf, NaN
-          shadow.assign(var.value(), read_value=False)
-          continue
-        if key not in rates:
-          if form == "lerp":
-            rates[key] = _lerp_weights(key[1], warmup, dtype)
-          elif key[0] == "decay":
-            rates[key] = (_rate_from_decay(decay, warmup, dtype),)
-          else:
-            rates[key] = (_rate(key[1], warmup, dtype),)
-        average, value = shadow.value(), var.value()
-        if form == "lerp":
-          keep, rate = rates[key]
-          shadow.assign(keep * average + rate * value, read_value=False)
-        else:
-          shadow.assign_sub((average - value) * rates[key][0], read_value=False)
-
-  return eager_copies.traced(update, name)
-
-
-def _rate(tau, warmup, dtype):
-  rate = tf.constant(tau, dtype, name="tau")
-  if warmup is not None:
-    rate = tf.maximum(rate, tf.cast(1.0 - warmup, dtype))
-  return rate
-
-
-def _rate_from_decay(decay, warmup, dtype):
-  # The arithmetic of tf.train.ExponentialMovingAverage.apply and
-  # assign_moving_average: decay in float32, warm-up, 1 - decay, then a cast.
-  decay = tf.convert_to_tensor(decay, name="decay")
-  if warmup is not None:
-    decay = tf.minimum(decay, warmup)
-  rate = 1.0 - decay
-  return rate if dtype == rate.dtype else tf.cast(rate, dtype)
-
-
-def _ema_update(var, shadow, rate):
-  with ops.colocate_with(var):
-    return copies.assign_sub(
-      shadow, (copies.read(shadow) - copies.read(var)) * rate
-    )
-
-
-def _lerp_weights(tau, warmup, dtype):
-  """`(1 - tau, tau)` as the RL libraries' soft update rounds them.
-
-  `1 - tau` is taken on the `tau` given (a Python float: in float64), and
-  each weight is rounded once to `dtype`, as `(1 - tau) * target` and
-  `tau * source` convert their Python floats. With the warm-up, while
-  `d = (1 + n) / (10 + n)` is below `1 - tau`, the weights are `d` and
-  `1 - d` (in float32, as TF's EMA computes them).
-  """
-  keep = tf.constant(1 - tau, dtype, name="one_minus_tau")
-  rate = tf.constant(tau, dtype, name="tau")
-  if warmup is not None:
-    # One condition picks both weights, so they always come from one pair.
-    early_keep = tf.cast(warmup, dtype)
-    early = tf.less(early_keep, keep, name="warming_up")
-    keep = tf.where(early, early_keep, keep)
-    rate = tf.where(early, tf.cast(1.0 - warmup, dtype), rate)
-  return keep, rate
-
-
-def _lerp_update(var, shadow, keep, rate):
-  # (1 - tau) * target + tau * source: two products, each rounded, then their
-  # sum, as the libraries' expression runs (IEEE products and sums commute,
-  # so trfl's tau * source + (1 - tau) * target gives the same bits).
-  with ops.colocate_with(var):
-    return copies.assign(
-      shadow, keep * copies.read(shadow) + rate * copies.read(var)
-    )
-
 
 def _check_rate(value, name, decay=False):
   checks.number(value, name)
@@ -653,20 +336,3 @@ def _check_rate(value, name, decay=False):
     raise ValueError(
       "%s must be in (0, 1] (1.0 is a hard copy), got %r." % (name, value)
     )
-
-
-def _check_num_updates(num_updates, graph):
-  if not isinstance(num_updates, (tf.Tensor, tf_variables.Variable)):
-    raise TypeError(
-      "num_updates must be a scalar tensor or variable (e.g. the "
-      "global step), got %r." % (num_updates,)
-    )
-  dtype = num_updates.dtype.base_dtype
-  if (
-    not (dtype.is_integer or dtype.is_floating) or num_updates.shape.ndims != 0
-  ):
-    raise TypeError(
-      "num_updates must be a numeric scalar, got %s of dtype %s "
-      "and shape %s." % (num_updates.name, dtype.name, num_updates.shape)
-    )
-  checks.same_graph(num_updates, graph, "num_updates %s" % num_updates.name)
