@@ -71,6 +71,7 @@ from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
+from snapstore.engines import choice
 from snapstore.engines.graph import copies
 from snapstore import errors
 from snapstore.store import SnapshotStore
@@ -216,12 +217,14 @@ class RollbackOptimizer(WrapperOptimizer):
         create_slots(self._optimizer, variables)
       loss_before = self._own_variable(
         np.zeros((), loss.dtype.as_numpy_dtype),
-        self._name + "_loss_before",
+        self.get_name() + "_loss_before",
         first,
       )
-      armed = self._own_variable(np.bool_(False), self._name + "_armed", first)
+      armed = self._own_variable(
+        np.bool_(False), self.get_name() + "_armed", first
+      )
       rollbacks = self._own_variable(
-        np.int64(0), self._name + "_rollbacks", first
+        np.int64(0), self.get_name() + "_rollbacks", first
       )
       inner_state = self._optimizer.variables()
       store = SnapshotStore(
@@ -229,10 +232,10 @@ class RollbackOptimizer(WrapperOptimizer):
         mode="device",
         max_to_keep=1,
         optimizer=self._optimizer if inner_state else None,
-        name=self._name,
+        name=self.get_name(),
       )
       before_step = set(id(v) for v in inner_state)
-      with tf.name_scope(name, self._name) as scope:
+      with tf.name_scope(name, self.get_name()) as scope:
         record = tf.group(
           copies.assign(loss_before, loss),
           copies.assign(armed, tf.constant(True)),
@@ -282,7 +285,7 @@ class RollbackOptimizer(WrapperOptimizer):
       with tf.control_dependencies(done):
         return tf.constant(True)
 
-    with tf.name_scope(self._name + "_check"):
+    with tf.name_scope(self.get_name() + "_check"):
       before = copies.read(loss_before)
       allowed = self._tolerance + self._relative_tolerance * tf.abs(before)
       worse = tf.logical_or(
@@ -348,7 +351,10 @@ _EAGER_WAY = (
 
 
 def _check_graph_mode(optimizer):
-  """Refuses eager execution and Keras optimizers, naming the eager way.
+  """Refuses Keras optimizers and the eager engine, naming the eager way.
+
+  The engine is the one a store built now would run on (`engines.choice`):
+  RollbackOptimizer's stores are built with its train op.
 
   Raises:
     TypeError: `optimizer` is a Keras optimizer.
@@ -361,7 +367,7 @@ def _check_graph_mode(optimizer):
       "RollbackOptimizer wraps a graph-mode tf.train.Optimizer, got the "
       "Keras optimizer %r, which it cannot wrap. %s" % (optimizer, _EAGER_WAY)
     )
-  if tf.executing_eagerly():
+  if choice.new_engine().name != "graph":
     raise errors.ModeError(
       "RollbackOptimizer is for graph mode: its train op and check are graph "
       "ops run with session.run, and eager execution is on (TF 2.x's "
