@@ -2,7 +2,14 @@
 
 Under `tf.distribute.experimental.ParameterServerStrategy` (v2), a guarded
 block schedules its steps on a `ClusterCoordinator`, and they run on the
-workers after the block's own Python code has moved on. The contract:
+workers after the block's own Python code has moved on:
+
+    guard = snapstore.Guard(store, watch_result="loss", reraise=False)
+    for x, y in batches:
+      with guard:   # a RemoteValue result is fetched: waits for the step
+        guard.run(coordinator.schedule, train_step, args=(x, y))
+
+The contract:
 
 - Entering a guard or trial while functions scheduled before it may still
   run is refused (`check_nothing_in_flight`): call `coordinator.join()`
@@ -16,10 +23,6 @@ workers after the block's own Python code has moved on. The contract:
 On a store of any other kind these are a plain restore and no-ops: the
 store's engine says whether functions are in flight (`store.engine`). Why
 it works this way: docs/design/guards.md, "Parameter servers".
-
-    check_nothing_in_flight(store, "Guard")     # on entry
-    ...
-    roll_back(store, tag, session, exc)         # join, then restore
 """
 
 from snapstore import errors

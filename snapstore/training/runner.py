@@ -9,6 +9,11 @@ their attempts call it and never ask which engine runs.
 
 A `Runner` serves one guard or trial; each attempt of a guard gets an
 `AttemptSteps` of its own (`Runner.new_attempt`).
+
+    runner = runners.runner_for(store, session, "Guard")
+    tensors = runner.watch_tensors(loss, "watch_tensors")  # graph mode: [loss]
+    steps = runner.new_attempt(use)                        # an attempts.Use
+    result, names, values = steps.run(train_op, (feed,), {})
 """
 
 import abc
