@@ -465,7 +465,7 @@ class SnapshotIfFiniteTest(tf.test.TestCase, parameterized.TestCase):
       "'before_step'",
       "only when its loss is finite",
       "another tag",
-      "in_step=",
+      "in_step_tag=",
     ):
       with snapstore.Guard(store, tag="before_step", session=sess):
         sess.run(train_op)

@@ -74,7 +74,7 @@ class GraphRunner(runner.Runner):
         "when its loss is finite (snapshot_before(if_finite=...)), so the "
         "slot may hold an older step's parameters than the block started "
         "from. Give the guard another tag (it then takes its own snapshot), "
-        "or use SnapshotHook(store, loss=..., in_step=%r)."
+        "or use SnapshotHook(store, loss=..., in_step_tag=%r)."
         % (tag, errors.names(conditional), tag)
       )
     return steps
