@@ -399,7 +399,7 @@ class ConstructionErrorsTest(tf.test.TestCase, parameterized.TestCase):
         ValueError,
         r"Optimizer Adam has no variables yet",
         r"train op",
-        r"snapstore.create_slots\(optimizer, var_list\)",
+        r"snapstore.create_optimizer_slots\(optimizer, var_list\)",
       ):
         snapstore.SnapshotStore(optimizer=tf.train.AdamOptimizer())
       with helpers.assert_raises_naming(

@@ -70,7 +70,7 @@ class Linear(object):
 
   The gradient is scale * C, so the steps are easy in numpy (`momentum_step`).
   `scale` is 1 unless fed: NaN or inf for a step whose loss is not finite.
-  The optimizer's slots exist before any train op (`create_slots`), so a
+  The optimizer's slots exist before any train op (`create_optimizer_slots`), so a
   store can be built first and the train op with `snapshot_before`.
   """
 
@@ -96,7 +96,7 @@ class Linear(object):
     self.step = tf.train.get_or_create_global_step()
     self.opt = tf.train.MomentumOptimizer(self.LR, self.MOMENTUM)
     self.grads = self.opt.compute_gradients(self.loss)
-    snapstore.create_slots(self.opt, [self.w])
+    snapstore.create_optimizer_slots(self.opt, [self.w])
 
   def store(self, **kwargs):
     """A device store of w, its momentum and the global step."""

@@ -47,7 +47,7 @@ trusted snapshot. With `in_step_tag=` the hook uses it and takes no snapshot
 and no `session.run` of its own (a rollback is one run of the restore):
 
     grads = opt.compute_gradients(loss)
-    snapstore.create_slots(opt, [v for g, v in grads if g is not None])
+    snapstore.create_optimizer_slots(opt, [v for g, v in grads if g is not None])
     store = snapstore.SnapshotStore(scope="net", optimizer=opt,
                                     include_global_step=True)  # 1 slot is enough
     train_op = store.slots.snapshot_before(

@@ -183,7 +183,8 @@ def _optimizer_pairs(optimizer, primaries, graph):
         "apply_gradients()) before creating the store, so that its slots "
         "exist; or, for store.slots.snapshot_before, which builds the train "
         "op after the store, make them first with "
-        "snapstore.create_slots(optimizer, var_list)." % optimizer_name(opt)
+        "snapstore.create_optimizer_slots(optimizer, var_list)."
+        % optimizer_name(opt)
       )
     names = list(opt.get_slot_names())
     candidates = (
