@@ -66,6 +66,7 @@ import numpy as np  # noqa: E402
 
 import snapstore  # noqa: E402
 from snapstore import _tf  # noqa: E402
+from snapstore import _keras
 
 
 def parse_args(argv=None):
@@ -115,7 +116,7 @@ def copies_bench(args, tf, keras):
   layers += [keras.layers.Dense(args.width) for _ in range(args.layers)]
   model = keras.Sequential(layers)
   variables = [
-    _tf.keras_variable_value(v) if _tf.is_keras_3_object(v) else v
+    _keras.keras_variable_value(v) if _keras.is_keras_3_object(v) else v
     for v in model.weights
   ]
   nbytes = sum(v.numpy().nbytes for v in variables)
@@ -415,7 +416,7 @@ def main(argv=None):
     "on %s, Keras %s"
     % (
       _tf.stack().replace(" (compat.v1 graph mode)", ""),
-      "3" if _tf.uses_keras_3() else "2 (tf-keras)",
+      "3" if _keras.uses_keras_3() else "2 (tf-keras)",
     )
   )
   print("load average: %.2f %.2f %.2f" % os.getloadavg())

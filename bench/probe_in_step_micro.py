@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 
 import snapstore  # noqa: E402
 from snapstore import _tf  # noqa: E402
+from snapstore import _keras
 
 
 def _model(keras, name, jit_compile=False):
@@ -79,7 +80,10 @@ def main(argv=None):
   stack = _tf.stack().replace(" (compat.v1 graph mode)", "")
   print(
     "stack: %s, Keras %s; load average %.2f %.2f %.2f"
-    % ((stack, "3" if _tf.uses_keras_3() else "2 (tf-keras)") + os.getloadavg())
+    % (
+      (stack, "3" if _keras.uses_keras_3() else "2 (tf-keras)")
+      + os.getloadavg()
+    )
   )
   batch = 128 if args.model == "mnist" else 32
   rng = np.random.RandomState(0)

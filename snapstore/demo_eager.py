@@ -23,7 +23,7 @@ import numpy as np
 
 import snapstore
 from snapstore._tf import tf2 as tf
-from snapstore._tf import uses_keras_3
+from snapstore._keras import uses_keras_3
 from snapstore import demo
 
 

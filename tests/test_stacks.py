@@ -12,6 +12,7 @@ import unittest
 
 import snapstore
 from snapstore import _tf
+from snapstore import _keras
 from snapstore._tf import tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,7 +101,7 @@ class CompatModuleTest(unittest.TestCase):
   def test_snapshot_callback_is_a_tf1_keras_callback(self):
     # The suite runs with TF1-style Keras (conftest): TF's own on 1.15 and
     # 2.15, tf-keras on 2.16+.
-    self.assertFalse(_tf.uses_keras_3())
+    self.assertFalse(_keras.uses_keras_3())
     self.assertTrue(
       issubclass(snapstore.SnapshotCallback, tf.keras.callbacks.Callback)
     )
@@ -177,7 +178,7 @@ for what, make in (
 
 
 @unittest.skipUnless(
-  _tf.VERSION >= (2, 16) and (_tf._keras_major() or 0) >= 3,  # pylint: disable=protected-access
+  _tf.VERSION >= (2, 16) and (_keras._keras_major() or 0) >= 3,  # pylint: disable=protected-access
   "Keras 3 exists only with TF 2.16+; here tf.keras is Keras 2",
 )
 class Keras3Test(unittest.TestCase):

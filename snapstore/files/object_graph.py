@@ -15,7 +15,7 @@ live is read or written; no op is built.
     # {"model/.../VARIABLE_VALUE": <tf.Variable>, ...}
 """
 
-from snapstore._tf import keras_variable_value
+from snapstore._keras import keras_variable_value
 from snapstore._tf import parse_object_graph
 from snapstore._tf import tf2
 from snapstore._tf import tf_variables

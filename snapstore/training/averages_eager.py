@@ -15,8 +15,8 @@ strategy, through `extended.update`); replicas never mix. `RunningMean` is
 graph mode's only.
 """
 
-from snapstore._tf import is_keras_3_object
-from snapstore._tf import keras_variable_value
+from snapstore._keras import is_keras_3_object
+from snapstore._keras import keras_variable_value
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core.distributed import components

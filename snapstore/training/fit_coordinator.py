@@ -13,8 +13,8 @@ docs/design/callback.md, "Parameter servers").
     logs = fit_coordinator.fetched(logs)         # a RemoteValue's value
 """
 
-from snapstore._tf import keras_fit_coordinator
-from snapstore._tf import schedules_on_coordinator
+from snapstore._keras import keras_fit_coordinator
+from snapstore._keras import schedules_on_coordinator
 from snapstore._tf import tf2
 
 _REMOTE_VALUE = getattr(

@@ -9,9 +9,9 @@ built once per graph. Eager-only options (`in_step`, `backoff`) are refused
 at `on_train_begin`.
 """
 
-from snapstore._tf import KERAS_3_FIX
+from snapstore._keras import KERAS_3_FIX
 from snapstore._tf import tf
-from snapstore._tf import uses_keras_3
+from snapstore._keras import uses_keras_3
 from snapstore.store import SnapshotStore
 from snapstore.training import fit_keeper
 from snapstore.training import protocol

@@ -20,8 +20,8 @@ docs/design/callback.md.
 
 import warnings
 
-from snapstore._tf import keras_callback_base
-from snapstore._tf import take_tensor_logs
+from snapstore._keras import keras_callback_base
+from snapstore._keras import take_tensor_logs
 from snapstore.core import checks
 from snapstore.engines import choice
 from snapstore.training import batch_keeper

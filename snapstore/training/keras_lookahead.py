@@ -46,7 +46,7 @@ import sys
 
 import numpy as np
 
-from snapstore._tf import keras_steps_per_execution
+from snapstore._keras import keras_steps_per_execution
 from snapstore._tf import tf
 from snapstore._tf import tf2
 from snapstore.core import checks

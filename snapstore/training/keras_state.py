@@ -15,9 +15,9 @@ them, and checks a store of your own (see docs/design/callback.md).
 
 import collections
 
-from snapstore._tf import is_keras_3_object
-from snapstore._tf import keras_learning_rate
-from snapstore._tf import keras_variable_value
+from snapstore._keras import is_keras_3_object
+from snapstore._keras import keras_learning_rate
+from snapstore._keras import keras_variable_value
 from snapstore._tf import tf2
 from snapstore.engines.eager import variables as eager_variables
 from snapstore import errors

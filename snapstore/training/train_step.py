@@ -15,7 +15,7 @@ effect in the function made here (`fit` made its own before
 
 import functools
 
-from snapstore._tf import is_keras_3_object
+from snapstore._keras import is_keras_3_object
 from snapstore._tf import tf2
 
 

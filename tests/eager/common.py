@@ -8,9 +8,11 @@ import tensorflow as tf
 
 from snapstore import _tf
 
+from snapstore import _keras
+
 # The Keras `tf.keras` is here: Keras 3 (TF 2.16+ without TF_USE_LEGACY_KERAS),
 # tf-keras (with it), or TF 2.15's Keras 2.
-KERAS_3 = _tf.uses_keras_3()
+KERAS_3 = _keras.uses_keras_3()
 if KERAS_3:
   import keras  # pylint: disable=g-import-not-at-top
 else:
@@ -140,7 +142,7 @@ def state_variables(model, optimizer):
   """Every variable a bit-exact rollback must restore, unwrapped."""
   out = []
   for v in list(model.variables) + list(_opt_vars(optimizer)):
-    inner = _tf.keras_variable_value(v) if KERAS_3 else v
+    inner = _keras.keras_variable_value(v) if KERAS_3 else v
     out.append(inner if inner is not None else v)
   return out + optimizer_extras(optimizer, out)
 

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import snapstore
-from snapstore import _tf
+from snapstore import _keras
 from snapstore.engines.eager import copies
 from tests.eager import common
 from tests.eager.common import keras
@@ -590,7 +590,7 @@ def _model_with_state(kind):
   else:
     state = [model.layers[1].count]
   return model, [
-    (_tf.keras_variable_value(v) if _tf.is_keras_3_object(v) else v)
+    (_keras.keras_variable_value(v) if _keras.is_keras_3_object(v) else v)
     for v in state
   ]
 
@@ -680,7 +680,7 @@ def _gan_state(gan):
   for opt in (gan.d_optimizer, gan.g_optimizer):
     variables += list(opt.variables) + common.optimizer_extras(opt)
   return common.values(
-    [_tf.keras_variable_value(v) if common.KERAS_3 else v for v in variables]
+    [_keras.keras_variable_value(v) if common.KERAS_3 else v for v in variables]
   )
 
 
@@ -790,7 +790,7 @@ def _tf_names(variables):
   """The names of the `tf.Variable`s behind `variables` (Keras 3's too)."""
   out = []
   for v in variables:
-    inner = _tf.keras_variable_value(v) if common.KERAS_3 else v
+    inner = _keras.keras_variable_value(v) if common.KERAS_3 else v
     out.append((inner if inner is not None else v).name)
   return out
 
@@ -1286,7 +1286,7 @@ needs_two_cpus = pytest.mark.skipif(
 def _components(model):
   """Every component of every state variable (metrics too), in order."""
   metrics = [
-    _tf.keras_variable_value(v) if common.KERAS_3 else v
+    _keras.keras_variable_value(v) if common.KERAS_3 else v
     for m in model.metrics
     for v in m.variables
   ]

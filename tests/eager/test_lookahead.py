@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import snapstore
-from snapstore import _tf
+from snapstore import _keras
 from tests.eager import common
 from tests.eager.common import assert_bits_equal
 from tests.eager.common import keras
@@ -56,7 +56,7 @@ def test_every_step_equals_the_numpy_rule(k, alpha, inside):
   fast = list(store.variables.values())
   assert {v.dtype for v in fast} == {tf.float32, tf.float64}
   by_id = {id(v): key for key, v in store.variables.items()}
-  unwrapped = [_tf.keras_variable_value(v) for v in var_list]
+  unwrapped = [_keras.keras_variable_value(v) for v in var_list]
   order = [
     by_id[id(v if u is None else u)] for v, u in zip(var_list, unwrapped)
   ]

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import snapstore
-from snapstore import _tf
+from snapstore import _keras
 from snapstore.engines.eager import copies
 from tests.eager import common
 from tests.eager.common import assert_bits_equal
@@ -364,7 +364,7 @@ def test_plain_variables_with_their_optimizer_roll_back_exactly(
   # The optimizer's state: what a checkpoint of it saves, but the variables
   # it trains and its learning rates.
   listed = [
-    _tf.keras_variable_value(v) if common.KERAS_3 else v
+    _keras.keras_variable_value(v) if common.KERAS_3 else v
     for v in (opt.variables() if callable(opt.variables) else opt.variables)
   ]
   state = [
@@ -456,7 +456,7 @@ def test_unnamed_variables_with_their_optimizer_roll_back_exactly(
     var_list=[w, b], optimizer=opt, mode=mode, **mode_options(mode, tmp_path)
   )
   listed = [
-    _tf.keras_variable_value(v) if common.KERAS_3 else v
+    _keras.keras_variable_value(v) if common.KERAS_3 else v
     for v in (opt.variables() if callable(opt.variables) else opt.variables)
   ]
   slots = [  # all but the iteration count and the learning rate

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import snapstore
-from snapstore import _tf
+from snapstore import _keras
 from tests.eager import common
 from tests.eager.common import assert_bits_equal
 from tests.eager.common import keras
@@ -193,7 +193,7 @@ def _unwrapped(variable):
   """The tf.Variable a Keras 3 variable keeps its value in; others as
   they are."""
   if common.KERAS_3:
-    return _tf.keras_variable_value(variable)
+    return _keras.keras_variable_value(variable)
   return variable
 
 

@@ -50,14 +50,14 @@ process loads into another with the same keys.
 
 import collections
 
-from snapstore._tf import keras_learning_rate
-from snapstore._tf import keras_hyperparameters
-from snapstore._tf import keras_trained_variables
-from snapstore._tf import keras_layers
+from snapstore._keras import keras_learning_rate
+from snapstore._keras import keras_hyperparameters
+from snapstore._keras import keras_trained_variables
+from snapstore._keras import keras_layers
 from snapstore._tf import in_graph_mode
-from snapstore._tf import is_keras_3_object
+from snapstore._keras import is_keras_3_object
 from snapstore._tf import is_sharded_variable
-from snapstore._tf import keras_variable_value
+from snapstore._keras import keras_variable_value
 from snapstore._tf import module_variable_paths
 from snapstore._tf import tf2
 from snapstore._tf import tf_variables

@@ -22,8 +22,8 @@ from snapstore._tf import wrapper_state
 from snapstore._tf import makes_no_state
 from snapstore._tf import wrapped_optimizer
 from snapstore._tf import optimizer_name
-from snapstore._tf import is_keras_3_object
-from snapstore._tf import KERAS_3_FIX
+from snapstore._keras import is_keras_3_object
+from snapstore._keras import KERAS_3_FIX
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import distributed
