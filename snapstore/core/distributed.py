@@ -374,3 +374,10 @@ def _bits(value):
 
 def _sync_on_read(variable):
   return variable.synchronization == tf.VariableSynchronization.ON_READ
+
+
+def in_replica_context():
+  """True inside `strategy.run` of a real strategy (not the default one)."""
+  return tf.distribute.has_strategy() and not (
+    tf.distribute.in_cross_replica_context()
+  )

@@ -14,12 +14,12 @@ component, `snapstore.core.distributed`), as TF's EMA does under a strategy
 
 import numpy as np
 
+from snapstore.core import distributed as core_distributed
 from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import checks
 from snapstore.core import distributed
-from snapstore.engines.eager import distributed as eager_distributed
 from snapstore.engines.graph import copies
 from snapstore.engines.graph import variables
 from snapstore import errors
@@ -209,7 +209,7 @@ def _check_cross_replica(what):
   Raises:
     ValueError: Called in replica context.
   """
-  if eager_distributed.in_replica_context():
+  if core_distributed.in_replica_context():
     raise ValueError(
       "%s was built inside strategy.run (replica context): its update op "
       "updates every replica's component itself, so each replica would "

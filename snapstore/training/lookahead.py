@@ -39,13 +39,13 @@ import warnings
 
 import numpy as np
 
+from snapstore.core import distributed as core_distributed
 from snapstore._tf import distributed_apply
 from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.core import checks
 from snapstore.core import distributed
 from snapstore.engines import choice
-from snapstore.engines.eager import distributed as eager_distributed
 from snapstore.engines.graph import copies
 from snapstore.store import SnapshotStore
 from snapstore.training import keras_lookahead
@@ -178,7 +178,7 @@ class Lookahead(WrapperOptimizer):
         this graph.
     """
     grads_and_vars = tuple(grads_and_vars)
-    if eager_distributed.in_replica_context():
+    if core_distributed.in_replica_context():
       # As tf.train.Optimizer.apply_gradients under a strategy: the
       # replicas' gradients meet in one merge_call, which builds the step
       # once, in cross-replica context, for every replica.

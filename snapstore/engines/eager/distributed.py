@@ -44,6 +44,7 @@ from snapstore._tf import tf
 from snapstore._tf import tf2
 from snapstore.core.distributed import aggregate
 from snapstore.core.distributed import components
+from snapstore.core.distributed import in_replica_context
 from snapstore.core.distributed import is_distributed
 from snapstore.core.distributed import spread
 from snapstore.core.distributed import workers
@@ -136,13 +137,6 @@ def local(variable):
   if not is_distributed(variable):
     return variable
   return local_component(variable)
-
-
-def in_replica_context():
-  """True inside `strategy.run` of a real strategy (not the default one)."""
-  return tf2.distribute.has_strategy() and not (
-    tf2.distribute.in_cross_replica_context()
-  )
 
 
 def _sync_on_read(variable):

@@ -48,7 +48,7 @@ from snapstore.core.distributed import (
 from snapstore.core.distributed import components
 from snapstore.core.distributed import replica_layout as distributed_layout
 from snapstore import errors
-from snapstore.engines.eager.distributed import in_replica_context
+from snapstore.core.distributed import in_replica_context
 from snapstore.core import writers
 
 # Marker value of a slot that holds no tag.
