@@ -12,7 +12,7 @@ import snapstore
 
 # Layer of each module or folder of the package, lowest first.
 LAYERS = [
-  ("errors", "_version", "_tf"),
+  ("errors", "_version", "_tf", "_keras"),
   ("core",),
   ("spill",),
   ("files",),
@@ -25,6 +25,9 @@ LAYERS = [
 ]
 
 _ROOT = os.path.dirname(snapstore.__file__)
+# What asks which engine runs (EnginesTest): an `eager` flag, TensorFlow's
+# own question and the one that decides the engine.
+_ENGINE_ASKS = frozenset(["eager", "builds_eagerly", "executing_eagerly"])
 
 
 def _layer(module):
@@ -144,6 +147,31 @@ class EnginesTest(unittest.TestCase):
           if "store._" in line.replace("snapstore._", ""):
             readers.append("%s:%d: %s" % (module, number, line.strip()))
     self.assertEqual(readers, [])
+
+  def test_only_the_engines_ask_which_engine_runs(self):
+    # Outside snapstore/engines/ (whose choice.py makes the one choice) and
+    # _tf.py (which says how), nothing asks whether it runs eagerly: it
+    # asks the store's engine.
+    asking = []
+    for module, path in _modules():
+      if module.split(".")[0] == "engines" or module == "_tf":
+        continue
+      with open(path) as f:
+        tree = ast.parse(f.read(), path)
+      for node in ast.walk(tree):
+        name = None
+        if isinstance(node, ast.Attribute) and node.attr in _ENGINE_ASKS:
+          name = node.attr
+        elif isinstance(node, ast.Name) and node.id in _ENGINE_ASKS:
+          name = node.id
+        elif isinstance(node, ast.keyword) and node.arg == "eager":
+          name = "eager="
+        elif isinstance(node, ast.ImportFrom):
+          names = [a.name for a in node.names if a.name in _ENGINE_ASKS]
+          name = names[0] if names else None
+        if name:
+          asking.append("snapstore.%s:%d: %s" % (module, node.lineno, name))
+    self.assertEqual(asking, [])
 
   def test_no_module_is_over_700_lines(self):
     long = []
