@@ -25,7 +25,7 @@ step. Measured, as time per training step:
   in-step, minimize inside      store.slots.snapshot_before(lambda: opt.minimize(loss)):
                                 the gradients are built inside, so they wait
                                 for the copy too (what not to do)
-  guard, every step             `with snapstore.Guard(store, watch=loss) as g:
+  guard, every step             `with snapstore.Guard(store, watch_tensors=loss) as g:
                                 g.run(train_op, feed)` (device store): the
                                 snapshot, the run, the loss check
   guard, in-step, every step    the same with the in-step train op and the
@@ -280,13 +280,15 @@ class Loop(object):
 
     def guarded(feed, i):
       del i
-      with snapstore.Guard(self.device, watch=loss, session=sess) as guard:
+      with snapstore.Guard(
+        self.device, watch_tensors=loss, session=sess
+      ) as guard:
         guard.run(train, feed)
 
     def guarded_in_step(feed, i):
       del i
       with snapstore.Guard(
-        self.in_step, watch=loss, tag="before_step", session=sess
+        self.in_step, watch_tensors=loss, tag="before_step", session=sess
       ) as guard:
         guard.run(self.train_in_step, feed)
 

@@ -15,7 +15,7 @@ to survive it with snapstore:
   runs, and the snapshot is restored (and the learning rate halved) when the
   loss on the batch rose by more than the tolerance.
 
-Watching only for a non-finite loss (`snapstore.Guard(store, watch=loss)`) would not be
+Watching only for a non-finite loss (`snapstore.Guard(store, watch_tensors=loss)`) would not be
 enough here: a diverging loss grows through large finite values for several
 steps before it overflows, and by then the state the guard took at the start
 of the step is already ruined. For that, roll back further, to a snapshot from
