@@ -26,6 +26,7 @@ import numpy as np
 from snapstore._tf import tf
 from snapstore._tf import tf2
 from snapstore import errors
+from snapstore.core.distributed import components
 from snapstore.training import fit_coordinator
 from snapstore.training import fit_keeper
 from snapstore.training import followers
@@ -54,7 +55,8 @@ class BatchKeeper(fit_keeper.FitKeeper, followers.Leader):
     self._first_batch = False
     self._covered = frozenset()  # ids of the store's variables
     self._metric_vars = []  # metric variables the store does not cover
-    self._metric_copies = {}  # tag -> [(variable, numpy value)]
+    # tag -> [(variable, component, numpy value)]
+    self._metric_copies = {}
     self._timer = None
     self._coordinator = None  # fit's ClusterCoordinator (PS strategy v2)
     self._consecutive = 0
@@ -247,7 +249,14 @@ class BatchKeeper(fit_keeper.FitKeeper, followers.Leader):
     for old in [t for t in self._metric_copies if t not in held]:
       del self._metric_copies[old]
     if self._metric_vars:
-      self._metric_copies[tag] = [(v, v.numpy()) for v in self._metric_vars]
+      # Component by component: a metric under a strategy keeps a total
+      # per replica (sync-on-read), whose read is their sum, and whose
+      # assign in cross-replica context would give each replica a share.
+      self._metric_copies[tag] = [
+        (v, part, part.numpy())
+        for v in self._metric_vars
+        for part in components(v)
+      ]
 
   def _restore_metrics(self, tag, period):
     """Puts back the metrics of snapshot `tag`; resets the rest.
@@ -258,10 +267,11 @@ class BatchKeeper(fit_keeper.FitKeeper, followers.Leader):
     """
     same = period == self._period
     copies = self._metric_copies.get(tag, []) if same else []
-    for variable, value in copies:
-      variable.assign(value, read_value=False)
+    for _, part, value in copies:
+      with tf.device(part.device):
+        part.assign(value, read_value=False)
     put_back = (self._covered if same else frozenset()) | set(
-      id(v) for v, _ in copies
+      id(v) for v, _, _ in copies
     )
     for metric in self._model.metrics:
       if not all(
