@@ -1,9 +1,9 @@
 # Two commands a new user needs (see README):
 #   make demo   create .venv/ (Python 3.7, TensorFlow 1.15.5) and run the demo
 #   make test   the same environment, then the test suite (two shards at once)
-# The same on TensorFlow 2.x (Python 3.11), graph mode and the eager engine:
-#   make demo-tf2 / make test-tf2       .venv-tf2/   (TensorFlow 2.21 with tf-keras)
-#   make test-tf215                     .venv-tf215/ (TensorFlow 2.15)
+# The same on TensorFlow 2.x, graph mode and the eager engine:
+#   make demo-tf2 / make test-tf2       .venv-tf2/   (Python 3.13, TensorFlow 2.21 with tf-keras)
+#   make test-tf215                     .venv-tf215/ (Python 3.9, TensorFlow 2.15)
 #   make lint / make format             ruff (ruff.toml), from .venv-tf2/
 # The TF 2.x targets also build .venv/, so that the test writing files on one
 # stack and reading them on the other runs in both directions.

@@ -1,9 +1,9 @@
 """The one module that imports TensorFlow: version gate, graph mode, private APIs.
 
 snapstore runs, from one code base, on TensorFlow 1.15 (Python 3.7; the
-reference stack) and on TensorFlow 2.15 and newer through `tf.compat.v1` in
-graph mode (Python 3.11 and newer). The rest of the package imports TensorFlow
-only from here:
+reference stack) and on TensorFlow 2.15 and newer, through `tf.compat.v1` in
+graph mode and eagerly (Python 3.9 and newer). The rest of the package imports
+TensorFlow only from here:
 
     from snapstore._tf import tf      # tensorflow.compat.v1, on every version
     from snapstore._tf import ops     # a private module; see the list below
@@ -51,7 +51,7 @@ def _install_fix():
       "(tensorflow-gpu==1.15.*)."
     )
   return (
-    "Install TensorFlow 2.15 or newer with tf-keras (Python 3.11 and "
+    "Install TensorFlow 2.15 or newer with tf-keras (Python 3.9 and "
     "newer): `pip install 'snapstore[cpu]'` or `pip install "
     "'snapstore[gpu]'`; or TensorFlow 1.15 on Python 3.7."
   )
