@@ -14,11 +14,15 @@ PY := $(VENV)/bin/python
 TF2_ENV := TF_USE_LEGACY_KERAS=1
 PY_TF2 := $(TF2_ENV) .venv-tf2/bin/python
 PY_TF215 := .venv-tf215/bin/python
+# The demo shows its own output only, without TensorFlow's start-up notices
+# (snapstore/_tf_startup.py): set before `python -m snapstore.demo`
+# imports the package, and TensorFlow with it.
+QUIET := SNAPSTORE_QUIET_TF=1
 
 .PHONY: demo test bench venv demo-tf2 test-tf2 bench-tf2 venv-tf2 test-tf215 venv-tf215 lint format clean
 
 demo: venv
-	$(PY) -m snapstore.demo
+	$(QUIET) $(PY) -m snapstore.demo
 
 # The graph-mode suite on TF 1.15 as two processes, one per core, each half
 # of the tests (SNAPSTORE_TEST_SHARD, tests/conftest.py): in one process it
@@ -35,7 +39,7 @@ venv:
 	./scripts/bootstrap
 
 demo-tf2: venv-tf2
-	$(PY_TF2) -m snapstore.demo
+	$(QUIET) $(PY_TF2) -m snapstore.demo
 
 # The graph-mode suite, then the eager engine's (tests/eager) with each Keras:
 # tf-keras, and Keras 3 (TF_USE_LEGACY_KERAS=0). Two processes, one per core,

@@ -39,6 +39,8 @@ import os
 import re
 import sys
 
+from snapstore import _tf_startup
+
 _MIN_TF2 = (2, 15)
 
 
@@ -58,6 +60,23 @@ def _install_fix():
 
 
 def _import():
+  """Imports TensorFlow (quietly: see _tf_startup); an ImportError naming the fix."""
+  if not _tf_startup.asked():
+    return _import_tensorflow()
+  # Without TensorFlow's informational lines and warnings from C++ too.
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  with _tf_startup.stderr_through(_tf_startup.drop_notices):
+    tensorflow, version = _import_tensorflow()
+    # TF 2.x probes for CUDA (cuInit) when it first lists the devices.
+    list_devices = getattr(tensorflow.config, "list_physical_devices", None)
+    if list_devices is not None:
+      list_devices()
+  tensorflow.get_logger().setLevel("ERROR")
+  _tf_startup.ignore_layers_deprecation()
+  return tensorflow, version
+
+
+def _import_tensorflow():
   """Imports TensorFlow; an ImportError naming the fix if it is not usable."""
   try:
     import tensorflow  # pylint: disable=g-import-not-at-top
