@@ -439,11 +439,12 @@ class DeviceMode(mode.GraphMode, slot_book.SlotBook):
     is selected: a user's own `snapshot_op(k)`, `restore_op(k)` run as
     before (they are not merged: each is its own slot's copy).
 
-    A dead op still costs the executor about a microsecond per run, so the
-    restore merges reads rather than gating an assign per slot and variable,
-    and a store of per-variable shadows keeps an op per slot: gating its
-    K copies of every variable made a snapshot of 1,000 variables (K=4)
-    2.4x as slow as its own slot's op (8.3 ms against 3.4 ms, issue 25).
+    A dead op still costs the executor time at every run, so the restore
+    merges reads rather than gating an assign per slot and variable, and a
+    store of per-variable shadows keeps an op per slot: gating its K copies
+    of every variable made each snapshot run all K slots' dead copies, more
+    than twice as slow as its own slot's op (bench/README.md, "Cost against
+    the number of variables").
 
     Args:
       slot: The slot, or `num_slots` for the scratch shadows.
