@@ -6,11 +6,11 @@ On a machine without a GPU, importing TensorFlow 2.x writes lines such as
     E0000 00:00:1796164507.755053   21323 cuda_platform.cc:52] failed call to cuInit: ... UNKNOWN ERROR (303)
 
 which a newcomer running the demo reads as errors. With `SNAPSTORE_QUIET_TF=1`
-in the environment before snapstore is imported (the demo, the examples and
-the Makefile's demo targets set it), `snapstore._tf` imports TensorFlow with
-these notices dropped, TF_CPP_MIN_LOG_LEVEL defaulting to 2 (no informational
-lines or warnings from C++), TensorFlow's Python logger at ERROR and tf-keras's
-deprecation warning for `tf.compat.v1.layers` ignored. Errors and everything
+in the environment when snapstore is imported, before TensorFlow is (the demo,
+the examples and the Makefile's demo targets set it), `snapstore._tf` imports
+TensorFlow with these notices dropped, TF_CPP_MIN_LOG_LEVEL defaulting to 2 (no
+informational lines or warnings from C++), TensorFlow's Python logger at ERROR
+and tf-keras's deprecation warning for `tf.compat.v1.layers` ignored. Errors and everything
 else TensorFlow writes still show. TF_CPP_MIN_LOG_LEVEL alone cannot do this:
 TensorFlow 2.16+ writes these notices while it loads, before its logging reads
 that variable. Unset, importing snapstore leaves TensorFlow's output as it is.

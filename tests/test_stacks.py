@@ -20,23 +20,29 @@ from snapstore._tf import tf
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _python(code, keep_legacy_keras=True):
-  """Runs `code` in a child Python of this stack; (returncode, output)."""
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+def _child(code, env, stderr=subprocess.STDOUT):
+  """Runs `code` in a child Python of this stack, with environment `env`."""
+  env = dict(env)
   env.pop(
     "TF2_BEHAVIOR", None
   )  # set by importing TF 2.x; not the child's choice
-  if not keep_legacy_keras:
-    env.pop("TF_USE_LEGACY_KERAS", None)
-  result = subprocess.run(
+  return subprocess.run(
     [sys.executable, "-c", code],
     cwd=ROOT,
     env=env,
     stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
+    stderr=stderr,
     universal_newlines=True,
     timeout=120,
   )
+
+
+def _python(code, keep_legacy_keras=True):
+  """Runs `code` in a child Python of this stack; (returncode, output)."""
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  if not keep_legacy_keras:
+    env.pop("TF_USE_LEGACY_KERAS", None)
+  result = _child(code, env)
   return result.returncode, result.stdout
 
 
@@ -113,16 +119,7 @@ def _stderr_of(code, **env):
   """What a child Python of this stack running `code` writes to stderr."""
   child_env = dict(os.environ, PYTHONPATH=ROOT, **env)
   child_env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-  child_env.pop("TF2_BEHAVIOR", None)
-  result = subprocess.run(
-    [sys.executable, "-c", code],
-    cwd=ROOT,
-    env=child_env,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    universal_newlines=True,
-    timeout=120,
-  )
+  result = _child(code, child_env, stderr=subprocess.PIPE)
   assert result.returncode == 0, result.stderr
   return result.stderr
 
