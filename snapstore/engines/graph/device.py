@@ -443,8 +443,8 @@ class DeviceMode(mode.GraphMode, slot_book.SlotBook):
     merges reads rather than gating an assign per slot and variable, and a
     store of per-variable shadows keeps an op per slot: gating its K copies
     of every variable made each snapshot run all K slots' dead copies, more
-    than twice as slow as its own slot's op (bench/README.md, "Cost against
-    the number of variables").
+    than twice as slow as its own slot's op (bench/README.md, "Building a
+    store and its first calls").
 
     Args:
       slot: The slot, or `num_slots` for the scratch shadows.
