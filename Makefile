@@ -19,7 +19,7 @@ PY_TF215 := .venv-tf215/bin/python
 # imports the package, and TensorFlow with it.
 QUIET := SNAPSTORE_QUIET_TF=1
 
-.PHONY: demo test bench venv demo-tf2 test-tf2 bench-tf2 venv-tf2 test-tf215 venv-tf215 lint format clean
+.PHONY: demo test bench venv demo-tf2 test-tf2 bench-tf2 venv-tf2 test-tf215 venv-tf215 check-wheel lint format clean
 
 demo: venv
 	$(QUIET) $(PY) -m snapstore.demo
@@ -75,6 +75,12 @@ test-tf215: venv-tf215 venv
 
 venv-tf215:
 	./scripts/bootstrap tf215
+
+# The release as a user installs it: `python -m build`, the wheel with its cpu
+# extra in a fresh venv (TensorFlow 2.21, Python 3.13), an eager program, the
+# demo's eager run and the CLI, from a directory outside the tree.
+check-wheel: venv-tf2
+	./scripts/check_wheel
 
 # The formatter (check only) and the linter, configured in ruff.toml; ruff is
 # installed in the TF 2.x venv (requirements/tf2.txt).
