@@ -117,8 +117,12 @@ class CompatModuleTest(unittest.TestCase):
 
 def _stderr_of(code, **env):
   """What a child Python of this stack running `code` writes to stderr."""
-  child_env = dict(os.environ, PYTHONPATH=ROOT, **env)
-  child_env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+  child_env = dict(os.environ, PYTHONPATH=ROOT)
+  # Unset unless asked for: importing snapstore.demo (other tests do) sets
+  # SNAPSTORE_QUIET_TF in this process's environment.
+  for name in ("TF_CPP_MIN_LOG_LEVEL", "SNAPSTORE_QUIET_TF"):
+    child_env.pop(name, None)
+  child_env.update(env)
   result = _child(code, child_env, stderr=subprocess.PIPE)
   assert result.returncode == 0, result.stderr
   return result.stderr
