@@ -418,9 +418,9 @@ class DeviceMode(mode.GraphMode, slot_book.SlotBook):
     """An op that is dead unless `slot` is selected, on `anchor`'s device.
 
     TensorFlow's first run of a new set of fetches and feeds (a run
-    signature) optimizes the graph, about 1.3 s for a packed store of 1,000
-    variables on TF 1.15; a store that ran an op per slot paid it again in
-    each slot. A packed store runs one op per kind of copy instead, and
+    signature) optimizes the graph, which takes seconds for a store of a
+    thousand variables (bench/README.md, "Building a store and its first
+    calls"); a store that ran an op per slot paid it again in each slot. A packed store runs one op per kind of copy instead, and
     feeds `_selects` (True for the slot it copies, False for the others; the
     last one stands for the scratch shadows):
 
