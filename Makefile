@@ -1,9 +1,9 @@
 # Two commands a new user needs (see README):
 #   make demo   create .venv/ (Python 3.7, TensorFlow 1.15.5) and run the demo
 #   make test   the same environment, then the test suite (two shards at once)
-# The same on TensorFlow 2.x (Python 3.11), graph mode and the eager engine:
-#   make demo-tf2 / make test-tf2       .venv-tf2/   (TensorFlow 2.21 with tf-keras)
-#   make test-tf215                     .venv-tf215/ (TensorFlow 2.15)
+# The same on TensorFlow 2.x, graph mode and the eager engine:
+#   make demo-tf2 / make test-tf2       .venv-tf2/   (Python 3.13, TensorFlow 2.21 with tf-keras)
+#   make test-tf215                     .venv-tf215/ (Python 3.9, TensorFlow 2.15)
 #   make lint / make format             ruff (ruff.toml), from .venv-tf2/
 # The TF 2.x targets also build .venv/, so that the test writing files on one
 # stack and reading them on the other runs in both directions.
@@ -14,11 +14,15 @@ PY := $(VENV)/bin/python
 TF2_ENV := TF_USE_LEGACY_KERAS=1
 PY_TF2 := $(TF2_ENV) .venv-tf2/bin/python
 PY_TF215 := .venv-tf215/bin/python
+# The demo shows its own output only, without TensorFlow's start-up notices
+# (snapstore/_tf_startup.py): set before `python -m snapstore.demo`
+# imports the package, and TensorFlow with it.
+QUIET := SNAPSTORE_QUIET_TF=1
 
-.PHONY: demo test bench venv demo-tf2 test-tf2 bench-tf2 venv-tf2 test-tf215 venv-tf215 lint format clean
+.PHONY: demo test bench venv demo-tf2 test-tf2 bench-tf2 venv-tf2 test-tf215 venv-tf215 check-wheel lint format clean
 
 demo: venv
-	$(PY) -m snapstore.demo
+	$(QUIET) $(PY) -m snapstore.demo
 
 # The graph-mode suite on TF 1.15 as two processes, one per core, each half
 # of the tests (SNAPSTORE_TEST_SHARD, tests/conftest.py): in one process it
@@ -35,7 +39,7 @@ venv:
 	./scripts/bootstrap
 
 demo-tf2: venv-tf2
-	$(PY_TF2) -m snapstore.demo
+	$(QUIET) $(PY_TF2) -m snapstore.demo
 
 # The graph-mode suite, then the eager engine's (tests/eager) with each Keras:
 # tf-keras, and Keras 3 (TF_USE_LEGACY_KERAS=0). Two processes, one per core,
@@ -71,6 +75,12 @@ test-tf215: venv-tf215 venv
 
 venv-tf215:
 	./scripts/bootstrap tf215
+
+# The release as a user installs it: `python -m build`, the wheel with its cpu
+# extra in a fresh venv (TensorFlow 2.21, Python 3.13), an eager program, the
+# demo's eager run and the CLI, from a directory outside the tree.
+check-wheel: venv-tf2
+	./scripts/check_wheel
 
 # The formatter (check only) and the linter, configured in ruff.toml; ruff is
 # installed in the TF 2.x venv (requirements/tf2.txt).

@@ -5,8 +5,9 @@ Python 3.5-3.7 and TensorFlow 2.15+ only on 3.9 and newer:
 
 - Python 3.7: TensorFlow 1.15 (the reference stack), numpy < 1.19, h5py 2, and
   protobuf < 3.21, without which TF 1.15 fails to import.
-- Python 3.11 and newer: TensorFlow 2.15 or newer in compat.v1 graph mode,
-  numpy 1.26 or 2, h5py 3; protobuf is left to TensorFlow.
+- Python 3.9 and newer: TensorFlow 2.15 or newer, in compat.v1 graph mode or
+  eagerly, numpy 1.26 or 2, h5py 3; protobuf is left to TensorFlow. (TensorFlow
+  2.15 has wheels for Python 3.9-3.11, 2.21 for 3.10-3.13.)
 
 TensorFlow is not a hard requirement, because its CPU and GPU builds are
 different distributions (`tensorflow` and `tensorflow-gpu` for 1.15; the
@@ -35,8 +36,8 @@ def _tf1(requirement):
 
 
 def _tf2(requirement):
-  """`requirement` on the TensorFlow 2.x stack (Python 3.11 and newer) only."""
-  return requirement + "; python_version >= '3.11'"
+  """`requirement` on the TensorFlow 2.x stack (Python 3.9 and newer) only."""
+  return requirement + "; python_version >= '3.9'"
 
 
 def _version():
@@ -53,17 +54,19 @@ setup(
   name="snapstore",
   version=_version(),
   description=(
-    "In-memory snapshots of TensorFlow graph-mode variables (TF 1.15, "
-    "or TF 2.x through tf.compat.v1): snapshot, roll back and "
-    "evaluate past parameters next to current ones."
+    "In-memory snapshots of TensorFlow variables, in graph mode (TF 1.15, "
+    "or TF 2.x through tf.compat.v1) and eagerly (TF 2.x, Keras 3 or "
+    "tf-keras): snapshot, roll back and evaluate past parameters next to "
+    "current ones."
   ),
   long_description=_long_description(),
   long_description_content_type="text/markdown",
   packages=find_packages(include=["snapstore", "snapstore.*"]),
-  # 3.7 for TensorFlow 1.15; 3.11 and newer for TensorFlow 2.x (tested with
-  # 2.15 and 2.21 on 3.11). No TensorFlow this supports runs on both 3.8-3.10
-  # and a tested Python.
-  python_requires=">=3.7, !=3.8.*, !=3.9.*, !=3.10.*",
+  # 3.7 for TensorFlow 1.15; 3.9 and newer for TensorFlow 2.x: every Python
+  # the supported TensorFlow releases run on (2.15: 3.9-3.11; 2.21:
+  # 3.10-3.13), tested at both ends (2.15 on 3.9, 2.21 on 3.13). No
+  # TensorFlow this supports runs on 3.8.
+  python_requires=">=3.7, !=3.8.*",
   install_requires=[
     # What TensorFlow 1.15.5 itself pins.
     _tf1("numpy>=1.16,<1.19"),
@@ -91,8 +94,11 @@ setup(
   },
   classifiers=[
     "Programming Language :: Python :: 3.7",
+    "Programming Language :: Python :: 3.9",
+    "Programming Language :: Python :: 3.10",
     "Programming Language :: Python :: 3.11",
     "Programming Language :: Python :: 3.12",
+    "Programming Language :: Python :: 3.13",
     "Topic :: Scientific/Engineering :: Artificial Intelligence",
   ],
 )

@@ -2,7 +2,7 @@
 """Side-by-side tables of the same benches on two stacks, from their --json.
 
 Reads `DIR/<bench>_<stack>.json` as written by each `bench/bench_*.py --json`
-(for example by the loop in bench/README.md, "Both stacks side by side") and
+(for example by bench/run_both_stacks.sh, see bench/README.md) and
 prints one Markdown table per bench: its headline figures (the ratios it
 checks against its targets, and the times they come from) on each stack, in
 one row per figure. It measures nothing and needs no TensorFlow.

@@ -2,7 +2,7 @@
 """Probe: what an in-step undo adds to Keras's compiled train function, per step.
 
 `fit`'s per-batch times on this 2-core machine swing by 10-50% between
-rounds (bench/README.md, "Undoing a step by skipping its update"), more than
+rounds (bench/README.md, "The eager engine"), more than
 the few tens of microseconds an in-step undo adds to a 1-2 ms step. This
 probe times the part that the in-step modes change, Keras's train function
 (`model.train_function`, one compiled step; the batch hooks do no TensorFlow
@@ -105,6 +105,7 @@ def main(argv=None):
     else:
       callback = snapstore.SnapshotCallback(in_step=True, in_step_undo=undo)
       callback.set_model(model)
+      callback.set_params({"verbose": 0, "epochs": 1, "steps": None})  # as fit
       callback.on_train_begin()  # wraps the step, makes the train function
     iterator = iter(data)
     for _ in range(50):  # traced and warm

@@ -32,7 +32,9 @@ import sys
 
 import numpy as np
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Before TensorFlow is imported: without its start-up notices (no GPU,
+# oneDNN, CPU build options) and warnings; see snapstore/_tf_startup.py.
+os.environ.setdefault("SNAPSTORE_QUIET_TF", "1")
 # TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
 # Keras) only with this set before TensorFlow is imported; where tf-keras
 # is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.

@@ -1,9 +1,16 @@
-"""snapstore: in-memory snapshots of TensorFlow graph-mode variables.
+"""snapstore: in-memory snapshots of TensorFlow variables, eagerly and in graph mode.
 
 Take a snapshot of a model's variables, roll back to it, and evaluate past
-parameters next to current ones, without writing a checkpoint every step.
+parameters next to current ones, without writing a checkpoint every step. A
+store is eager or graph-mode as TensorFlow is where it is built: eager
+execution on TensorFlow 2.x (`tf.function`, Keras 3 or tf-keras), or a
+TF1-style graph with `tf.Session` (TensorFlow 1.15, or 2.x's `tf.compat.v1`).
 
-    store = snapstore.SnapshotStore(scope="net", mode="device")
+    store = snapstore.SnapshotStore(var_list=model, optimizer=opt)   # eager
+    tag = store.snapshot()
+    store.restore(tag)
+
+    store = snapstore.SnapshotStore(scope="net", mode="device")      # graph mode
     tag = store.snapshot(session=sess)
     ...
     store.restore(tag, session=sess)

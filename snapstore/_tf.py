@@ -1,9 +1,9 @@
 """The one module that imports TensorFlow: version gate, graph mode, private APIs.
 
 snapstore runs, from one code base, on TensorFlow 1.15 (Python 3.7; the
-reference stack) and on TensorFlow 2.15 and newer through `tf.compat.v1` in
-graph mode (Python 3.11 and newer). The rest of the package imports TensorFlow
-only from here:
+reference stack) and on TensorFlow 2.15 and newer, through `tf.compat.v1` in
+graph mode and eagerly (Python 3.9 and newer). The rest of the package imports
+TensorFlow only from here:
 
     from snapstore._tf import tf      # tensorflow.compat.v1, on every version
     from snapstore._tf import ops     # a private module; see the list below
@@ -39,6 +39,8 @@ import os
 import re
 import sys
 
+from snapstore import _tf_startup
+
 _MIN_TF2 = (2, 15)
 
 
@@ -51,13 +53,30 @@ def _install_fix():
       "(tensorflow-gpu==1.15.*)."
     )
   return (
-    "Install TensorFlow 2.15 or newer with tf-keras (Python 3.11 and "
+    "Install TensorFlow 2.15 or newer with tf-keras (Python 3.9 and "
     "newer): `pip install 'snapstore[cpu]'` or `pip install "
     "'snapstore[gpu]'`; or TensorFlow 1.15 on Python 3.7."
   )
 
 
 def _import():
+  """Imports TensorFlow (quietly: see _tf_startup); an ImportError naming the fix."""
+  if not _tf_startup.asked():
+    return _import_tensorflow()
+  # Without TensorFlow's informational lines and warnings from C++ too.
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  with _tf_startup.stderr_through(_tf_startup.drop_notices):
+    tensorflow, version = _import_tensorflow()
+    # TF 2.x probes for CUDA (cuInit) when it first lists the devices.
+    list_devices = getattr(tensorflow.config, "list_physical_devices", None)
+    if list_devices is not None:
+      list_devices()
+  tensorflow.get_logger().setLevel("ERROR")
+  _tf_startup.ignore_layers_deprecation()
+  return tensorflow, version
+
+
+def _import_tensorflow():
   """Imports TensorFlow; an ImportError naming the fix if it is not usable."""
   try:
     import tensorflow  # pylint: disable=g-import-not-at-top

@@ -27,7 +27,15 @@ import time
 
 import numpy as np
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The two variables below take effect only if set before TensorFlow is
+# imported. `python -m snapstore.demo` imports the package, and TensorFlow
+# with it, before this module runs, so the Makefile's demo targets set both
+# in the environment; set here, they reach the eager run's process (and a
+# program that imports this module first).
+#
+# Without TensorFlow's start-up notices (no GPU, oneDNN, CPU build options)
+# and warnings: snapstore/_tf_startup.py.
+os.environ.setdefault("SNAPSTORE_QUIET_TF", "1")
 # TF 2.16+ takes tf.compat.v1.layers and tf.keras from tf-keras (TF1-style
 # Keras) only with this set before TensorFlow is imported; where tf-keras
 # is not installed (TF 1.15, 2.15), tf.keras is TensorFlow's own.

@@ -167,7 +167,7 @@ class TracedCallError(Error):
 
 
 class RewireError(Error):
-  """Raised when `SnapshotStore.past` cannot rewire outputs to a slot's shadows.
+  """Raised when `store.slots.past` cannot rewire outputs to a slot's shadows.
 
   The message names the op and why (it writes a variable, it is part of a
   `tf.while_loop`, ...). Nothing is built, and `evaluate_with(past=True)`

@@ -125,7 +125,7 @@ class Files(object):
     under `strip_prefix` loses it and gains `add_prefix`; other names are
     keys as they are.
 
-        store.load_checkpoint(path, tag="b", strip_prefix="model_2")  # model_2/w -> w
+        store.files.load_checkpoint(path, tag="b", strip_prefix="model_2")  # model_2/w -> w
 
     A TF2 object-based checkpoint (`tf.train.Checkpoint.write`,
     `model.save_weights` in the TF format) is matched to the store's variables

@@ -3,6 +3,7 @@
 import contextlib
 import itertools
 import os
+import re
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -13,6 +14,24 @@ from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
 tf.logging.set_verbosity(tf.logging.ERROR)
 
 MODES = ("device", "host")
+
+# What TensorFlow writes that is not a program's own output: a C++ log line
+# (absl's format, TF 2.16+, or TensorFlow's own), absl's banner before its
+# logging starts, a Python warning, a line of TensorFlow's Python logger.
+_TENSORFLOW_LINE = re.compile(
+  r"(?:[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] "
+  r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] "
+  r"|WARNING: All log messages before absl::InitializeLog"
+  r"|.*\b\w*Warning: "
+  r"|(?:INFO|WARNING|ERROR):tensorflow:)"
+)
+
+
+def tensorflow_lines(text):
+  """The lines of a program's output `text` that TensorFlow wrote."""
+  return [line for line in text.splitlines() if _TENSORFLOW_LINE.match(line)]
+
+
 VARIABLE_KINDS = (("ref", False), ("resource", True))
 
 

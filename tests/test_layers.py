@@ -12,7 +12,7 @@ import snapstore
 
 # Layer of each module or folder of the package, lowest first.
 LAYERS = [
-  ("errors", "_version", "_tf", "_keras"),
+  ("errors", "_version", "_tf_startup", "_tf", "_keras"),
   ("core",),
   ("spill",),
   ("files",),

@@ -6,35 +6,43 @@ The import-time behaviour runs in child processes: importing snapstore changes
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import unittest
 
 import snapstore
 from snapstore import _tf
+from snapstore import _tf_startup
 from snapstore import _keras
 from snapstore._tf import tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _python(code, keep_legacy_keras=True):
-  """Runs `code` in a child Python of this stack; (returncode, output)."""
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+def _child(code, env, stderr=subprocess.STDOUT):
+  """Runs `code` in a child Python of this stack, with environment `env`."""
+  env = dict(env)
   env.pop(
     "TF2_BEHAVIOR", None
   )  # set by importing TF 2.x; not the child's choice
-  if not keep_legacy_keras:
-    env.pop("TF_USE_LEGACY_KERAS", None)
-  result = subprocess.run(
+  return subprocess.run(
     [sys.executable, "-c", code],
     cwd=ROOT,
     env=env,
     stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
+    stderr=stderr,
     universal_newlines=True,
     timeout=120,
   )
+
+
+def _python(code, keep_legacy_keras=True):
+  """Runs `code` in a child Python of this stack; (returncode, output)."""
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  if not keep_legacy_keras:
+    env.pop("TF_USE_LEGACY_KERAS", None)
+  result = _child(code, env)
   return result.returncode, result.stdout
 
 
@@ -104,6 +112,94 @@ class CompatModuleTest(unittest.TestCase):
     self.assertFalse(_keras.uses_keras_3())
     self.assertTrue(
       issubclass(snapstore.SnapshotCallback, tf.keras.callbacks.Callback)
+    )
+
+
+def _stderr_of(code, **env):
+  """What a child Python of this stack running `code` writes to stderr."""
+  child_env = dict(os.environ, PYTHONPATH=ROOT)
+  # Unset unless asked for: importing snapstore.demo (other tests do) sets
+  # SNAPSTORE_QUIET_TF in this process's environment.
+  for name in ("TF_CPP_MIN_LOG_LEVEL", "SNAPSTORE_QUIET_TF"):
+    child_env.pop(name, None)
+  child_env.update(env)
+  result = _child(code, child_env, stderr=subprocess.PIPE)
+  assert result.returncode == 0, result.stderr
+  return result.stderr
+
+
+def _messages(stderr):
+  """`stderr` without the time and thread of each C++ log line."""
+  return re.sub(r"(?m)^[^\]\n]*\.cc:\d+\] ", "", stderr)
+
+
+class QuietImportTest(unittest.TestCase):
+  """SNAPSTORE_QUIET_TF=1 (the demo's and examples'): no start-up notices."""
+
+  # What TF 2.21 (absl's format) and TF 2.15 write on a machine without a GPU.
+  NOTICES = (
+    "WARNING: All log messages before absl::InitializeLog() is called are "
+    "written to STDERR\n"
+    "I0000 00:00:1796164485.486414   20890 port.cc:153] oneDNN custom "
+    "operations are on. You may see slightly different numerical results.\n"
+    "I0000 00:00:1796164485.486836   20890 cudart_stub.cc:31] Could not find "
+    "cuda drivers on your machine, GPU will not be used.\n"
+    "E0000 00:00:1796164507.302013   22009 cuda_platform.cc:52] failed call "
+    "to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR "
+    "(303)\n"
+    "2026-12-01 22:39:35.138755: E external/local_xla/xla/stream_executor/"
+    "cuda/cuda_dnn.cc:9261] Unable to register cuDNN factory: Attempting to "
+    "register factory for plugin cuDNN when one has already been registered\n"
+    "2026-12-01 22:39:35.159156: I tensorflow/core/platform/"
+    "cpu_feature_guard.cc:182] This TensorFlow binary is optimized to use "
+    "available CPU instructions in performance-critical operations.\n"
+    "To enable the following instructions: AVX2 FMA, in other operations, "
+    "rebuild TensorFlow with the appropriate compiler flags.\n"
+    "2026-12-01 22:39:36.436183: W tensorflow/compiler/tf2tensorrt/utils/"
+    "py_utils.cc:38] TF-TRT Warning: Could not find TensorRT\n"
+  )
+  OTHERS = (
+    "E0000 00:00:1796164507.302013   22009 op_kernel.cc:1830] OP_REQUIRES "
+    "failed at example.cc:10: out of memory\n"
+    "To enable the following instructions: a line of the program's own\n"
+    "Traceback (most recent call last):\n"
+  )
+
+  def test_the_notices_are_dropped_and_nothing_else(self):
+    self.assertEqual(_tf_startup.drop_notices(self.NOTICES), "")
+    self.assertEqual(_tf_startup.drop_notices(self.OTHERS), self.OTHERS)
+    self.assertEqual(
+      _tf_startup.drop_notices(self.NOTICES + self.OTHERS + self.NOTICES),
+      self.OTHERS,
+    )
+
+  def test_what_cpp_writes_in_the_block_comes_through_filtered(self):
+    code = (
+      "import os\n"
+      "from snapstore import _tf_startup\n"
+      "with _tf_startup.stderr_through(_tf_startup.drop_notices):\n"
+      "  os.write(2, %r.encode())\n"
+      "  print('from python', file=__import__('sys').stderr)\n"
+      % (self.NOTICES + self.OTHERS)
+    )
+    self.assertEqual(
+      _stderr_of(code, SNAPSTORE_QUIET_TF="1"), self.OTHERS + "from python\n"
+    )
+
+  def test_importing_snapstore_quietly_writes_nothing(self):
+    code = (
+      "import os, warnings\n"
+      "import snapstore\n"
+      "from snapstore._tf import tf\n"
+      "tf.disable_v2_behavior()\n"  # TF 1.15's Python logger warns here
+      "assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '2'\n"
+    )
+    self.assertEqual(_stderr_of(code, SNAPSTORE_QUIET_TF="1"), "")
+
+  def test_without_it_tensorflow_writes_what_it_always_writes(self):
+    self.assertEqual(
+      _messages(_stderr_of("import snapstore")),
+      _messages(_stderr_of("import tensorflow")),
     )
 
 

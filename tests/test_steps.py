@@ -293,8 +293,8 @@ class InStepCountTest(tf.test.TestCase, parameterized.TestCase):
   def test_the_step_bumps_the_count_without_reading_it(self, use_resource):
     # The count is in every run of the train op: a read, an add and an
     # assign (with the read's initialized-or-not switch) cost a small model's
-    # step measurably more than one in-place add (bench/README.md, "Before
-    # and after issues 21 and 22").
+    # step measurably more than one in-place add (bench/README.md,
+    # "Training-loop overhead").
     _, store, train_op, _, _, _ = self._linear(use_resource)
     (entry,) = store.slots.in_steps("before_step")
     scope = entry.count.op.name.split("/")[0] + "/"

@@ -1,9 +1,9 @@
 """Host arrays that TensorFlow feeds without copying them.
 
 TF feeds a numpy array in place only when its data is 64-byte aligned; any
-other array is copied first, so restoring it costs two copies instead of one
-(measured on TF 1.15 by `bench/probe_host_restore.py`). numpy's own allocations are only
-16-byte aligned. Arrays a store allocates for snapshot data come from here.
+other array is copied first, so restoring it costs two copies instead of one.
+numpy's own allocations are only 16-byte aligned. Arrays a store allocates for
+snapshot data come from here.
 
 A fed array is never written by TF afterwards: a ResourceVariable that adopts
 its buffer copies it before its first update (checked by the tests).

@@ -1,7 +1,7 @@
 """The engine interface: what graph mode and eager execution each do their own way.
 
 A store runs on one engine, chosen once when it is built
-(`snapstore.engines.current`): graph mode (a TF1-style graph whose calls run
+(`snapstore.engines.choice.new_engine`): graph mode (a TF1-style graph whose calls run
 in a `tf.Session`, `engines/graph/`) or eager execution (TensorFlow 2.x, no
 sessions, `engines/eager/`). The store, its parts (`store.slots`,
 `store.files`) and the training helpers ask the engine, through

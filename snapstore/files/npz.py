@@ -35,6 +35,7 @@ import io
 import operator
 import os
 import struct
+import tokenize
 import uuid
 import zipfile
 import zlib
@@ -55,7 +56,8 @@ _METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
 # What can go wrong reading a corrupt or hostile member: zipfile raises
 # NotImplementedError for unknown methods or flags and RuntimeError for
 # encryption, zlib its own error, numpy's header parser MemoryError (parser
-# stack overflow) or SyntaxError.
+# stack overflow), SyntaxError or, where it tokenizes the header (numpy 2 on
+# Python 3.12+), tokenize.TokenError ("too many nested parentheses").
 _STREAM_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError)
 _MEMBER_ERRORS = _STREAM_ERRORS + (
   ValueError,
@@ -65,6 +67,7 @@ _MEMBER_ERRORS = _STREAM_ERRORS + (
   MemoryError,
   RecursionError,
   struct.error,
+  tokenize.TokenError,
 )
 
 

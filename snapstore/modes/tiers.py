@@ -606,7 +606,9 @@ def _lost_at_exit(path, lost, failures):
       undeleted.append(tag)
     elif _describe(error) not in causes:
       causes.append(_describe(error))
-  errnos = set(getattr(error, "errno", None) for _, _, error in failures)
+  errnos = set(
+    getattr(_cause(error), "errno", None) for _, _, error in failures
+  )
   if errnos & set((errno.ENOSPC, errno.EDQUOT)):
     room = "free space on that disk, or "
   elif errno.EFBIG in errnos:
@@ -661,15 +663,28 @@ def _global_step_index(varset):
   return None
 
 
+def _cause(error):
+  """The error a spill write really failed with.
+
+  When the spill file's `write` raises (ENOSPC, EFBIG, EIO), h5py calls its
+  `flush` with that OSError still set, and Python 3.13 raises SystemError
+  ("... returned a result with an exception set") from it.
+  """
+  while isinstance(error, SystemError) and error.__cause__ is not None:
+    error = error.__cause__
+  return error
+
+
 def _is_full(error):
-  return getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+  return getattr(_cause(error), "errno", None) in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _too_large(error):
-  return getattr(error, "errno", None) == errno.EFBIG
+  return getattr(_cause(error), "errno", None) == errno.EFBIG
 
 
 def _describe(error):
+  error = _cause(error)
   if _is_full(error):
     return "no space left on the device: %s: %s" % (type(error).__name__, error)
   return "%s: %s" % (type(error).__name__, error)

@@ -257,7 +257,7 @@ def test_evaluate_with_swaps_the_average_in_exactly_also_when_fn_raises():
 @common.needs_keras_3
 def test_keras_swap_ema_weights_changes_bits_where_the_store_does_not():
   # Keras 3's SwapEMAWeights swaps by a += b; b = a - b; a -= b
-  # (docs/eager-spike/FINDINGS.md, section 4): swapped there and back, the
+  # (docs/design/eager.md, "An exact swap"): swapped there and back, the
   # weights and averages below change. The store's swap keeps every bit.
   from keras.src.callbacks import swap_ema_weights  # pylint: disable=g-import-not-at-top
 

@@ -418,9 +418,9 @@ class DeviceMode(mode.GraphMode, slot_book.SlotBook):
     """An op that is dead unless `slot` is selected, on `anchor`'s device.
 
     TensorFlow's first run of a new set of fetches and feeds (a run
-    signature) optimizes the graph, about 1.3 s for a packed store of 1,000
-    variables on TF 1.15; a store that ran an op per slot paid it again in
-    each slot. A packed store runs one op per kind of copy instead, and
+    signature) optimizes the graph, which takes seconds for a store of a
+    thousand variables (bench/README.md, "Building a store and its first
+    calls"); a store that ran an op per slot paid it again in each slot. A packed store runs one op per kind of copy instead, and
     feeds `_selects` (True for the slot it copies, False for the others; the
     last one stands for the scratch shadows):
 
@@ -439,11 +439,12 @@ class DeviceMode(mode.GraphMode, slot_book.SlotBook):
     is selected: a user's own `snapshot_op(k)`, `restore_op(k)` run as
     before (they are not merged: each is its own slot's copy).
 
-    A dead op still costs the executor about a microsecond per run, so the
-    restore merges reads rather than gating an assign per slot and variable,
-    and a store of per-variable shadows keeps an op per slot: gating its
-    K copies of every variable made a snapshot of 1,000 variables (K=4)
-    2.4x as slow as its own slot's op (8.3 ms against 3.4 ms, issue 25).
+    A dead op still costs the executor time at every run, so the restore
+    merges reads rather than gating an assign per slot and variable, and a
+    store of per-variable shadows keeps an op per slot: gating its K copies
+    of every variable made each snapshot run all K slots' dead copies, more
+    than twice as slow as its own slot's op (bench/README.md, "Building a
+    store and its first calls").
 
     Args:
       slot: The slot, or `num_slots` for the scratch shadows.

@@ -248,7 +248,7 @@ def _count_copies(copy, anchor, name):
 
   The bump is in every run of the train op, so it is one in-place add
   rather than a read, an add and an assign, which cost a small model's step
-  measurably more (bench/README.md, "Before and after issues 21 and 22").
+  measurably more (bench/README.md, "Training-loop overhead").
   The train op must also run where the local initializer never ran (as the
   copy does: it writes the slot whole), and an add needs an initialized
   variable, so the bump is switched on `VarIsInitializedOp`: the add if

@@ -1,6 +1,6 @@
 """Rewiring: a model's outputs computed from a device slot's shadows.
 
-`SnapshotStore.past(outputs, slot)` returns tensors that compute `outputs` with
+`store.slots.past(outputs, slot)` returns tensors that compute `outputs` with
 the parameters held in device slot `slot` instead of the live variables, so
 that past and current parameters are evaluated in one `session.run` with no
 parameter copy:
@@ -143,7 +143,7 @@ class Rewirer(object):
       self._contexts.append({})
 
   def past(self, outputs, slot):
-    """`outputs` computed from slot `slot` (see `SnapshotStore.past`).
+    """`outputs` computed from slot `slot` (see `store.slots.past`).
 
     A `PerReplica` of tensors (what `strategy.run` returns) is one leaf to
     `tf.nest` (a composite tensor, not expanded): its tensors are rewired

@@ -79,7 +79,7 @@ def run_cached(session, fetches, feed_list=None, values=()):
   `Session.run`, so a run with feeds (which must fetch one op, and get the
   exact dtype and shape of each placeholder) gets a real one from
   `Session._make_callable_from_options`, several times faster for small
-  variables (figures in bench/README.md, "Host restore").
+  variables.
 
   The callable is cached on the session itself, keyed by the ids of the fetch
   and of each feed (the cache holds them, so the ids stay theirs): a callable

@@ -1,6 +1,6 @@
 """Copies a subgraph inside its own graph, with some of its inputs replaced.
 
-This is the engine under `SnapshotStore.past` (rewiring to a slot's shadows)
+This is the engine under `store.slots.past` (rewiring to a slot's shadows)
 and `snapstore.clone`. It selects the ops between some source tensors and some
 outputs, says which of them cannot be copied faithfully, and copies the rest in
 dependency order:
