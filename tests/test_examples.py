@@ -1,4 +1,6 @@
-"""Every script in examples/ runs and checks itself (README.md's code: test_readme.py)."""
+"""Every script in examples/ runs and checks itself: the graph-mode ones here
+(the graph suites), the eager ones in tests/eager/test_examples.py (the eager
+suites, with each Keras). The docs' code: tests/test_docs.py."""
 
 import os
 import subprocess
@@ -17,6 +19,38 @@ EXPECTED = {
   ],
   "checkpoint_ensemble.py": ["member 2 (seed 2)", "ensemble, majority vote"],
 }
+# Eager (TensorFlow 2.x): run by tests/eager/test_examples.py.
+EAGER = {
+  "eager_fit_nan_batch.py": [
+    "no callback                          MSE nan",
+    "every_n_batches=1                    MSE",
+    "bit for bit as without the bad batch: True",
+  ],
+  "eager_tape_rollback.py": [
+    "no rollback     loss nan",
+    "1 rollback(s), Adam at step 59",
+    "bit for bit the same weights and Adam: True",
+  ],
+}
+
+
+def run_example(test, expected, script, *args):
+  """Runs examples/`script` (with `args`) in a child process, as a user
+  would, and checks its exit status and that it printed each `expected`
+  line."""
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  result = subprocess.run(
+    [sys.executable, os.path.join("examples", script)] + list(args),
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    universal_newlines=True,
+    timeout=180,
+  )
+  test.assertEqual(result.returncode, 0, result.stdout)
+  for line in expected[script]:
+    test.assertIn(line, result.stdout)
 
 
 class ExamplesTest(unittest.TestCase):
@@ -24,22 +58,10 @@ class ExamplesTest(unittest.TestCase):
     scripts = sorted(
       f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py")
     )
-    self.assertEqual(scripts, sorted(EXPECTED))
+    self.assertEqual(scripts, sorted(list(EXPECTED) + list(EAGER)))
 
   def _run(self, script, *args):
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run(
-      [sys.executable, os.path.join("examples", script)] + list(args),
-      cwd=ROOT,
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      universal_newlines=True,
-      timeout=120,
-    )
-    self.assertEqual(result.returncode, 0, result.stdout)
-    for line in EXPECTED[script]:
-      self.assertIn(line, result.stdout)
+    run_example(self, EXPECTED, script, *args)
 
   def test_target_network(self):
     self._run("target_network.py")
