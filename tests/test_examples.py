@@ -34,34 +34,34 @@ EAGER = {
 }
 
 
-def run_example(test, expected, script, *args):
-  """Runs examples/`script` (with `args`) in a child process, as a user
-  would, and checks its exit status and that it printed each `expected`
-  line."""
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  result = subprocess.run(
-    [sys.executable, os.path.join("examples", script)] + list(args),
-    cwd=ROOT,
-    env=env,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    universal_newlines=True,
-    timeout=180,
-  )
-  test.assertEqual(result.returncode, 0, result.stdout)
-  for line in expected[script]:
-    test.assertIn(line, result.stdout)
+class ExampleRunner(object):
+  """Runs examples/`script` in a child process, as a user would, and checks
+  its exit status and that it printed each line of `expected[script]`."""
+
+  expected = EXPECTED
+
+  def _run(self, script, *args):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+      [sys.executable, os.path.join("examples", script)] + list(args),
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      universal_newlines=True,
+      timeout=180,
+    )
+    self.assertEqual(result.returncode, 0, result.stdout)
+    for line in self.expected[script]:
+      self.assertIn(line, result.stdout)
 
 
-class ExamplesTest(unittest.TestCase):
+class ExamplesTest(ExampleRunner, unittest.TestCase):
   def test_every_example_is_covered(self):
     scripts = sorted(
       f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py")
     )
     self.assertEqual(scripts, sorted(list(EXPECTED) + list(EAGER)))
-
-  def _run(self, script, *args):
-    run_example(self, EXPECTED, script, *args)
 
   def test_target_network(self):
     self._run("target_network.py")

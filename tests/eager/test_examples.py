@@ -5,15 +5,17 @@ once with Keras 3). The graph-mode ones: tests/test_examples.py."""
 import unittest
 
 from tests.test_examples import EAGER
-from tests.test_examples import run_example
+from tests.test_examples import ExampleRunner
 
 
-class EagerExamplesTest(unittest.TestCase):
+class EagerExamplesTest(ExampleRunner, unittest.TestCase):
+  expected = EAGER
+
   def test_fit_nan_batch(self):
-    run_example(self, EAGER, "eager_fit_nan_batch.py")
+    self._run("eager_fit_nan_batch.py")
 
   def test_tape_rollback(self):
-    run_example(self, EAGER, "eager_tape_rollback.py")
+    self._run("eager_tape_rollback.py")
 
 
 if __name__ == "__main__":
