@@ -5,6 +5,7 @@
 #   make demo-tf2 / make test-tf2       .venv-tf2/   (Python 3.13, TensorFlow 2.21 with tf-keras)
 #   make test-tf215                     .venv-tf215/ (Python 3.9, TensorFlow 2.15)
 #   make lint / make format             ruff (ruff.toml), from .venv-tf2/
+#   make docs / make docs-serve         the docs site (mkdocs.yml, docs/), from .venv-docs/
 # The TF 2.x targets also build .venv/, so that the test writing files on one
 # stack and reading them on the other runs in both directions.
 VENV := .venv
@@ -19,7 +20,7 @@ PY_TF215 := .venv-tf215/bin/python
 # imports the package, and TensorFlow with it.
 QUIET := SNAPSTORE_QUIET_TF=1
 
-.PHONY: demo test bench venv demo-tf2 test-tf2 bench-tf2 venv-tf2 test-tf215 venv-tf215 check-wheel lint format clean
+.PHONY: demo test bench venv demo-tf2 test-tf2 bench-tf2 venv-tf2 test-tf215 venv-tf215 check-wheel lint format docs docs-serve venv-docs clean
 
 demo: venv
 	$(QUIET) $(PY) -m snapstore.demo
@@ -93,5 +94,19 @@ lint: venv-tf2
 format: venv-tf2
 	$(RUFF) format .
 
+# The docs site into site/: --strict fails the build on a broken link, a
+# reference (`::: snapstore.X`) to nothing, or a page left out of the nav.
+# The code blocks of docs/ run in the suites (tests/test_docs.py).
+MKDOCS := .venv-docs/bin/mkdocs
+
+docs: venv-docs
+	$(MKDOCS) build --strict
+
+docs-serve: venv-docs
+	$(MKDOCS) serve
+
+venv-docs:
+	./scripts/bootstrap docs
+
 clean:
-	rm -rf $(VENV) .venv-tf2 .venv-tf215 build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-tf2 .venv-tf215 .venv-docs site build dist *.egg-info .pytest_cache

@@ -61,16 +61,26 @@ from snapstore._tf import tf
 from snapstore.core import checks
 from snapstore import errors
 
-EnsembleResult = collections.namedtuple(
-  "EnsembleResult", ["combined", "members"]
-)
-EnsembleResult.__doc__ = """What `Ensemble.evaluate` returns.
 
-Attributes:
-  combined: The combined outputs, in the structure of the ensemble's outputs.
-  members: An OrderedDict from member tag to that member's outputs, as
-    `Session.run` returns them.
-"""
+class EnsembleResult(
+  collections.namedtuple("EnsembleResult", ["combined", "members"])
+):
+  """What `Ensemble.evaluate` returns.
+
+  Attributes:
+    combined: The combined outputs, in the structure of the ensemble's outputs.
+    members: An OrderedDict from member tag to that member's outputs, as
+      `Session.run` returns them.
+
+  Example:
+    ```python
+    result = ensemble.evaluate({x: batch}, session=sess)
+    result.combined["label"]  # the members' majority vote
+    result.members["run_2"]["probs"]  # one member's own outputs
+    ```
+  """
+
+  __slots__ = ()
 
 
 def mean(stacked):
@@ -154,6 +164,22 @@ class Ensemble(object):
       packs its variables (`pack=True`).
     RewireError: The outputs cannot be rewired (the message names the op);
       pass `rewire=False` to evaluate the members one after another.
+
+  Example:
+    Graph mode: three checkpoints, every member in one `session.run`.
+
+    ```python
+    store = snapstore.SnapshotStore(scope="net", mode="device", max_to_keep=3)
+    ensemble = snapstore.Ensemble(
+      store, {"probs": tf.nn.softmax(logits)}, tags=["a", "b", "c"]
+    )
+    with tf.Session() as sess:
+      sess.run(tf.local_variables_initializer())
+      for tag in ["a", "b", "c"]:
+        store.files.load_checkpoint("runs/" + tag, tag=tag, allow_extra=True)
+      result = ensemble.evaluate({x: batch}, session=sess)
+      mean_probs = result.combined["probs"]
+    ```
   """
 
   def __init__(self, store, outputs, tags=None, combine="mean", rewire=None):
@@ -253,7 +279,7 @@ class Ensemble(object):
         all with `tags=None`).
       NoSessionError, GraphMismatchError: As for the store's calls.
       ValueError: "vote" on values that are not labels or scores.
-      Whatever `Session.run` raises for the outputs.
+      tf.errors.OpError: Whatever `Session.run` raises for the outputs.
     """
     if self._tags is None and not self._store.tags():
       raise errors.UnknownTagError(

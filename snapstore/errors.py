@@ -10,7 +10,18 @@ unless the error says otherwise and says how to finish the job (`RestoreError`).
 
 
 class Error(Exception):
-  """Base class for the errors snapstore raises."""
+  """Base class for the errors snapstore raises.
+
+  Example:
+    Catch every error snapstore raises on purpose in one place:
+
+    ```python
+    try:
+      store.restore(tag)
+    except snapstore.Error as e:
+      print("rollback failed:", e)
+    ```
+  """
 
 
 def first_line(error):
@@ -40,6 +51,14 @@ class UnknownTagError(Error, LookupError):
   """Raised when a tag names no snapshot held by the store.
 
   The message lists the tags that exist.
+
+  Example:
+    ```python
+    try:
+      store.restore("best")
+    except snapstore.UnknownTagError as e:
+      print(e)  # ... holds no snapshot 'best'; held tags: 0, 1
+    ```
   """
 
   def __str__(self):  # LookupError would quote the message like a dict key.
@@ -47,7 +66,17 @@ class UnknownTagError(Error, LookupError):
 
 
 class NoSessionError(Error):
-  """Raised when a call needs a session, none was passed and none is default."""
+  """Raised when a call needs a session, none was passed and none is default.
+
+  Example:
+    Graph mode: pass the session, or make one the default.
+
+    ```python
+    store.snapshot(session=sess)
+    with sess.as_default():
+      store.snapshot()
+    ```
+  """
 
 
 class GraphMismatchError(Error):
@@ -55,6 +84,15 @@ class GraphMismatchError(Error):
 
   A store is bound to the graph of its variables, as a Sonnet module is bound to
   one graph.
+
+  Example:
+    A store built in one graph, called with another graph's session:
+
+    ```python
+    with tf.Graph().as_default():
+      other = tf.Session()
+    store.snapshot(session=other)  # GraphMismatchError
+    ```
   """
 
 
@@ -68,6 +106,14 @@ class SessionMismatchError(Error):
   its session was closed or its cluster's tasks restarted (eagerly: a
   parameter server holding it restarted, `snapstore.engines.eager.restarts`),
   saying so.
+
+  Example:
+    A device snapshot taken in one session, carried over to another while
+    the first is still open:
+
+    ```python
+    store.load_arrays(store.arrays(tag, session=old), tag=tag, session=new)
+    ```
   """
 
 
@@ -80,6 +126,14 @@ class NotChiefError(Error):
   the chief's snapshots or roll back every worker
   (`snapstore/engines/graph/between_graph.py`). Nothing was run; the message names
   the chief, and `SnapshotStore(..., chief_only=False)` lets a task write.
+
+  Example:
+    On a worker that is not the chief, let it write by building its store
+    with:
+
+    ```python
+    store = snapstore.SnapshotStore(scope="net", chief_only=False)
+    ```
   """
 
 
@@ -88,6 +142,12 @@ class StoreClosedError(Error):
 
   A closed store has released its files and writer thread; build a new store
   (over the same spill file, to find the snapshots written to it).
+
+  Example:
+    ```python
+    store.close()
+    store.snapshot()  # StoreClosedError
+    ```
   """
 
 
@@ -96,6 +156,14 @@ class IncompatibleSnapshotError(Error):
 
   The message names every missing or unexpected variable and every shape or
   dtype mismatch, so one run shows all that is wrong.
+
+  Example:
+    ```python
+    try:
+      store.files.load_npz("other_model.npz", tag="other")
+    except snapstore.IncompatibleSnapshotError as e:
+      print(e)  # every missing, unexpected and mismatching variable
+    ```
   """
 
 
@@ -104,6 +172,14 @@ class SnapshotFileError(Error):
 
   For example a file that is not an `.npz` archive, is truncated, or holds
   pickled objects (snapstore never unpickles).
+
+  Example:
+    ```python
+    try:
+      store.files.load_npz("download.npz", tag="theirs")
+    except snapstore.SnapshotFileError as e:
+      print("refused:", e)  # nothing was stored
+    ```
   """
 
 
@@ -114,6 +190,13 @@ class CheckpointError(SnapshotFileError):
   state file, a file that is not a checkpoint, one file of a checkpoint instead
   of its prefix, or a tensor TF's checkpoint reader fails to read. The message
   names the path and the fix.
+
+  Example:
+    Pass the checkpoint's prefix (or its directory), not one of its files:
+
+    ```python
+    store.files.load_checkpoint("runs/1/model.ckpt-5000", tag="run_1")
+    ```
   """
 
 
@@ -122,6 +205,12 @@ class ModeError(Error):
 
   For example `snapshot_op()` on a host-mode store: host snapshots are numpy
   arrays and have no graph op.
+
+  Example:
+    ```python
+    store = snapstore.SnapshotStore(scope="net", mode="host")
+    store.slots  # ModeError: a host store has no device slots
+    ```
   """
 
 
@@ -131,6 +220,14 @@ class SnapshotError(Error):
   Also when `evaluate_with` could not set the current values aside. The
   variables are unchanged (a snapshot only reads them). The message says
   which stored snapshot, if any, was overwritten and dropped.
+
+  Example:
+    ```python
+    try:
+      tag = store.snapshot(session=sess)
+    except snapstore.SnapshotError as e:
+      print(e)  # the variables are unchanged
+    ```
   """
 
 
@@ -140,6 +237,16 @@ class RestoreError(Error):
   The variables may hold a mix of values. The message says where the intended
   values are kept and which call finishes the job; the store keeps them until
   that call succeeds.
+
+  Example:
+    After the cause is fixed, the call the message names finishes the job:
+
+    ```python
+    try:
+      store.restore(tag)
+    except snapstore.RestoreError:
+      store.recover()  # writes the kept values back
+    ```
   """
 
 
@@ -150,6 +257,13 @@ class CoordinationError(Error):
   snapshot at the same point (`snapstore/engines/eager/multi_worker.py`; graph
   mode: `snapstore/engines/graph/multi_worker.py`). Nothing was written; the
   message names the workers and the fix.
+
+  Example:
+    Every worker restores the same tag at the same point:
+
+    ```python
+    store.restore("good")  # on every worker
+    ```
   """
 
 
@@ -163,6 +277,13 @@ class TracedCallError(Error):
   state (`snapshot`, `delete`, `tags`, `arrays`, ...) would be fixed to
   what it was when the function was traced, so they are refused. The
   message names the call that works inside a traced step.
+
+  Example:
+    ```python
+    @tf.function
+    def step():
+      store.snapshot()  # TracedCallError: use store.slots.snapshot_in_step()
+    ```
   """
 
 
@@ -172,6 +293,14 @@ class RewireError(Error):
   The message names the op and why (it writes a variable, it is part of a
   `tf.while_loop`, ...). Nothing is built, and `evaluate_with(past=True)`
   evaluates such fetches by swapping the parameters instead.
+
+  Example:
+    ```python
+    try:
+      q_past = store.slots.past(q, slot=0)
+    except snapstore.RewireError as e:
+      print(e)  # names the op that cannot read the slot
+    ```
   """
 
 
@@ -179,6 +308,14 @@ class CloneError(Error):
   """Raised when `snapstore.clone` cannot copy a subgraph faithfully.
 
   The message names the op or variable and the way out. Nothing is built.
+
+  Example:
+    ```python
+    try:
+      copy = snapstore.clone(outputs, inputs=[x], scope="copy")
+    except snapstore.CloneError as e:
+      print(e)  # e.g. a tf.while_loop, which clone refuses
+    ```
   """
 
 
@@ -188,6 +325,13 @@ class NonFiniteError(Error):
   Raised by `snapstore.Guard(store)` when it re-raises, and by `SnapshotHook` /
   `SnapshotCallback` when rolling back does not help. The message names the
   tensors and the snapshot the variables were rolled back to.
+
+  Example:
+    ```python
+    guard = snapstore.Guard(store, watch_result=True)  # reraise=True
+    with guard:
+      guard.run(train_step, x, y)  # NonFiniteError after the rollback
+    ```
   """
 
 
@@ -196,6 +340,15 @@ class TrialError(Error):
 
   The block neither called `keep()` nor `reject()` and the trial has no
   `metric` to decide by; the trial's update is rolled back.
+
+  Example:
+    Decide in the block, or give the trial a metric:
+
+    ```python
+    with snapstore.Trial(store) as trial:
+      train_step(x, y)
+      trial.keep() if val_loss() < best else trial.reject()
+    ```
   """
 
 
@@ -206,6 +359,12 @@ class PinnedTagError(Error):
   Lookahead's slow weights, a moving average, a target network. Deleting or
   evicting it would hand that slot to another snapshot while the ops still
   write it.
+
+  Example:
+    ```python
+    store.slots.pin(0, "target")
+    store.delete("target")  # PinnedTagError
+    ```
   """
 
 
@@ -216,4 +375,15 @@ class SpillError(Error):
   call (which then does nothing else; call it again). The message names the
   snapshot's tag and the cause, e.g. a full disk. A snapshot whose write failed
   stays in host memory, usable as before, and is written again later.
+
+  Example:
+    Free space, then call again: the snapshot is still in memory.
+
+    ```python
+    try:
+      store.snapshot()
+    except snapstore.SpillError as e:
+      print(e)  # names the tag, "no space left", the file
+      store.snapshot()
+    ```
   """

@@ -214,7 +214,10 @@ class Files(object):
       path: A snapstore spill file, not open for writing by a live store.
       snapshot: The tag of a complete snapshot in the file.
       tag: The tag to store under; default: the next integer.
-      strip_prefix, add_prefix, mapping, allow_extra: As for `load_checkpoint`.
+      strip_prefix: As for `load_checkpoint`.
+      add_prefix: As for `load_checkpoint`.
+      mapping: As for `load_checkpoint`.
+      allow_extra: As for `load_checkpoint`.
       session: The session to run in (device mode); default: the default
         session.
 

@@ -384,8 +384,8 @@ class SnapshotStore(object):
         snapshot, failed in TensorFlow (e.g. its device slot is not
         initialized in this session: the message names the initializer to
         run); the current values are back in place.
-      Whatever `Session.run` raises for `fetches`, after the current values are
-        back in place.
+      tf.errors.OpError: Whatever `Session.run` raises for `fetches`, after
+        the current values are back in place.
     """
     if self._tracing():
       self._h.check_run(fetches, feed_dict, "evaluate_with")
@@ -431,7 +431,7 @@ class SnapshotStore(object):
     Raises:
       UnknownTagError: A tag the store does not hold, or no snapshots at all.
       TypeError: `tags` is not a list (or other iterable) of tags.
-      As `evaluate_with` otherwise.
+      Error: As for `evaluate_with`, otherwise.
     """
     if self._tracing():
       self._h.check_run(fetches, feed_dict, "evaluate_each")

@@ -1,6 +1,6 @@
 """The demo runs as documented: graph mode, and on TF 2.x the eager engine too.
 
-(The README's programs run in tests/test_readme.py.)"""
+(The programs of README.md and docs/ run in tests/test_docs.py.)"""
 
 import os
 import re

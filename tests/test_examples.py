@@ -1,4 +1,6 @@
-"""Every script in examples/ runs and checks itself (README.md's code: test_readme.py)."""
+"""Every script in examples/ runs and checks itself: the graph-mode ones here
+(the graph suites), the eager ones in tests/eager/test_examples.py (the eager
+suites, with each Keras). The docs' code: tests/test_docs.py."""
 
 import os
 import subprocess
@@ -19,14 +21,26 @@ EXPECTED = {
   ],
   "checkpoint_ensemble.py": ["member 2 (seed 2)", "ensemble, majority vote"],
 }
+# Eager (TensorFlow 2.x): run by tests/eager/test_examples.py.
+EAGER = {
+  "eager_fit_nan_batch.py": [
+    "no callback                          MSE nan",
+    "every_n_batches=1                    MSE",
+    "bit for bit as without the bad batch: True",
+  ],
+  "eager_tape_rollback.py": [
+    "no rollback     loss nan",
+    "1 rollback(s), Adam at step 59",
+    "bit for bit the same weights and Adam: True",
+  ],
+}
 
 
-class ExamplesTest(unittest.TestCase):
-  def test_every_example_is_covered(self):
-    scripts = sorted(
-      f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py")
-    )
-    self.assertEqual(scripts, sorted(EXPECTED))
+class ExampleRunner(object):
+  """Runs examples/`script` in a child process, as a user would, and checks
+  its exit status and that it printed each line of `expected[script]`."""
+
+  expected = EXPECTED
 
   def _run(self, script, *args):
     # As a user runs it: the script itself keeps TensorFlow's lines out
@@ -41,14 +55,22 @@ class ExamplesTest(unittest.TestCase):
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       universal_newlines=True,
-      timeout=120,
+      timeout=180,
     )
     self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-    for line in EXPECTED[script]:
+    for line in self.expected[script]:
       self.assertIn(line, result.stdout)
     # Its own output only.
     self.assertEqual(result.stderr, "")
     self.assertEqual(helpers.tensorflow_lines(result.stdout), [])
+
+
+class ExamplesTest(ExampleRunner, unittest.TestCase):
+  def test_every_example_is_covered(self):
+    scripts = sorted(
+      f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py")
+    )
+    self.assertEqual(scripts, sorted(list(EXPECTED) + list(EAGER)))
 
   def test_target_network(self):
     self._run("target_network.py")

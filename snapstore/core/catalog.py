@@ -24,10 +24,23 @@ import collections
 from snapstore.core import checks
 from snapstore import errors
 
-SnapshotInfo = collections.namedtuple("SnapshotInfo", ["tag", "time"])
-SnapshotInfo.__doc__ = (
-  """A held snapshot: its tag and wall time (`time.time()`) of taking it."""
-)
+
+class SnapshotInfo(collections.namedtuple("SnapshotInfo", ["tag", "time"])):
+  """A held snapshot: its tag and wall time of taking it.
+
+  Attributes:
+    tag: Its tag, an int or a str.
+    time: When it was taken (`time.time()`).
+
+  Example:
+    ```python
+    tag = store.snapshot()
+    info = store.info(tag)  # SnapshotInfo(tag=0, time=1764630000.0)
+    age = time.time() - info.time
+    ```
+  """
+
+  __slots__ = ()
 
 
 class Catalog(object):

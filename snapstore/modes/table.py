@@ -20,8 +20,18 @@ from snapstore.core import checks
 from snapstore.modes.slot_book import SlotBook
 from snapstore.modes.tiers import TieredMode
 
-# The modes every engine implements (`snapstore.MODES`).
 MODES = ("device", "disk", "host")
+"""The copy modes every engine implements, by the name `mode=` takes.
+
+`SnapshotStore(mode=...)` refuses any other name, listing these. What each
+keeps where: the docs' Concepts, "Copy modes".
+
+Example:
+  ```python
+  assert "host" in snapstore.MODES  # ("device", "disk", "host")
+  store = snapstore.SnapshotStore(var_list=model, mode="host")
+  ```
+"""
 
 # Options every mode takes for a spill file under it (see modes/tiers.py).
 SPILL_OPTIONS = (

@@ -35,14 +35,31 @@ from snapstore.spill import layout
 
 _SLAB = 16 << 20  # bytes per write or read call, and per GIL release
 
-SpillEntry = collections.namedtuple(
-  "SpillEntry", ["tag", "time", "step", "nbytes", "keys"]
-)
-SpillEntry.__doc__ = """A complete snapshot in a spill file.
 
-Fields: tag (int or str), time (`time.time()` of taking it), step (the global
-step, or None when the store did not cover it), nbytes, keys (variable keys).
-"""
+class SpillEntry(
+  collections.namedtuple(
+    "SpillEntry", ["tag", "time", "step", "nbytes", "keys"]
+  )
+):
+  """A complete snapshot in a spill file.
+
+  Attributes:
+    tag: Its tag, an int or a str.
+    time: When it was taken (`time.time()`).
+    step: The global step, or None when the store did not cover it.
+    nbytes: The bytes of its variables' data.
+    keys: The keys of its variables.
+
+  Example:
+    ```python
+    with snapstore.open_spill("run7.h5") as spill:
+      newest = spill.entries()[-1]  # a SpillEntry
+      print(newest.tag, newest.step, newest.nbytes, len(newest.keys))
+    ```
+  """
+
+  __slots__ = ()
+
 
 DamagedSnapshot = collections.namedtuple(
   "DamagedSnapshot", ["tag", "name", "problem"]
@@ -645,11 +662,22 @@ def open_spill(path):
   A file a killed process left is read as of its last commit (that process's
   unfinished transaction is rolled back in memory; the file is not changed).
 
+  Args:
+    path: The spill file (a path; `~` is not expanded).
+
   Returns:
     A read-only `SpillFile`: `entries()`, `incomplete()`, `read(tag)` (which
     verifies the checksums); close it or use it as a context manager.
 
   Raises:
     SnapshotFileError: As for `SpillFile`.
+
+  Example:
+    ```python
+    with snapstore.open_spill("run7.h5") as spill:
+      for entry in spill.entries():  # SpillEntry, oldest first
+        print(entry.tag, entry.step, entry.nbytes)
+      arrays = spill.read(spill.entries()[-1].tag)  # checksums verified
+    ```
   """
   return SpillFile(path, writable=False)

@@ -132,6 +132,17 @@ class Guard(object):
       parameter-server variables (v2), functions scheduled on the
       `ClusterCoordinator` may still be running (`ps_joins.py`).
     GraphMismatchError: A watched tensor of another graph than the store's.
+
+  Example:
+    Eager: a NaN loss rolls the step back, the optimizer's state too.
+
+    ```python
+    store = snapstore.SnapshotStore(var_list=model, optimizer=opt)
+    guard = snapstore.Guard(store, watch_result=True, reraise=False)
+    for x, y in batches:
+      with guard:  # a snapshot on entry
+        guard.run(train_step, x, y)  # its loss is checked; NaN: rolled back
+    ```
   """
 
   def __init__(

@@ -117,6 +117,17 @@ class SnapshotHook(protocol.Protocol, tf.train.SessionRunHook):
     TypeError: A store that is neither a `SnapshotStore` nor callable, a bad
       `loss`, `on_rollback` or `in_step_tag`; both `in_step_tag` and
       `in_step`.
+
+  Example:
+    ```python
+    store = snapstore.SnapshotStore(
+      scope="net", optimizer=opt, include_global_step=True, max_to_keep=2
+    )
+    hook = snapstore.SnapshotHook(store, every_n_steps=100, loss=loss)
+    with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+      while not sess.should_stop():
+        sess.run(train_op)  # a NaN loss: back to the last good snapshot
+    ```
   """
 
   def __init__(

@@ -118,6 +118,16 @@ class SnapshotCallback(protocol.Protocol, keras_callback_base()):
       `in_step_tag`; both `in_step_tag` and a tag as `in_step`.
     RuntimeError: Made in graph mode where `tf.keras` is Keras 3, which has
       no graph mode.
+
+  Example:
+    Undo exactly the batches whose loss is not finite:
+
+    ```python
+    rollback = snapstore.SnapshotCallback(every_n_batches=1)
+    model.fit(x, y, callbacks=[rollback])
+    # Or inside the compiled step, skipping a bad step's update:
+    model.fit(x, y, callbacks=[snapstore.SnapshotCallback(in_step=True, in_step_undo="skip")])
+    ```
   """
 
   def __init__(

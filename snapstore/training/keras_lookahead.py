@@ -95,6 +95,15 @@ class KerasLookahead(object):
       `alpha` outside (0, 1]; `use_locking=True`.
     ModeError: Made in graph mode (use `snapstore.Lookahead` there), or
       inside a `tf.function`.
+
+  Example:
+    ```python
+    opt = tf.keras.optimizers.SGD(0.05, momentum=0.9)
+    lookahead = snapstore.KerasLookahead(opt, k=5, alpha=0.5, var_list=model)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, y, callbacks=[lookahead.callback()])  # or lookahead.update()
+    slow_loss = lookahead.evaluate_with(lambda: model.evaluate(x, y, verbose=0))
+    ```
   """
 
   def __init__(

@@ -107,6 +107,17 @@ class Lookahead(WrapperOptimizer):
     TypeError: `optimizer` is not a `tf.train.Optimizer` (in graph mode,
       Keras optimizers are not), or `k`/`alpha` have the wrong type.
     ValueError: `k < 1`, or `alpha` outside (0, 1].
+
+  Example:
+    Graph mode:
+
+    ```python
+    opt = snapstore.Lookahead(tf.train.MomentumOptimizer(0.05, 0.9), k=5, alpha=0.5)
+    train_op = opt.minimize(loss, global_step=step)
+    store = snapstore.SnapshotStore(scope="net", optimizer=opt)  # Lookahead's state too
+    ...
+    slow_loss = opt.evaluate_with(loss, feed, session=sess)  # at the slow weights
+    ```
   """
 
   def __new__(cls, optimizer=None, *args, **kwargs):

@@ -111,6 +111,20 @@ class RollbackOptimizer(WrapperOptimizer):
       the other way round; `backoff <= 0`.
     ModeError: Eager execution is on (TF 2.x's default); the message gives
       the eager way.
+
+  Example:
+    Graph mode: a step that made the loss rise is undone, and the rate halved.
+
+    ```python
+    lr = tf.Variable(0.5, trainable=False)
+    opt = snapstore.RollbackOptimizer(
+      tf.train.MomentumOptimizer(lr, 0.9), learning_rate=lr, backoff=0.5
+    )
+    train_op = opt.minimize(loss)
+    ...
+    sess.run(train_op, feed)
+    rolled_back = sess.run(opt.check, feed)  # the same batch
+    ```
   """
 
   def __init__(

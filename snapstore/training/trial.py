@@ -82,6 +82,16 @@ class Trial(object):
     TypeError: A non-callable `accept`, or a bad `tag`; on an eager store, a
       `metric` that is not callable, a `feed_dict` or a `session`.
     GraphMismatchError: A metric of another graph than the store's.
+
+  Example:
+    Eager: keep the block's update only if the held-out loss did not rise.
+
+    ```python
+    with snapstore.Trial(store, metric=lambda: float(loss_fn(y_held, model(x_held)))) as trial:
+      train_step(x, y)
+    if not trial.kept:
+      opt.learning_rate.assign(opt.learning_rate * 0.5)
+    ```
   """
 
   def __init__(

@@ -66,22 +66,36 @@ from snapstore.engines.graph import shadows
 from snapstore import errors
 from snapstore.engines.graph import subgraph
 
-Clone = collections.namedtuple(
-  "Clone", ["outputs", "inputs", "variables", "initializer", "scope"]
-)
-Clone.__doc__ = """What `clone` made.
 
-Attributes:
-  outputs: The copies of the outputs, in the structure they were given in (an
-    output that depends on nothing copied is itself).
-  inputs: OrderedDict from each original input tensor to the tensor feeding
-    the copy: a new placeholder, or its replacement.
-  variables: OrderedDict from each original variable to its copy (empty when
-    variables are shared), sorted by name.
-  initializer: An op initializing the new variables (a no-op if none), e.g.
-    to copy the originals' current values into them again.
-  scope: The name scope of the copy (`scope`, made unique).
-"""
+class Clone(
+  collections.namedtuple(
+    "Clone", ["outputs", "inputs", "variables", "initializer", "scope"]
+  )
+):
+  """What `clone` made.
+
+  Attributes:
+    outputs: The copies of the outputs, in the structure they were given in (an
+      output that depends on nothing copied is itself).
+    inputs: OrderedDict from each original input tensor to the tensor feeding
+      the copy: a new placeholder, or its replacement.
+    variables: OrderedDict from each original variable to its copy (empty when
+      variables are shared), sorted by name.
+    initializer: An op initializing the new variables (a no-op if none), e.g.
+      to copy the originals' current values into them again.
+    scope: The name scope of the copy (`scope`, made unique).
+
+  Example:
+    ```python
+    copy = snapstore.clone(logits, inputs=[x], scope="copy")
+    copy_logits = copy.outputs
+    new_x = copy.inputs[x]  # the placeholder that feeds the copy
+    sess.run(copy.initializer)  # the originals' current values, again
+    ```
+  """
+
+  __slots__ = ()
+
 
 INITIAL_VALUES = ("current", "initializer")
 
@@ -142,6 +156,16 @@ def clone(
     CloneError: An op or variable that cannot be copied faithfully (a
       `tf.while_loop`, a variable op with no `tf.Variable`, ...), named in the
       message; or a finalized graph. Nothing is built.
+
+  Example:
+    Graph mode: a target network with variables of its own.
+
+    ```python
+    target = snapstore.clone(q, inputs=[x], scope="target")
+    q_target = target.outputs  # reads target/..., fed at target.inputs[0]
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())  # target's: the online values
+    ```
   """
   if tf.executing_eagerly():
     raise errors.CloneError(

@@ -110,6 +110,18 @@ def create_optimizer_slots(optimizer, var_list):
     TypeError: `optimizer` is not a `tf.train.Optimizer`, or `var_list` holds
       something other than variables.
     ValueError: An empty `var_list`.
+
+  Example:
+    Graph mode: the optimizer's state first, then the store, then the train op.
+
+    ```python
+    grads = opt.compute_gradients(loss)
+    snapstore.create_optimizer_slots(opt, [v for g, v in grads if g is not None])
+    store = snapstore.SnapshotStore(scope="net", optimizer=opt, include_global_step=True)
+    train_op = store.slots.snapshot_before(
+      lambda: opt.apply_gradients(grads, global_step=step)
+    )
+    ```
   """
   if not isinstance(optimizer, tf.train.Optimizer):
     raise TypeError(
@@ -137,7 +149,24 @@ def create_slots(optimizer, var_list):
   """Deprecated: `create_optimizer_slots` (removed in the next release).
 
   Renamed because a store's slots (`store.slots`) hold snapshots; these are
-  the optimizer's own state.
+  the optimizer's own state. Warns with a `DeprecationWarning` at the
+  caller's line, then does what `create_optimizer_slots` does.
+
+  Args:
+    optimizer: As for `create_optimizer_slots`.
+    var_list: As for `create_optimizer_slots`.
+
+  Returns:
+    As `create_optimizer_slots`: the optimizer's variables.
+
+  Raises:
+    TypeError: As for `create_optimizer_slots`.
+    ValueError: As for `create_optimizer_slots`.
+
+  Example:
+    ```python
+    snapstore.create_optimizer_slots(opt, var_list)  # the new name
+    ```
   """
   warnings.warn(
     "snapstore.create_slots is deprecated and will be removed in the next "

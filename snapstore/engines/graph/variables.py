@@ -29,9 +29,18 @@ from snapstore._tf import tf_variables
 from snapstore.core import distributed
 from snapstore.core import varset
 
-# Collection holding every shadow variable made by any store. Shadows are never
-# themselves picked up by scope or collection resolution.
 SHADOW_VARIABLES = "snapstore_shadows"
+"""The graph collection holding every shadow variable any store made.
+
+Graph mode. Shadows are never themselves covered by a store's `scope` or
+`collection` (a store over `GLOBAL_VARIABLES` leaves another store's
+`saveable=True` shadows out), and this collection finds them all.
+
+Example:
+  ```python
+  shadows = tf.get_collection(snapstore.SHADOW_VARIABLES)
+  ```
+"""
 
 
 def variable_set(
