@@ -24,7 +24,9 @@ import sys
 
 import numpy as np
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Before TensorFlow is imported: without its start-up notices (no GPU,
+# oneDNN, CPU build options) and warnings; see snapstore/_tf_startup.py.
+os.environ.setdefault("SNAPSTORE_QUIET_TF", "1")
 
 import snapstore  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -34,6 +34,7 @@ Keras. Which Keras `tf.keras` is, and Keras's own private attributes, are
 `_keras.py`'s: the one other module that reads private attributes.
 """
 
+import contextlib
 import inspect
 import os
 import re
@@ -201,7 +202,8 @@ from tensorflow.python.distribute import parameter_server_strategy
 # VariableDef, which shadows are made from (as import_meta_graph makes them).
 from tensorflow.core.framework import variable_pb2
 
-# CallableOptions, for Session._make_callable_from_options.
+# CallableOptions, for Session._make_callable_from_options; ConfigProto, for
+# the options of eager function calls (unoptimized_function_calls).
 from tensorflow.core.protobuf import config_pb2
 
 # FunctionDef: a function body (of a tf.function, a v2 tf.cond...) as the
@@ -492,6 +494,80 @@ def function_captures(concrete):
   for it inside (`FuncGraph.captures`), in `captured_inputs` order."""
   graph = concrete.graph
   return list(zip(graph.external_captures, graph.internal_captures))
+
+
+def replace_captures(graph, replacements):
+  """Makes the function being traced in `graph` take, for each capture whose
+  external tensor is a key of `replacements` (by `id`), the tensor given
+  there instead, at the same place among its inputs.
+
+  Called before the trace ends (inside the traced Python function), so
+  that the `ConcreteFunction` made from `graph` has them as its captured
+  inputs: the function reads, through each capture's placeholder, what its
+  replacement holds (`FunctionCaptures.reset_captures`, TF 2.15 and 2.21).
+  The variables it tells a `GradientTape` it read are replaced by
+  `replace_graph_variables`.
+
+  Args:
+    graph: The `FuncGraph` being traced.
+    replacements: `{id(external tensor): tensor}`.
+
+  Returns:
+    [(placeholder, external tensor replaced)] of each capture replaced.
+  """
+  captures = graph.function_captures
+  externals = list(captures.by_val_external.values())
+  internals = list(captures.by_val_internal.values())
+  hits = [
+    (inner, outer)
+    for outer, inner in zip(externals, internals)
+    if id(outer) in replacements
+  ]
+  if hits:
+    captures.reset_captures(
+      [replacements.get(id(t), t) for t in externals], internals
+    )
+  return hits
+
+
+def replace_graph_variables(graph, replacements):
+  """Replaces variables a `FuncGraph` being traced has seen read: what each
+  call of its function tells the `GradientTape`s recording it that it read
+  (`FuncGraph._watched_variables`, which becomes `graph.variables` when the
+  trace ends; TF 2.15 and 2.21). `replacements` maps `id(variable)` to the
+  variable reported instead."""
+  watched = graph._watched_variables  # pylint: disable=protected-access
+  for v in list(watched):
+    if id(v) in replacements:
+      watched.discard(v)
+      watched.add(replacements[id(v)])
+
+
+@contextlib.contextmanager
+def unoptimized_function_calls():
+  """Functions called eagerly in this block, on this thread, run their graph
+  as traced: without Grappler's rewrites (fusing a MatMul, its BiasAdd and
+  activation into one kernel), so that they compute what the same ops
+  executed eagerly, one by one, compute (`context.function_call_options`,
+  thread-local; the config is what a `tf.function` call op takes)."""
+  ctx = _context.context()
+  before = ctx.function_call_options
+  config = config_pb2.ConfigProto()
+  config.ParseFromString(before.config_proto_serialized)
+  config.graph_options.rewrite_options.disable_meta_optimizer = True
+  ctx.function_call_options = _context.FunctionCallOptions(
+    executor_type=before.executor_type, config_proto=config
+  )
+  try:
+    yield
+  finally:
+    ctx.function_call_options = before
+
+
+def auto_trackable():
+  """A new empty trackable object whose attributes a checkpoint saves
+  (`AutoTrackable`, public as `tf.__internal__.tracking.AutoTrackable`)."""
+  return tf2.__internal__.tracking.AutoTrackable()
 
 
 def in_xla_context():

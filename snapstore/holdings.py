@@ -245,7 +245,13 @@ class Holdings(object):
     """Stores `arrays`, a mapping `{key: numpy array}` (`load_arrays`), as
     snapshot `tag`: checked in full first, keys, shapes and dtypes."""
     declared = _declared(arrays, what + "()")
-    self.varset.check_declared(declared, "The dict of arrays")
+    self.varset.check_declared(
+      declared,
+      "The dict of arrays",
+      hint="A dict keys each array by its variable's key (store.arrays() "
+      "gives one); to store another model's values, pass the model itself: "
+      "store.%s(model) pairs its variables with the store's." % what,
+    )
     values = [np.asarray(arrays[k]) for k in self.varset.keys]
     return self.put(values, tag, session, what)
 
@@ -304,23 +310,36 @@ class Holdings(object):
       self.places.unbind(tag)
 
 
+def check_not_values(source, what):
+  """Refuses a list of arrays where a mapping (or a list of variables) is
+  due: the positions would be guessed.
+
+  Raises:
+    TypeError: `source` is a list or tuple holding numpy arrays or numbers.
+  """
+  if isinstance(source, (list, tuple)) and any(
+    isinstance(x, (np.ndarray, np.generic, int, float)) for x in source
+  ):
+    raise TypeError(
+      "%s takes a dict {key: numpy array}, got %s of arrays. For values in "
+      "the order of store.keys (a list var_list's order, a model's "
+      "get_weights() order), pass dict(zip(store.keys, values)); for a "
+      "second model's values, pass the model (or its variables) itself."
+      % (what, type(source).__name__)
+    )
+
+
 def _declared(arrays, what):
   """`{key: (shape, dtype)}` of `arrays`, a mapping of numeric arrays.
 
   Args:
-    arrays: What the caller passed (`load_arrays`).
+    arrays: The mapping the caller passed (`load_arrays`).
     what: The call, for messages ("load_arrays()").
 
   Raises:
-    TypeError: Not a mapping, or a value that is a tensor, a variable, an op
-      or not a numeric array.
+    TypeError: A value that is a tensor, a variable, an op or not a numeric
+      array.
   """
-  if not isinstance(arrays, collections.abc.Mapping):
-    raise TypeError(
-      "%s takes a dict {key: numpy array}, got %s. For values in "
-      "the order of store.keys, pass dict(zip(store.keys, values))."
-      % (what, type(arrays).__name__)
-    )
   declared = {}
   for key, value in arrays.items():
     kind = (

@@ -31,7 +31,6 @@ import collections
 
 from snapstore._tf import not_converted_methods
 from snapstore.core import checks
-from snapstore.core import distributed
 from snapstore import errors
 
 
@@ -46,8 +45,8 @@ class Slots(object):
   def __init__(self, holdings):
     self._h = holdings
     self._set = holdings.mode.slot_set
-    self._rewirer = None  # made by the first past() call
     self._in_step = {}  # train op from snapshot_before() -> its in_step.InStep
+    self._trackables = {}  # slot -> its trackable() object
 
   def __len__(self):
     """The number of slots (the store's `max_to_keep` in device mode)."""
@@ -92,6 +91,48 @@ class Slots(object):
     """
     values = self._set.shadows(self._check_slot(slot))
     return collections.OrderedDict(zip(self._h.varset.keys, values))
+
+  def trackable(self, slot=0):
+    """Eager stores: slot `slot`'s shadows as a trackable object, for checkpoints.
+
+    The shadows are not tracked by the model (nor by anything else), so a
+    `tf.train.Checkpoint` of the model does not save a target network or
+    an average kept in a slot. Give it this object, and it does:
+
+        ckpt = tf.train.Checkpoint(model=model, target=store.slots.trackable(1))
+        ckpt.write(path)
+        # later, or in another process, with a model built by the same code:
+        ckpt = tf.train.Checkpoint(model=model, target=store.slots.trackable(1))
+        ckpt.restore(path)   # the slot's shadows hold the target again
+
+    Each shadow sits where its variable sits in what the store was built
+    over (the path a checkpoint of the model saves the variable under:
+    `layer_with_weights-0/kernel`), so a checkpoint restores into a store
+    over a network built with other automatic layer names; over a list or
+    dict of variables, each shadow is named by its key. Restoring writes
+    the slot's shadows, not the store's tags: pin the slot under its tag
+    (`pin`, or the `MovingAverage` that keeps it) before or after, as when
+    the checkpoint was written. The same object is returned for a slot
+    every time.
+
+    Args:
+      slot: The slot, 0 to `len(store.slots) - 1`.
+
+    Returns:
+      A trackable object (`tf.train.Checkpoint(name=...)` takes it).
+
+    Raises:
+      ModeError: A graph-mode store (build it with `saveable=True` for
+        `tf.train.Saver`, or add the slot's `shadows()` to your Saver).
+      ValueError: No such slot.
+    """
+    slot = self._check_slot(slot)
+    with self._h.lock:
+      if slot not in self._trackables:
+        self._trackables[slot] = self._h.engine.trackable(
+          self._set.shadows(slot)
+        )
+      return self._trackables[slot]
 
   def component_shadows(self, slot=0):
     """An OrderedDict from key to the shadows of its variable's components.
@@ -144,30 +185,9 @@ class Slots(object):
       RewireError: An op on the way cannot be rewired faithfully (the message
         names it); nothing is built.
     """
-    self._graph_only("past")
     slot = self._check_slot(slot)
     with self._h.lock:
-      if self._rewirer is None:
-        # A distributed variable is read through its components (each
-        # replica its own, a cross-replica read the primary or all of them):
-        # each component maps to its own shadow, so every copied read reads
-        # the shadow of the component its original read.
-        self._rewirer = self._h.engine.rewirer(
-          [
-            part
-            for v in self._h.varset.variables
-            for part in distributed.components(v)
-          ],
-          [
-            [
-              shadow
-              for parts in self._set.component_shadows(k, "past")
-              for shadow in parts
-            ]
-            for k in range(self._set.num_slots)
-          ],
-        )
-      return self._rewirer.past(outputs, slot)
+      return self._h.engine.past(outputs, slot, self._set)
 
   def rewired(self, fetches, feed_dict, tag):
     """(fetches, feed_dict) reading the slot of `tag`, or None to swap it in.
@@ -175,9 +195,9 @@ class Slots(object):
     None when nothing was rewired with `past`, or the snapshot is not in a
     slot (a spilled one is swapped in from its tier).
     """
-    if self._rewirer is None or self._h.mode.tier(tag) != "device":
+    if self._h.mode.tier(tag) != "device":
       return None
-    return self._rewirer.lookup(fetches, feed_dict, self._set.slot_of(tag))
+    return self._h.engine.rewired(fetches, feed_dict, self._set.slot_of(tag))
 
   def run_together(self, fetches, feed_dict, tags, session):
     """`{tag: values}` of the `tags` whose fetches all have rewired versions

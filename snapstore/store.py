@@ -38,6 +38,7 @@ variables concurrently with `restore` or `evaluate_with`.
 """
 
 import collections
+import collections.abc
 
 from snapstore._tf import not_converted_methods
 from snapstore.core import failures
@@ -177,13 +178,49 @@ class SnapshotStore(object):
 
   @property
   def keys(self):
-    """Variable keys (names relative to the scope), sorted."""
+    """The keys of the covered variables, in the store's order: the order
+    they were given in (a list's, a dict's; a model's `model.weights`, as
+    `get_weights()` orders them, then its other state, then the
+    optimizer's; a graph-mode scope's or collection's, creation order).
+    `arrays()`, `variables` and `slots.shadows()` come in this order."""
     return self._h.varset.keys
 
   @property
   def variables(self):
-    """An OrderedDict from key to covered variable."""
+    """An OrderedDict from key to covered variable (a `tf.Variable`: the one
+    a Keras 3 `keras.Variable` holds; `variable_of(key)` gives the latter)."""
     return collections.OrderedDict((s.key, s.variable) for s in self._h.varset)
+
+  def key_of(self, variable):
+    """The key the store keeps `variable` under.
+
+        store = snapstore.SnapshotStore(var_list=model)
+        store.key_of(model.weights[0])   # e.g. "dense/kernel"
+
+    Args:
+      variable: A covered variable: any object in `model.weights` or
+        `model.variables` (a Keras 3 `keras.Variable` or the `tf.Variable`
+        it holds), an element of a `var_list` list, or a component of a
+        `tf.distribute` variable.
+
+    Returns:
+      The key, a string.
+
+    Raises:
+      ValueError: The store does not cover `variable`.
+    """
+    return self._h.varset.key_of(variable, self._h.name)
+
+  def variable_of(self, key):
+    """The object the store covers under `key`, as the model holds it: for
+    an eager store over a Keras 3 model the `keras.Variable` in
+    `model.weights`, otherwise the `tf.Variable` (`variables[key]`), so
+    that `store.variable_of(store.key_of(w)) is w`.
+
+    Raises:
+      KeyError: No variable has that key (the message names close ones).
+    """
+    return self._h.varset.origin(key, self._h.name)
 
   @property
   def param_nbytes(self):
@@ -489,21 +526,38 @@ class SnapshotStore(object):
     return collections.OrderedDict(zip(self._h.varset.keys, values))
 
   def load_arrays(self, arrays, tag=None, session=None):
-    """Stores a mapping `{key: numpy array}` as a snapshot.
+    """Stores arrays, or the values of a second model, as a snapshot.
 
-    Everything is checked before anything is stored: the keys must be exactly
-    the store's keys, with the variables' shapes and dtypes.
+        store.load_arrays(store.arrays(good), tag="copy")   # {key: array}
+        store.load_arrays(target_net, tag="target")   # another model's values
+
+    Everything is checked before anything is stored: the keys (or the
+    variables paired) must be exactly the store's, with their shapes and
+    dtypes.
+
+    Args:
+      arrays: A mapping `{key: numpy array}` (what `arrays()` returns), or a
+        second model of the store's structure, whose values are stored:
+        eagerly, a Keras model, layer or `tf.Module` built by the same code
+        (variables paired by the path a `tf.train.Checkpoint` saves each
+        under, so automatic layer names do not matter); or a list of
+        variables in the order of `keys`.
+      tag: The tag to store it under; default: the next integer.
+      session: Graph mode: the session (default: the default session).
 
     Returns:
       The tag the snapshot is stored under.
 
     Raises:
-      IncompatibleSnapshotError: Missing or extra keys, or wrong shapes or
-        dtypes, all named in the message.
-      TypeError: `arrays` is not a mapping, or holds tensors, variables or
-        other objects that are not numeric arrays.
+      IncompatibleSnapshotError: Missing or extra keys, variables that do not
+        pair up, or wrong shapes or dtypes, all named in the message.
+      TypeError: Neither a mapping nor a model or list of variables, or a
+        mapping holding tensors, variables or other non-numeric objects.
     """
     self._h.check_not_traced("load_arrays")
+    if not isinstance(arrays, collections.abc.Mapping):
+      holdings.check_not_values(arrays, "load_arrays()")
+      arrays = self._h.engine.arrays_from(arrays, session, "load_arrays")
     return self._h.put_mapping(arrays, tag, session, "load_arrays")
 
   # -- the parts: files, and device slots ------------------------------------------

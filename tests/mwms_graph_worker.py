@@ -315,10 +315,10 @@ def _training(strategy, server, config, index, arrays, facts):
   total = _all_reduced(strategy, lambda: loss_of(w, b))
   total_u = _all_reduced(strategy, lambda: loss_of(u))
   store = snapstore.SnapshotStore(
-    var_list=[w, b], optimizer=lookahead, max_to_keep=2, name="mw_trained"
+    var_list=[b, w], optimizer=lookahead, max_to_keep=2, name="mw_trained"
   )
   averaged = snapstore.SnapshotStore(
-    var_list=[w, b], max_to_keep=2, name="mw_averaged"
+    var_list=[b, w], max_to_keep=2, name="mw_averaged"
   )
   with tf.control_dependencies([train]):  # as README advises
     ema = snapstore.MovingAverage(averaged, decay=DECAY, slot=0)
@@ -339,7 +339,7 @@ def _training(strategy, server, config, index, arrays, facts):
   ]
   facts["keys"] = list(store.variables)
   facts["parts"] = [p.name for p in parts]
-  # This worker's one replica of each, in the stores' (sorted) key order.
+  # This worker's one replica of each, in the stores' order (var_list's).
   model = [b.values[0], w.values[0]]
   slow = [lookahead.get_slot(p, "slow") for p in model]
   shadows = averaged.slots.component_shadows

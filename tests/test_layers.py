@@ -199,6 +199,8 @@ class FacadeTest(unittest.TestCase):
           "max_to_keep",
           "keys",
           "variables",
+          "key_of",
+          "variable_of",
           "param_nbytes",
           "nbytes",
           # the snapshot lifecycle
@@ -223,8 +225,10 @@ class FacadeTest(unittest.TestCase):
     )
 
   def test_the_store_module_stays_small(self):
+    # (600 until key_of and variable_of joined the facade; their work is
+    # VariableSet's)
     with open(os.path.join(_ROOT, "store.py")) as f:
-      self.assertLessEqual(len(f.read().splitlines()), 600)
+      self.assertLessEqual(len(f.read().splitlines()), 640)
 
 
 if __name__ == "__main__":

@@ -1026,15 +1026,15 @@ class GuardTest(_Trained):
     self._setup(mode)
     self.assertEqual(
       self.store.keys,
-      (
+      (  # the scope's (in creation order), slots, the optimizer's, the step
+        "w",
+        "stats",
+        "mean",
+        "w/Adam",
+        "w/Adam_1",
         "beta1_power",
         "beta2_power",
         "global_step",
-        "mean",
-        "stats",
-        "w",
-        "w/Adam",
-        "w/Adam_1",
       ),
     )
     ones, nans = np.ones([2, 3]), np.full([2, 3], np.nan)

@@ -74,7 +74,7 @@ class VarListTest(tf.test.TestCase, parameterized.TestCase):
       store = snapstore.SnapshotStore(
         var_list=[w, step], include_global_step=True
       )
-      self.assertEqual(store.keys, ("global_step", "w"))
+      self.assertEqual(store.keys, ("w", "global_step"))  # var_list order
 
   @parameterized.named_parameters(*helpers.kind_cases())
   def test_a_single_variable_as_var_list(self, use_resource):

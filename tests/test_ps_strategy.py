@@ -230,19 +230,19 @@ class PsStrategyTest(PsStrategyTestBase):
     model = self._model(replicas, use_resource=use_resource)
     self.assertEqual(
       model.store.keys,
-      (
+      (  # the scope's in creation order, then the optimizer's state
+        "w/part_0",
+        "w/part_1",
         "b",
+        "count",
+        "w/part_0/Adam",
+        "w/part_0/Adam_1",
+        "w/part_1/Adam",
+        "w/part_1/Adam_1",
         "b/Adam",
         "b/Adam_1",
         "beta1_power",
         "beta2_power",
-        "count",
-        "w/part_0",
-        "w/part_0/Adam",
-        "w/part_0/Adam_1",
-        "w/part_1",
-        "w/part_1/Adam",
-        "w/part_1/Adam_1",
       ),
     )
     kind = "AggregatingVariable" if replicas > 1 else "ResourceVariable"

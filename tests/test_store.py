@@ -160,7 +160,8 @@ class SnapshotRestoreTest(tf.test.TestCase, parameterized.TestCase):
       )
     self.assertEqual(
       store.keys,
-      ("beta1_power", "beta2_power", "global_step", "w", "w/Adam", "w/Adam_1"),
+      # the scope's, its slots, the optimizer's own, the step: in that order
+      ("w", "w/Adam", "w/Adam_1", "beta1_power", "beta2_power", "global_step"),
     )
     with tf.Session(graph=graph) as sess:
       helpers.init(sess)

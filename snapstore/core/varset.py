@@ -1,18 +1,23 @@
-"""The variables a store covers: each one's key, shape and dtype, in key order.
+"""The variables a store covers: each one's key, shape and dtype, in the store's order.
 
 Both engines resolve what a user passes (a scope, a collection, a list, a
 `{key: variable}` dict, a Keras model, an optimizer) into `(key, variable)`
 pairs in their own way (`engines/graph/variables.py`,
 `engines/eager/variables.py`); a `VariableSet` is the result: validated
 (fully defined shapes, supported dtypes, one key per variable, one graph),
-sorted by key, so that the same model gives the same order everywhere.
+in the order of the pairs: the order the user's objects give (a list's, a
+dict's, a model's `model.weights` then its other state, then an
+optimizer's), so that the same program gives the same order every run and
+`zip(store.keys, model.get_weights())` pairs each key with its own weight.
 
     varset = VariableSet([("dense/kernel", w), ("dense/bias", b)], "var_list")
-    varset.keys   # ('dense/bias', 'dense/kernel')
+    varset.keys   # ('dense/kernel', 'dense/bias')
+    varset.key_of(w, 'store')   # 'dense/kernel'
     varset.check_declared({"dense/bias": ((2,), np.float32)}, "model.npz")
 """
 
 import collections
+import difflib
 
 import numpy as np
 
@@ -52,12 +57,15 @@ class VariableSet(object):
   """An ordered, validated set of variables, keyed.
 
   Args:
-    pairs: `(key, variable)` pairs; a None key is the variable's op name,
-      relative to `scope` when it is under it. A variable given twice is
-      kept once, under its first key.
+    pairs: `(key, variable)` pairs, in the store's order; a None key is the
+      variable's op name, relative to `scope` when it is under it. A
+      variable given twice is kept once, under its first key.
     source: How messages name where the pairs came from ("var_list", "the
       model"...).
     scope: The scope keys are relative to, or None.
+    origins: `{id(variable): object}`: the object the user holds for a
+      variable, where it is not the variable itself (a Keras 3
+      `keras.Variable` wrapping the `tf.Variable`).
 
   Raises:
     ValueError: No variables; a shape that is not fully defined or an
@@ -65,11 +73,24 @@ class VariableSet(object):
       graphs.
   """
 
-  def __init__(self, pairs, source, scope=None):
+  def __init__(self, pairs, source, scope=None, origins=None):
     self._prefix = scope
     self._specs = _make_specs(pairs, source, scope)
     self._graph = _graph_of(self._specs[0].variable)
     self._by_key = {spec.key: spec for spec in self._specs}
+    origins = origins or {}
+    self._origins = dict(
+      (spec.key, origins.get(id(spec.variable), spec.variable))
+      for spec in self._specs
+    )
+    # id(what a user may hold of a variable) -> its key: the variable, the
+    # object wrapping it, and a distributed variable's components.
+    self._keys_by_id = {}
+    for spec in self._specs:
+      for obj in [self._origins[spec.key], spec.variable] + list(
+        distributed.components(spec.variable)
+      ):
+        self._keys_by_id.setdefault(id(obj), spec.key)
 
   # -- public accessors ---------------------------------------------------------
 
@@ -84,7 +105,7 @@ class VariableSet(object):
 
   @property
   def specs(self):
-    """Tuple of `VariableSpec`, sorted by key."""
+    """Tuple of `VariableSpec`, in the store's order (module doc)."""
     return self._specs
 
   @property
@@ -108,6 +129,47 @@ class VariableSet(object):
 
   def __getitem__(self, key):
     return self._by_key[key]
+
+  def origin(self, key, store_name):
+    """The object the user holds for the variable of `key` (module doc).
+
+    Raises:
+      KeyError: No variable has key `key`; the message names close ones.
+    """
+    if key not in self._origins:
+      close = difflib.get_close_matches(str(key), self.keys, n=3, cutoff=0.5)
+      raise KeyError(
+        "Store %r has no key %r. %s"
+        % (
+          store_name,
+          key,
+          "Did you mean %s?" % " or ".join(repr(k) for k in close)
+          if close
+          else "Its keys: %s." % errors.names(list(self.keys)),
+        )
+      )
+    return self._origins[key]
+
+  def key_of(self, obj, store_name):
+    """The key of `obj`: a covered variable, the object the user holds for
+    it, or one of its components.
+
+    Raises:
+      ValueError: `obj` is none of them.
+    """
+    key = self._keys_by_id.get(id(obj))
+    if key is None:
+      name = getattr(obj, "path", None) or getattr(obj, "name", None)
+      raise ValueError(
+        "Store %r does not cover %s. It covers %d variables; store.keys "
+        "lists their keys."
+        % (
+          store_name,
+          "%s %r" % (type(obj).__name__, name) if name else repr(obj),
+          len(self._specs),
+        )
+      )
+    return key
 
   def check_declared(self, declared, source, more_problems=(), hint=None):
     """Checks names, shapes and dtypes of arrays against the covered variables.
@@ -191,7 +253,7 @@ def _make_specs(pairs, source, prefix):
       "The variables belong to %d different graphs; a store "
       "covers variables of one graph." % len(graphs)
     )
-  return tuple(sorted(specs, key=lambda s: s.key))
+  return tuple(specs)
 
 
 def _key_of(var, prefix):

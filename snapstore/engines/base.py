@@ -24,8 +24,8 @@ What an engine does:
   evaluates), `at_snapshot` (a value computed at a snapshot), `lost` (a
   failure that lost the variables for good), `traced_calls`.
 - **Slots**: `check_graph_call`, `in_step_snapshot`, `snapshot_before`,
-  `rewirer` (the calls only one engine has refuse, naming the other's
-  way).
+  `past` and `rewired` (the calls only one engine has refuse, naming the
+  other's way).
 - **For training helpers**: `name`, `functions_in_flight`, `join`,
   `check_no_functions_in_flight` (parameter-server training, v2).
 """
@@ -159,9 +159,26 @@ class Engine(abc.ABC):
     """Graph mode's in-step snapshot: the train op (`snapshot_before`)."""
 
   @abc.abstractmethod
-  def rewirer(self, primaries, shadows):
-    """What `store.slots.past` rewires with: `primaries` (the variables'
-    components) to each slot's `shadows` (graph mode)."""
+  def past(self, outputs, slot, slot_set):
+    """`store.slots.past(outputs, slot)`: what computes `outputs` from slot
+    `slot` of `slot_set` instead of the variables (graph mode: rewired
+    tensors; eagerly: a function, `outputs` being one)."""
+
+  @abc.abstractmethod
+  def arrays_from(self, source, session, what):
+    """`{key: numpy array}` of a second model's variables, paired with the
+    store's (`store.load_arrays(model)`)."""
+
+  @abc.abstractmethod
+  def trackable(self, shadows):
+    """A trackable object of a slot's `shadows`, for a checkpoint
+    (`store.slots.trackable`)."""
+
+  def rewired(self, fetches, feed_dict, slot):
+    """(fetches, feed_dict) reading slot `slot`, built beforehand by `past`,
+    for `evaluate_with`; None to swap the snapshot in instead."""
+    del fetches, feed_dict, slot
+    return None
 
   # -- for training helpers ---------------------------------------------------------
 

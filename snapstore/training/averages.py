@@ -71,6 +71,7 @@ from snapstore.core import checks
 from snapstore import errors
 from snapstore.training import averages_eager
 from snapstore.training import averages_graph
+from snapstore.training import averages_rates
 
 # The arithmetic `MovingAverage` can use (see its docstring).
 FORMS = ("ema", "lerp")
@@ -121,7 +122,7 @@ class _SlotAverage(object):
     """
     return self._builder.update_op()
 
-  def update(self):
+  def update(self, tau=None, tau_non_trainable=None):
     """Eager engine: updates the average once (a traced function built once).
 
     Call it eagerly, or inside your own `tf.function` after the optimizer's
@@ -129,16 +130,36 @@ class _SlotAverage(object):
     step's writes of the variables. Not inside a `jit_compile=True` function
     if the arithmetic must be exact (XLA fuses multiply-adds).
 
+        soft.update()                    # at the rate it was built with
+        soft.update(tau=0.01)            # at another rate, this update only
+        tf.cond(step % 100 == 0, soft.update, tf.no_op)   # now and then
+
     Under a `tf.distribute` strategy, call it outside `strategy.run` (each
     replica's component is averaged from its own values).
+
+    Args:
+      tau: The rate of this update, instead of the average's: a Python
+        number (in (0, 1]; 1.0 is a hard copy) or a scalar float tensor
+        (a schedule's value; a new value does not retrace). A `MovingAverage`
+        only, built with `tau=`.
+      tau_non_trainable: Likewise, the rate of the non-trainable variables.
+
+    Returns:
+      Inside a `tf.function`, the op of the update (what `tf.group`
+      returns), so that it can be a `tf.cond` branch or a control
+      dependency; eagerly, None.
 
     Raises:
       ModeError: A graph-mode store: run `update_op` instead.
       ValueError: Called inside `strategy.run` (replica context); called
         eagerly while steps scheduled on a `ClusterCoordinator` may still
-        write the variables (`coordinator.join()` first).
+        write the variables (`coordinator.join()` first); a rate out of
+        range, or a rate for an average built with `decay=`.
+      TypeError: A rate that is neither a number nor a scalar float tensor.
     """
-    return self._builder.update()
+    if tau is None and tau_non_trainable is None:
+      return self._builder.update()
+    return self._builder.update(tau, tau_non_trainable)
 
   def evaluate_with(self, fetches, feed_dict=None, session=None):
     """Runs `fetches` with the averages, then puts the variables back bit for bit.
@@ -192,14 +213,27 @@ class MovingAverage(_SlotAverage):
   libraries special-case `tau == 1.0`. Variables that are not floats are
   copied.
 
+  A rate that changes (a schedule, TF-Agents' `target_update_tau` as a
+  tensor, an `update_target(target, online, tau)` called with several) is a
+  tensor: give `tau` (or `decay`) as a scalar float variable, read at each
+  update (graph mode: also a placeholder, fed at each run), or, eagerly,
+  pass each update's own rate, `update(tau=...)`, a number or a tensor. A
+  number is rounded to each variable's dtype as a Python float is, so
+  `update(tau=t)` gives the bits of a `MovingAverage` built with `tau=t`;
+  from a tensor, `1 - tau` is computed in the tensor's dtype, as
+  `(1 - tau) * target + tau * source` computes it with that tensor. A
+  tensor rate of 1.0 is the formula, not a copy; one out of range fails the
+  update when it runs.
+
   Args:
     store: A device-mode `SnapshotStore`; the average lives in its `slot`.
-    tau: The rate, 0 < tau <= 1; 1.0 makes each update a hard copy.
+    tau: The rate, 0 < tau <= 1 (1.0 makes each update a hard copy), or a
+      scalar float tensor or variable holding it (see above).
     decay: Instead of `tau`: 0 <= decay < 1, as for TF's EMA ("ema" form
-      only).
+      only); a number or a scalar float tensor or variable.
     tau_non_trainable: The rate for covered variables that are not in
-      TRAINABLE_VARIABLES (batch-norm moving statistics, optimizer state).
-      Default: the same rate.
+      TRAINABLE_VARIABLES (batch-norm moving statistics, optimizer state),
+      as `tau`. Default: the same rate.
     num_updates: Optional scalar tensor counting updates, for the warm-up.
       On an eager store, a numeric scalar variable (e.g. the optimizer's
       `iterations`), read at each update.
@@ -215,11 +249,13 @@ class MovingAverage(_SlotAverage):
   Raises:
     ModeError: The store is not in device mode; eagerly, the average is
       built inside a `tf.function`.
-    ValueError: Both or neither of `tau` and `decay`; a rate out of range;
+    ValueError: Both or neither of `tau` and `decay`; a number rate out of
+      range;
       a `form` other than "ema" and "lerp"; `decay` with `form="lerp"`;
       the slot holds another snapshot (see `store.slots.pin`).
     TypeError: A `num_updates` that is not a numeric scalar tensor (eagerly:
-      variable).
+      variable); a rate that is neither a number nor a scalar float tensor
+      or variable.
     GraphMismatchError: `num_updates` of another graph.
   """
 
@@ -253,12 +289,15 @@ class MovingAverage(_SlotAverage):
         "(1 - tau) * average + tau * variable), not decay=; decay= is for "
         "form='ema', TF's EMA arithmetic."
       )
+    rate_of = builder(store).rate
     if tau is not None:
-      _check_rate(tau, "tau")
+      tau = _check_rate(tau, "tau", rate_of, store)
     else:
-      _check_rate(decay, "decay", decay=True)
+      decay = _check_rate(decay, "decay", rate_of, store, decay=True)
     if tau_non_trainable is not None:
-      _check_rate(tau_non_trainable, "tau_non_trainable")
+      tau_non_trainable = _check_rate(
+        tau_non_trainable, "tau_non_trainable", rate_of, store
+      )
     num_updates = builder(store).num_updates(num_updates, store)
     super(MovingAverage, self).__init__(store, slot, tag, "MovingAverage")
     self._tau = tau
@@ -328,7 +367,11 @@ class RunningMean(_SlotAverage):
     return self._reset_op
 
 
-def _check_rate(value, name, decay=False):
+def _check_rate(value, name, rate_of, store, decay=False):
+  """`value`, a rate: a number in range, or a tensor the engine's builder
+  takes (`rate_of`: checked when the update runs)."""
+  if averages_rates.is_tensor(value):
+    return rate_of(value, name, store)
   checks.number(value, name)
   if decay and not 0 <= value < 1:
     raise ValueError("decay must be in [0, 1), got %r." % (value,))
@@ -336,3 +379,4 @@ def _check_rate(value, name, decay=False):
     raise ValueError(
       "%s must be in (0, 1] (1.0 is a hard copy), got %r." % (name, value)
     )
+  return value

@@ -83,6 +83,29 @@ class GraphAverage(object):
     return num_updates
 
   @staticmethod
+  def rate(value, name, store):
+    """A rate given as a tensor, checked: a scalar float tensor or variable
+    of the store's graph, read at each run of the update op (a placeholder
+    to feed, or a variable to assign).
+
+    Raises:
+      TypeError: Not a scalar float tensor or variable.
+      GraphMismatchError: Of another graph.
+    """
+    if not isinstance(value, (tf.Tensor, tf_variables.Variable)):
+      raise TypeError(
+        "%s must be a number or a scalar float tensor or variable, got %r."
+        % (name, value)
+      )
+    if not value.dtype.base_dtype.is_floating or value.shape.ndims != 0:
+      raise TypeError(
+        "%s must be a scalar float tensor, got %s of dtype %s and shape %s."
+        % (name, value.name, value.dtype.base_dtype.name, value.shape)
+      )
+    checks.same_graph(value, store.graph, "%s %s" % (name, value.name))
+    return value
+
+  @staticmethod
   def check_running_mean():
     """A `RunningMean` is built in graph mode (nothing to refuse)."""
 
@@ -101,25 +124,24 @@ class GraphAverage(object):
       if num_updates is not None:
         n = tf.cast(num_updates, tf.float32, name="num_updates")
         warm = averages_rates.warmup(n)
-      rates = {}  # (kind, value, dtype) -> rate tensors, made once per rate
+      rates = averages_rates.Rates(form, warm)
       updates = []
       for owner, var, shadow in self._parts:
         dtype = var.dtype.base_dtype
         if not dtype.is_floating:
           updates.append(_copy(var, shadow))
           continue
-        key = averages_rates.rate_key(
+        kind, value = averages_rates.rate_key(
           tau, decay, tau_non_trainable, id(owner) in trainable, dtype
         )
-        if averages_rates.is_hard_copy(key):
+        if averages_rates.is_hard_copy(kind, value):
           updates.append(_copy(var, shadow))
           continue
-        if key not in rates:
-          rates[key] = averages_rates.rates(key, form, warm)
+        weights = rates(kind, value, dtype)
         updates.append(
-          _lerp_update(var, shadow, *rates[key])
+          _lerp_update(var, shadow, *weights)
           if form == "lerp"
-          else _ema_update(var, shadow, *rates[key])
+          else _ema_update(var, shadow, *weights)
         )
       self._update_op = tf.group(*updates, name=scope)
 
@@ -188,15 +210,18 @@ class GraphAverage(object):
     """The grouped op updating the average."""
     return self._update_op
 
-  def update(self):
+  def update(self, tau=None, tau_non_trainable=None):
     """Refuses the eager engine's `update()`.
 
     Raises:
       ModeError: Always; names `update_op`.
     """
+    del tau, tau_non_trainable
     raise errors.ModeError(
       "update() is the eager engine's; this average's store runs in graph "
-      "mode. Run update_op in your session (e.g. sess.run(ema.update_op))."
+      "mode. Run update_op in your session (e.g. sess.run(ema.update_op)); "
+      "for a rate that changes, build the average with tau= a scalar "
+      "variable or placeholder, which each run of update_op reads."
     )
 
 

@@ -25,7 +25,7 @@ FLOATS = (
   ("moving", np.float32, False),
   ("w", np.float32, True),
 )
-KEYS = ("b", "count", "h", "moving", "w")  # the store's (sorted) key order
+KEYS = ("b", "h", "moving", "w", "count")  # the store's order: the dict's
 
 
 def _variables():
@@ -413,4 +413,161 @@ def test_not_built_inside_a_tf_function():
 
   with pytest.raises(snapstore.ModeError, match="cannot be built inside"):
     build()
+  assert store.slots.pinned() == []
+
+
+# -- rates that change: per update, or in a variable -----------------------------
+
+RATES = (0.0476, 0.2517, 1.0, 0.731)
+
+
+def _expected_at(form, average, value, dtype, tau, how):
+  """One update at rate `tau` given `how`: a Python number (rounded once
+  to `dtype`, 1.0 a copy), or a float32 tensor (`1 - tau` in float32)."""
+  if how == "number":
+    if tau == 1.0:
+      return value.copy()
+    return _expected(form, average, value, dtype, ("tau", tau), None)
+  t32 = np.float32(tau)
+  if form == "lerp":
+    return dtype(np.float32(1) - t32) * average + dtype(t32) * value
+  return average - (average - value) * dtype(t32)
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["eager", "tf_function"])
+@pytest.mark.parametrize("how", ["number", "tensor", "variable"])
+@pytest.mark.parametrize("form", ["ema", "lerp"])
+def test_a_rate_that_changes_equals_the_formula_at_every_rate(
+  form, how, inside
+):
+  vs = _variables()
+  store = snapstore.SnapshotStore(var_list=vs, mode="device")
+  rate = tf.Variable(0.5, dtype=tf.float32, name="rate")
+  ema = snapstore.MovingAverage(
+    store,
+    tau=rate if how == "variable" else 0.1,
+    tau_non_trainable=0.3,
+    form=form,
+  )
+  ordered = [vs[k] for k in KEYS]
+
+  def load_and_update(tau, *fresh):
+    for var, value in zip(ordered, fresh):
+      var.assign(value)
+    if how == "variable":
+      rate.assign(tau)
+      ema.update()
+    else:
+      ema.update(tau=tau)
+
+  run = tf.function(load_and_update) if inside else load_and_update
+  expected = {k: v.numpy() for k, v in vs.items()}
+  rng = np.random.RandomState(12)
+  for i in range(12):
+    tau = RATES[i % len(RATES)]
+    fresh = {name: _wide(rng, dtype) for name, dtype, _ in FLOATS}
+    fresh["count"] = np.array([i, -i], np.int32)
+    given = tau if how == "number" else tf.constant(tau, tf.float32)
+    run(given, *[fresh[k] for k in KEYS])
+    for name, dtype, trainable in FLOATS:
+      if trainable:
+        expected[name] = _expected_at(
+          form, expected[name], fresh[name], dtype, tau, how
+        )
+      else:  # its own rate, a number
+        expected[name] = _expected(
+          form, expected[name], fresh[name], dtype, ("tau", 0.3), None
+        )
+    expected["count"] = fresh["count"]
+    averages = store.arrays("ema")
+    for key in KEYS:
+      assert averages[key].tobytes() == expected[key].tobytes(), (key, i)
+  if inside and how != "number":
+    assert run.experimental_get_tracing_count() == 1
+
+
+def test_a_number_rate_per_update_rounds_once_to_float16():
+  # A float64 tensor cast to float16 rounds twice (through float32) for
+  # some rates: a number must be rounded as a Python float constant is.
+  w = tf.Variable(np.random.RandomState(0).randn(4000).astype(np.float16))
+  store = snapstore.SnapshotStore(var_list=[w])
+  soft = snapstore.MovingAverage(store, tau=0.5, form="lerp", tag="t")
+  rng = np.random.RandomState(1)
+  taus = rng.uniform(0.01, 0.99, 10**6)
+  twice = (
+    taus.astype(np.float32).astype(np.float16) != taus.astype(np.float16)
+  ) | (
+    (1 - taus).astype(np.float32).astype(np.float16)
+    != (1 - taus).astype(np.float16)
+  )
+  assert twice.sum() >= 10  # rates where rounding twice would show
+  for tau in list(taus[twice][:10]) + list(taus[:10]):
+    w.assign_add(rng.randn(4000).astype(np.float16))
+    before = store.arrays("t")["Variable"].copy()
+    soft.update(tau=float(tau))
+    expected = np.float16(1 - tau) * before + np.float16(tau) * w.numpy()
+    assert store.arrays("t")["Variable"].tobytes() == expected.tobytes()
+
+
+def test_update_is_a_cond_branch_inside_a_function():
+  v = tf.Variable([1.0, 2.0], name="v")
+  store = snapstore.SnapshotStore(var_list=[v])
+  soft = snapstore.MovingAverage(store, tau=0.5, form="lerp", tag="target")
+
+  @tf.function
+  def step(update_now):
+    v.assign_add([2.0, 2.0])
+    # TF-Agents' periodic update: tf.cond(period_reached, update, tf.no_op)
+    tf.cond(update_now, soft.update, tf.no_op)
+
+  step(tf.constant(False))
+  assert store.arrays("target")["v"].tolist() == [1.0, 2.0]
+  step(tf.constant(True))
+  assert store.arrays("target")["v"].tolist() == [3.0, 4.0]  # (1+5)/2, (2+6)/2
+  assert soft.update() is None  # eagerly, as tf.group
+
+
+def test_update_inside_control_dependencies_orders_what_follows():
+  v = tf.Variable(1.0, name="v")
+  store = snapstore.SnapshotStore(var_list=[v])
+  soft = snapstore.MovingAverage(store, tau=1.0, tag="target")
+  shadow = store.slots.shadows(0)["v"]
+
+  @tf.function
+  def step():
+    v.assign(7.0)
+    with tf.control_dependencies([soft.update()]):
+      return shadow.read_value()
+
+  assert float(step()) == 7.0
+
+
+def test_rate_errors_per_update():
+  v = tf.Variable([1.0], name="v")
+  store = snapstore.SnapshotStore(var_list=[v], max_to_keep=2)
+  soft = snapstore.MovingAverage(store, tau=0.1, form="lerp", tag="soft")
+  with pytest.raises(ValueError, match=r"tau must be in \(0, 1\]"):
+    soft.update(tau=1.5)
+  with pytest.raises(TypeError, match="tau must be a number or a scalar"):
+    soft.update(tau="0.1")
+  with pytest.raises(TypeError, match="scalar float tensor, got dtype float32"):
+    soft.update(tau=tf.constant([0.1, 0.2]))
+  with pytest.raises(
+    ValueError, match=r"tau_non_trainable must be in \(0, 1\]"
+  ):
+    soft.update(tau_non_trainable=0.0)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="tau must be in"):
+    soft.update(tau=tf.constant(2.0))
+  assert store.arrays("soft")["v"].tolist() == [1.0]  # none of them ran
+  by_decay = snapstore.MovingAverage(store, decay=0.9, slot=1, tag="decay")
+  with pytest.raises(ValueError, match="built with decay=.*build it with tau="):
+    by_decay.update(tau=0.1)
+
+
+def test_rate_errors_when_built():
+  store = snapstore.SnapshotStore(var_list=[tf.Variable([1.0], name="v")])
+  with pytest.raises(TypeError, match="scalar float variable"):
+    snapstore.MovingAverage(store, tau=tf.Variable(1, dtype=tf.int32))
+  with pytest.raises(TypeError, match="scalar float variable"):
+    snapstore.MovingAverage(store, tau=tf.Variable([0.1, 0.2]))
   assert store.slots.pinned() == []

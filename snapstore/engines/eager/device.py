@@ -42,7 +42,7 @@ class EagerDeviceMode(slot_book.SlotBook):
     max_to_keep: Number of slots (>= 1).
     name: The store's name; shadows are named `<key>/<name>/slot_<k>`.
     saveable: Refused when True: eager shadows are not tracked; hand
-      `store.slots.shadows(k)` to a `tf.train.Checkpoint` to save a slot.
+      `store.slots.trackable(k)` to a `tf.train.Checkpoint` to save a slot.
     pack: Refused when True (see `_check_options`).
   """
 
@@ -286,8 +286,10 @@ def _check_options(saveable, pack):
   if saveable:
     raise ValueError(
       "saveable=True puts graph-mode shadows into GLOBAL_VARIABLES; eager "
-      "execution has no collections. To save a slot, hand its shadows to "
-      "your checkpoint: tf.train.Checkpoint(target=store.slots.shadows(0))."
+      "execution has no collections. To save a slot, hand it to your "
+      "checkpoint: tf.train.Checkpoint(model=model, "
+      "target=store.slots.trackable(0)), which names each shadow as the "
+      "model names its variable."
     )
 
 

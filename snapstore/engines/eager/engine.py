@@ -7,6 +7,7 @@ it runs (`engines/eager/traced.py`). See `engines/base.py` for the
 interface.
 """
 
+from snapstore import _tf
 from snapstore.core import checks
 from snapstore.core import places as ledger
 from snapstore import errors
@@ -16,7 +17,9 @@ from snapstore.engines.eager import distributed
 from snapstore.engines.eager import host
 from snapstore.engines.eager import in_step
 from snapstore.engines.eager import multi_worker
+from snapstore.engines.eager import past
 from snapstore.engines.eager import restarts
+from snapstore.engines.eager import structure
 from snapstore.engines.eager import traced
 from snapstore.engines.eager import variables
 from snapstore.modes import table
@@ -27,9 +30,6 @@ _EAGER_WAY = {
   "snapshot_op": "call store.snapshot() (one traced function), or "
   "store.slots.snapshot_in_step() inside your tf.function",
   "restore_op": "call store.restore() (one traced function)",
-  "past": "use store.evaluate_with(fn, tag=...), which calls fn with the "
-  "snapshot's values in place, or build a second model (e.g. "
-  "keras.models.clone_model) and load store.arrays(tag) into it",
   "snapshot_before": "use store.slots.snapshot_in_step() inside your "
   "tf.function",
 }
@@ -47,6 +47,9 @@ class EagerEngine(base.Engine):
 
   def __init__(self):
     super(EagerEngine, self).__init__()
+    # What the store was built over, for where each variable sits in it
+    # (`structure`), found on first use.
+    self._root = self._optimizer = self._paths = None
     # Parameter-server strategies (v2) whose ClusterCoordinator may be
     # writing the variables: every call checks nothing is in flight (and
     # guards wait for what their block scheduled).
@@ -70,12 +73,86 @@ class EagerEngine(base.Engine):
   def variable_set(
     self, var_list, scope, collection, optimizer, include_global_step
   ):
-    return variables.variable_set(
+    found = variables.variable_set(
       var_list=var_list,
       scope=scope,
       collection=collection,
       optimizer=optimizer,
       include_global_step=include_global_step,
+    )
+    self._root, self._optimizer = var_list, optimizer
+    return found
+
+  def structure(self):
+    """`{key: path}`: where each variable sits in what the store was built
+    over (`engines/eager/structure.py`)."""
+    if self._paths is None:
+      self._paths = structure.structure_paths(
+        self._root, self._optimizer, self.varset
+      )
+    return self._paths
+
+  def arrays_from(self, source, session, what):
+    """`{key: numpy array}` of the variables of `source`, a second model of
+    the store's structure: a model, a layer or a `tf.Module` (matched by
+    where each variable sits in it, see `structure`), or a list of
+    variables (by position, in the store's order).
+
+    Raises:
+      TypeError: Neither; or a model when the store was built over a list.
+      IncompatibleSnapshotError: The variables do not pair up (a variable
+        with no place, or a count that differs), all named.
+    """
+    del session
+    if structure.has_structure(source):
+      if not structure.has_structure(self._root):
+        raise TypeError(
+          "%s() got %s, but store %r was built over a %s, which has no "
+          "structure to match a model's variables by. Pass a list of its "
+          "variables in the order of store.keys (e.g. model.weights, if the "
+          "store's var_list was another model's weights)."
+          % (
+            what,
+            _described(source),
+            self.store_name,
+            type(self._root).__name__,
+          )
+        )
+      other = variables.variable_set(var_list=source)
+      pairs, problems = structure.matched(
+        self.structure(), structure.structure_paths(source, None, other)
+      )
+      if problems:
+        raise errors.IncompatibleSnapshotError(
+          "%s(): %s does not have the structure of store %r's variables: "
+          "%s. Pass a model built by the same code as the store's."
+          % (what, _described(source), self.store_name, "; ".join(problems))
+        )
+      found = [(key, other[pairs[key]].variable) for key in self.varset.keys]
+    elif isinstance(source, (list, tuple)):
+      other = variables.variable_set(var_list=list(source))
+      if len(other) != len(self.varset):
+        raise errors.IncompatibleSnapshotError(
+          "%s() got a list of %d variables; store %r covers %d (store.keys "
+          "lists them, in the order the list is matched in)."
+          % (what, len(other), self.store_name, len(self.varset))
+        )
+      found = list(zip(self.varset.keys, other.variables))
+    else:
+      raise TypeError(
+        "%s() takes a dict {key: numpy array} (store.arrays() gives one), "
+        "or a second model of the store's structure: a Keras model or "
+        "tf.Module (matched by where each variable sits in it), or a list "
+        "of variables in the order of store.keys; got %s."
+        % (what, _described(source))
+      )
+    return dict((key, distributed.read(v).numpy()) for key, v in found)
+
+  def trackable(self, shadows):
+    """A trackable object holding a slot's `shadows` along the structure of
+    what the store was built over (`structure.trackable`)."""
+    return structure.trackable(
+      self.structure(), self.varset.keys, shadows, _tf.auto_trackable
     )
 
   def build(self, mode_cls, varset, max_to_keep, name, mode_options):
@@ -162,8 +239,17 @@ class EagerEngine(base.Engine):
   def snapshot_before(self, update, slot_set, slot, name, if_finite):
     self.check_graph_call("snapshot_before")
 
-  def rewirer(self, primaries, shadows):
-    self.check_graph_call("past")
+  def past(self, outputs, slot, slot_set):
+    if not callable(outputs):
+      raise TypeError(
+        "store.slots.past() on an eager store takes a function of the "
+        "model (e.g. lambda x: model(x)) and returns one that computes it "
+        "from the slot's values; got %r. (Tensors to rewire are what it "
+        "takes in graph mode.)" % (outputs,)
+      )
+    return past.PastFunction(
+      outputs, self.varset.specs, slot_set.shadows(slot), self.store_name, slot
+    )
 
   # -- for training helpers ---------------------------------------------------------
 
@@ -179,3 +265,8 @@ class EagerEngine(base.Engine):
 
 # How a refusal names a call that is not written store.<what>().
 _CALLS = {"__len__": "len(store)", "__contains__": "`tag in store`"}
+
+
+def _described(obj):
+  name = getattr(obj, "name", None)
+  return "%s %r" % (type(obj).__name__, name) if name else repr(obj)

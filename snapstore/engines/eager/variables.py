@@ -15,6 +15,14 @@ eager execution has no collections or variable scopes). A store covers:
   without the model's own name (`d1/kernel`, not `sequential/d1/kernel`);
 - a `tf.Module`: its variables, keyed by attribute path (`layers/0/w`).
 
+The store's order (`store.keys`, `store.arrays()`, `slots.shadows()`) is
+the order these give: a list's, a dict's, a module's `variables`; for a
+model, `model.weights` (the order of `model.get_weights()`), then the rest
+of `model.variables` (Keras 3 seed states), then other state the model
+holds; an optimizer's state comes last. `store.key_of(v)` gives the key of
+any object in `model.weights` (or the `tf.Variable` under it), and
+`store.variable_of(key)` that object back.
+
 Names that collide are keyed by position. A name that two or more variables
 of a list share (TensorFlow names every unnamed variable "Variable"; tf-keras
 names a nested model's weights without the model's name) is no key: each of
@@ -105,7 +113,34 @@ def variable_set(
   _check_unique(pairs)
   for key, var in pairs:
     _check_eager(key, var)
-  return VariableSet(pairs, source)
+  return VariableSet(pairs, source, origins=origins(var_list, optimizer))
+
+
+def origins(var_list, optimizer=None):
+  """`{id(tf.Variable): keras.Variable}` of the Keras 3 variables among what
+  a store over `var_list` and `optimizer` covers: the object a user holds
+  (in `model.weights`, in a list), for `store.variable_of`."""
+  if _is_keras_model(var_list):
+    try:
+      held = list(var_list.variables) + list(var_list.weights)
+    except ValueError:  # an unbuilt tf-keras model
+      held = []
+  elif isinstance(var_list, dict):
+    held = list(var_list.values())
+  elif isinstance(var_list, (list, tuple)):
+    held = list(var_list)
+  else:
+    held = []
+  for opt in optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]:
+    if opt is not None and hasattr(opt, "variables"):
+      held += _optimizer_variables(opt)
+  out = {}
+  for v in held:
+    if is_keras_3_object(v):
+      inner = keras_variable_value(v)
+      if inner is not None:
+        out.setdefault(id(inner), v)
+  return out
 
 
 def _resolve(var_list):
@@ -126,6 +161,7 @@ def _resolve(var_list):
       )
     # (tf-keras names a nested model's weights without the model's name)
     pairs = _by_position(pairs, range(len(pairs)))
+    pairs = _weights_first(var_list, pairs)
     if not pairs:
       raise ValueError(
         "Keras model %r has no variables yet; build it first (call it on a "
@@ -140,7 +176,7 @@ def _resolve(var_list):
     return pairs, "tf.Module %r" % var_list.name, None
   if isinstance(var_list, dict):
     pairs = []
-    for key, var in sorted(var_list.items(), key=lambda kv: str(kv[0])):
+    for key, var in var_list.items():
       if not isinstance(key, str) or not key:
         raise TypeError(
           "var_list keys must be non-empty strings, got %r." % (key,)
@@ -166,6 +202,25 @@ def _resolve(var_list):
   _check_listed_once(pairs, ["position %d" % i for i in range(len(pairs))])
   pairs = _by_position(pairs, range(len(pairs)))
   return _expand_shards(pairs), "var_list", None
+
+
+def _weights_first(model, pairs):
+  """`pairs` of `model.variables` in the order of `model.weights`, then the
+  rest (Keras 3 seed generators' states) in their own order: the order of
+  `model.get_weights()`, so that the store's keys pair with it."""
+  try:
+    weights = list(model.weights)
+  except ValueError:  # an unbuilt tf-keras model
+    return pairs
+  place = {}
+  for i, w in enumerate(weights):
+    inner = keras_variable_value(w) if is_keras_3_object(w) else w
+    place.setdefault(id(inner), i)
+  order = sorted(
+    range(len(pairs)),
+    key=lambda j: (place.get(id(pairs[j][1]), len(weights)), j),
+  )
+  return [pairs[j] for j in order]
 
 
 def _by_position(pairs, positions):

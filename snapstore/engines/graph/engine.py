@@ -34,6 +34,10 @@ class GraphEngine(base.Engine):
   }
   pending_needs_session = True
 
+  def __init__(self):
+    super(GraphEngine, self).__init__()
+    self._rewirer = None  # made by the first store.slots.past() call
+
   def check_building(self):
     pass
 
@@ -102,6 +106,71 @@ class GraphEngine(base.Engine):
     ]
     return in_step.build(update, slot_set, slot, parts, name, if_finite)
 
-  def rewirer(self, primaries, shadows):
-    """A `rewire.Rewirer` from `primaries` to each slot's `shadows`."""
-    return rewire.Rewirer(self.store_name, primaries, shadows)
+  def past(self, outputs, slot, slot_set):
+    """Tensors computing `outputs` from slot `slot` (`rewire.Rewirer.past`)."""
+    if callable(outputs) and not isinstance(outputs, (tf.Tensor, list, dict)):
+      raise TypeError(
+        "store.slots.past() in graph mode takes the tensors to compute from "
+        "the slot (e.g. q = model(x); store.slots.past(q, slot)), and "
+        "returns their rewired copies; got the function %r. (A function "
+        "is what past() takes on an eager store.)" % (outputs,)
+      )
+    if self._rewirer is None:
+      # A distributed variable is read through its components (each
+      # replica its own, a cross-replica read the primary or all of them):
+      # each component maps to its own shadow, so every copied read reads
+      # the shadow of the component its original read.
+      self._rewirer = rewire.Rewirer(
+        self.store_name,
+        [p for v in self.varset.variables for p in distributed.components(v)],
+        [
+          [
+            shadow
+            for parts in slot_set.component_shadows(k, "past")
+            for shadow in parts
+          ]
+          for k in range(slot_set.num_slots)
+        ],
+      )
+    return self._rewirer.past(outputs, slot)
+
+  def arrays_from(self, source, session, what):
+    """`{key: numpy array}` of `source`, a list of variables of the store's
+    graph in the order of the store's keys, read in `session`.
+
+    Raises:
+      TypeError: Not a list of variables.
+      IncompatibleSnapshotError: A count that differs from the store's.
+      NoSessionError: No session to read them in.
+    """
+    if not isinstance(source, (list, tuple)):
+      raise TypeError(
+        "%s() takes a dict {key: numpy array} (store.arrays() gives one), "
+        "or a list of variables in the order of store.keys; got %r. (Keys "
+        "are names relative to the store's scope, so a store over another "
+        "scope's model of the same structure has the same keys: "
+        "load_arrays(other_store.arrays()).)" % (what, source)
+      )
+    others = variables.variable_set(var_list=list(source))
+    if len(others) != len(self.varset):
+      raise errors.IncompatibleSnapshotError(
+        "%s() got a list of %d variables; store %r covers %d (store.keys "
+        "lists them, in the order the list is matched in)."
+        % (what, len(others), self.store_name, len(self.varset))
+      )
+    values = self.session(session, what).run(list(others.variables))
+    return dict(zip(self.varset.keys, values))
+
+  def trackable(self, shadows):
+    raise errors.ModeError(
+      "store.slots.trackable() is for eager stores (object-based "
+      "checkpoints). In graph mode, build the store with saveable=True "
+      "(the shadows join GLOBAL_VARIABLES, so tf.train.Saver() saves "
+      "them), or add list(store.slots.shadows(slot).values()) to your "
+      "Saver's var_list."
+    )
+
+  def rewired(self, fetches, feed_dict, slot):
+    if self._rewirer is None:
+      return None
+    return self._rewirer.lookup(fetches, feed_dict, slot)
