@@ -12,11 +12,14 @@ store has, its slots offer ops and variables to build into a graph:
     train_op = slots.snapshot_before(update)  # a snapshot in the step's run
 
 On the eager engine a device store's slots are eager shadow variables:
-`shadows`, `pin`, `pinned`, `slot_of` work as in graph mode, and
-`snapshot_in_step()` is the in-step snapshot for the user's `tf.function`
-(`snapstore/engines/eager/in_step.py`); the graph-only calls (`initializer`,
-`snapshot_op`, `restore_op`, `past`, `snapshot_before`) raise `ModeError`
-naming the eager way, and `snapshot_in_step` does in graph mode.
+`shadows`, `pin`, `pinned`, `slot_of` work as in graph mode; `past(fn, slot)`
+takes a function and returns it reading the slot
+(`snapstore/engines/eager/past.py`); `trackable(slot)` puts a slot in a
+`tf.train.Checkpoint`; and `snapshot_in_step()` is the in-step snapshot for
+the user's `tf.function` (`snapstore/engines/eager/in_step.py`). The
+graph-only calls (`initializer`, `snapshot_op`, `restore_op`,
+`snapshot_before`) raise `ModeError` naming the eager way, and
+`snapshot_in_step` and `trackable` do in graph mode.
 
 Host and disk stores have no slots: `store.slots` raises `ModeError` once,
 naming the mode that has them. A store with `pack=True` has slots but no
@@ -150,40 +153,63 @@ class Slots(object):
     return collections.OrderedDict(zip(self._h.varset.keys, values))
 
   def past(self, outputs, slot=0):
-    """Tensors computing `outputs` from slot `slot` instead of the variables.
+    """`outputs` computed from slot `slot` instead of the variables.
 
-    Fetch them next to `outputs` to evaluate past and current parameters in
-    one `session.run` with no copy; refresh the slot with `snapshot_op(slot)`
-    (or `store.snapshot()`). Built at graph-construction time and cached:
-    asking again returns the same tensors. See `snapstore.engines.graph.rewire` for
-    what is copied, what is refused and why; gradients never flow into the
-    shadows.
+    Eagerly, `outputs` is a function (a model, `lambda x: model(x)`, a
+    `tf.function`), and `past` returns one that computes it with the
+    slot's shadows read in place of the store's variables: no copy,
+    nothing put back, what the slot holds read at every call. Call it
+    eagerly, inside your `tf.function` or inside a `GradientTape`: its
+    values are bit for bit those of the same function on a separate model
+    holding the slot's values, called the same way; no gradient flows to
+    the current variables, gradients flow to its inputs. See
+    `snapstore/engines/eager/past.py`.
 
-    Over `tf.distribute` variables (`MirroredStrategy`), each component is
-    rewired to its own shadow (`component_shadows`), so each copied op reads
-    the shadow of the component its original read: an output computed in
+    In graph mode, `outputs` are tensors of the model, and `past` returns
+    tensors computing them from the slot, to fetch next to `outputs`: past
+    and current parameters in one `session.run`, no copy. Built at
+    graph-construction time and cached: asking again returns the same
+    tensors. See `snapstore.engines.graph.rewire` for what is copied, what
+    is refused and why; gradients never flow into the shadows. Over
+    `tf.distribute` variables (`MirroredStrategy`), each component is
+    rewired to its own shadow (`component_shadows`): an output computed in
     `strategy.run` reads its replica's, one computed in cross-replica
-    context the primary's (a sync-on-read variable's aggregate, all of
-    them). A `PerReplica` of such outputs (what `strategy.run` returns)
-    gives a `PerReplica` of their past tensors, replica by replica; fetch
-    them with `strategy.experimental_local_results(...)`.
+    context the primary's. A `PerReplica` of outputs gives a `PerReplica`
+    of their past tensors; fetch them with
+    `strategy.experimental_local_results(...)`.
+
+    Refresh the slot with `store.snapshot()` (or, in graph mode,
+    `snapshot_op(slot)`), a `MovingAverage`, or `store.load_arrays`.
 
     Args:
-      outputs: A tensor, a `PerReplica` of tensors, or a list, tuple or dict
-        of them, of the model.
+      outputs: Eagerly, a callable. In graph mode, a tensor, a
+        `PerReplica` of tensors, or a list, tuple or dict of them.
       slot: The slot to read.
 
     Returns:
-      The rewired tensors, in the structure of `outputs`. A tensor that does
-      not depend on the covered variables is returned as it is.
+      Eagerly, a callable taking `outputs`' arguments (its `function` is
+      the `tf.function` it runs). In graph mode, the rewired tensors, in the
+      structure of `outputs` (a tensor that does not depend on the covered
+      variables is returned as it is).
 
     Raises:
+      TypeError: Eagerly, `outputs` is not callable; in graph mode, it is a
+        function, or not tensors.
+      ValueError: No such slot. Eagerly, when the function is traced (at its
+        first call with new arguments): it writes a variable of the store
+        (batch norm in training mode), or creates variables. In graph mode,
+        no tensors, or a variable's reference/handle.
       ModeError: The store packs variables (`pack=True`).
-      ValueError: No such slot, no tensors, or a variable's reference/handle.
-      TypeError: Something other than tensors.
       GraphMismatchError: Tensors of another graph.
       RewireError: An op on the way cannot be rewired faithfully (the message
         names it); nothing is built.
+
+    Example:
+      ```python
+      target_q = store.slots.past(q_net, slot=0)  # eagerly
+      y = r + gamma * tf.reduce_max(target_q(next_obs), axis=1)
+      q_past = store.slots.past(q, slot=0)  # graph mode: tensors
+      ```
     """
     slot = self._check_slot(slot)
     with self._h.lock:

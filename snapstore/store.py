@@ -106,6 +106,15 @@ class SnapshotStore(object):
     SnapshotFileError: A spill file that cannot be created or written, is not
       a snapstore spill file, or is in use by another store.
     IncompatibleSnapshotError: A spill file of other variables.
+
+  Example:
+    ```python
+    store = snapstore.SnapshotStore(var_list=model, optimizer=opt)  # eagerly
+    good = store.snapshot()
+    ...  # train; the loss explodes
+    store.restore(good)  # the model and Adam's state, bit for bit
+    target = store.slots.past(model, slot=0)  # the model, reading slot 0
+    ```
   """
 
   def __init__(

@@ -385,7 +385,8 @@ class MirroredTest(tf.test.TestCase, parameterized.TestCase):
       self,
       errors.ModeError,
       r"^shadows\(\) needs a shadow variable per variable",
-      "net/b, net/count, net/mean, net/steps, net/w are a tf.distribute",
+      # (in the store's key order: the variables' creation order)
+      "net/w, net/b, net/steps, net/count, net/mean are a tf.distribute",
       "one per replica component",
       r"store\.slots\.component_shadows\(slot\)",
       r"store\.slots\.past\(outputs, slot\)",

@@ -246,6 +246,15 @@ class MovingAverage(_SlotAverage):
   function, run by `update()`; which variables take `tau_non_trainable` is
   told by each variable's `trainable` flag instead of TRAINABLE_VARIABLES.
 
+  Example:
+    ```python
+    store = snapstore.SnapshotStore(var_list=critic)  # eagerly
+    soft = snapstore.MovingAverage(store, tau=0.005, form="lerp", tag="target")
+    target_critic = store.slots.past(critic, soft.slot)
+    ...  # in the train step, after the optimizer's update:
+    soft.update()  # (1 - tau) * target + tau * online
+    ```
+
   Raises:
     ModeError: The store is not in device mode; eagerly, the average is
       built inside a `tf.function`.
@@ -349,6 +358,15 @@ class RunningMean(_SlotAverage):
   Raises:
     ModeError: The store is not in device mode, or runs eagerly.
     ValueError: The slot holds another snapshot (see `store.slots.pin`).
+
+  Example:
+    ```python
+    store = snapstore.SnapshotStore(scope="net", mode="device")  # graph mode
+    swa = snapstore.RunningMean(store)
+    ...  # each epoch after the start of averaging:
+    sess.run(swa.update_op)
+    store.restore(swa.tag, session=sess)  # the SWA weights
+    ```
   """
 
   def __init__(self, store, slot=0, tag="swa", name="running_mean"):

@@ -437,7 +437,7 @@ def main(spill_dir):
 
   for mode in ("device", "host", "disk"):
     store = _store([w, b], mode, spill_dir, mode)
-    if store.keys != ("b", "w/part_0", "w/part_1"):
+    if store.keys != ("w/part_0", "w/part_1", "b"):  # var_list order
       raise AssertionError("keys: %s" % (store.keys,))
     if mode == "device":
       # Each shadow on its variable's (its shard's) parameter server.

@@ -151,7 +151,6 @@ def test_evaluate_with_needs_a_callable_and_no_feed_dict():
     (lambda s: s.initializer, "initialized when the store makes them"),
     (lambda s: s.snapshot_op(0), r"store.snapshot\(\)"),
     (lambda s: s.restore_op(0), r"store.restore\(\)"),
-    (lambda s: s.past(None, 0), r"evaluate_with\(fn, tag=...\)"),
     (lambda s: s.snapshot_before(lambda: None), "snapshot_in_step"),
   ],
 )

@@ -500,9 +500,9 @@ def test_a_nested_model_whose_layers_share_names_is_keyed_by_position():
   store = snapstore.SnapshotStore(var_list=model, optimizer=opt)
   weights = [k for k in store.keys if not k.startswith("optimizer/")]
   if common.KERAS_3:
-    assert weights == ["a/d/bias", "a/d/kernel", "b/d/bias", "b/d/kernel"]
-  else:
-    assert weights == ["d/bias/1", "d/bias/3", "d/kernel/0", "d/kernel/2"]
+    assert weights == ["a/d/kernel", "a/d/bias", "b/d/kernel", "b/d/bias"]
+  else:  # (in model.weights order: get_weights()'s)
+    assert weights == ["d/kernel/0", "d/bias/1", "d/kernel/2", "d/bias/3"]
     for key, v in zip(["d/kernel/0", "d/bias/1"], inner[0].weights):
       assert store.variables[key] is v
   state = common.state_variables(model, opt)

@@ -105,7 +105,7 @@ def _resolve(var_list, collection, prefix):
       )
     if isinstance(var_list, dict):
       pairs, where = [], []
-      for key, var in sorted(var_list.items(), key=lambda kv: str(kv[0])):
+      for key, var in var_list.items():
         if not isinstance(key, str) or not key:
           raise TypeError(
             "var_list keys must be non-empty strings, got %r." % (key,)
