@@ -2,15 +2,10 @@
 
 One store class for two engines, picked where the store is built: graph mode
 (a TF1-style graph; calls run in a `tf.Session`) or eager execution (TF 2.x;
-calls take no session, `evaluate_with` calls a Python function). Eagerly:
-
-    store = snapstore.SnapshotStore(var_list=model, optimizer=opt)
-    good = store.snapshot()                              # ... then train
-    store.restore(good)                                  # bit for bit
-    past = store.evaluate_with(lambda: model(x), tag=good)
-
-In graph mode, build the store with the model, before the graph is finalized;
-afterwards no call adds ops to the graph.
+calls take no session, `evaluate_with` calls a Python function; the class
+docstring's Example is an eager program). In graph mode, build the store
+with the model, before the graph is finalized; afterwards no call adds ops to
+the graph.
 
     store = snapstore.SnapshotStore(scope="net", mode="device", max_to_keep=3)
     with tf.Session() as sess:                           # after initializers
