@@ -1,10 +1,12 @@
 """The docs site covers the package: every public name has its reference
-entry and a docstring with its sections, and every page is in the nav.
+entry and a docstring with its sections, and every page is in the nav; its
+changelog (CHANGELOG.md) has a dated section for the package's version.
 
 `make docs` builds the site with --strict (broken links and references fail
 it); this checks what the build does not: that nothing public is left out.
 """
 
+import datetime
 import inspect
 import os
 import re
@@ -49,6 +51,16 @@ def _pages():
       if name.endswith(".md"):
         found.add(os.path.relpath(os.path.join(where, name), DOCS))
   return found
+
+
+_VERSION_HEADING = re.compile(r"^## \[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})$")
+
+
+def _changelog_headings():
+  """The `## ` headings of CHANGELOG.md, outside code blocks, in order."""
+  with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
+    text = re.sub(r"(?ms)^```.*?^```", "", f.read())
+  return re.findall(r"^## .*?[ \t]*$", text, re.M)
 
 
 def _sections(doc):
@@ -133,6 +145,36 @@ class DocsSiteTest(unittest.TestCase):
       if params and "Raises" not in have and not _is_namedtuple(obj):
         problems.append("%s: no Raises section" % name)
     self.assertEqual(problems, [], "\n".join(problems))
+
+
+class ChangelogTest(unittest.TestCase):
+  """CHANGELOG.md follows Keep a Changelog: `## [Unreleased]`, then one
+  `## [X.Y.Z] - YYYY-MM-DD` per release, newest first, the newest being
+  the version the package says it is."""
+
+  def test_unreleased_then_the_package_version(self):
+    headings = _changelog_headings()
+    self.assertGreaterEqual(len(headings), 2, headings)
+    self.assertEqual(headings[0], "## [Unreleased]")
+    newest = _VERSION_HEADING.match(headings[1])
+    self.assertTrue(newest, "not a version heading: %r" % headings[1])
+    self.assertEqual(newest.group(1), snapstore.__version__)
+
+  def test_every_later_heading_is_a_dated_version(self):
+    releases = []
+    for heading in _changelog_headings()[1:]:
+      match = _VERSION_HEADING.match(heading)
+      self.assertTrue(match, "not `## [X.Y.Z] - YYYY-MM-DD`: %r" % heading)
+      version = tuple(int(n) for n in match.group(1).split("."))
+      try:
+        date = datetime.datetime.strptime(match.group(2), "%Y-%m-%d").date()
+      except ValueError:
+        self.fail("not a date: %r" % heading)
+      releases.append((version, date))
+    versions = [v for v, _ in releases]
+    dates = [d for _, d in releases]
+    self.assertEqual(versions, sorted(set(versions), reverse=True))
+    self.assertEqual(dates, sorted(dates, reverse=True), "newest first")
 
 
 def _docstring_examples():
