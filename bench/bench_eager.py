@@ -415,7 +415,7 @@ def main(argv=None):
   print(
     "on %s, Keras %s"
     % (
-      _tf.stack().replace(" (compat.v1 graph mode)", ""),
+      _tf.stack(),
       "3" if _keras.uses_keras_3() else "2 (tf-keras)",
     )
   )

@@ -36,7 +36,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   tf = _tf.tf2
   keras = tf.keras
-  stack = _tf.stack().replace(" (compat.v1 graph mode)", "")
+  stack = _tf.stack()
   print("stack: %s; load average %.2f %.2f %.2f" % ((stack,) + os.getloadavg()))
   kept = in_step_undo.keep_cond_as_call
 

@@ -651,6 +651,14 @@ def is_sharded_variable(obj):
   return cls is not None and isinstance(obj, cls)
 
 
+def _mode_now():
+  """How the process runs now: eagerly, or in (compat.v1) graph mode."""
+  with ops.init_scope():
+    if _context.executing_eagerly():
+      return "eager"
+  return "compat.v1 graph mode" if VERSION[0] >= 2 else "graph mode"
+
+
 def stack():
   """The stack this process runs on, for benchmarks and bootstrap output."""
   import numpy  # pylint: disable=g-import-not-at-top
@@ -658,7 +666,7 @@ def stack():
 
   return "TensorFlow %s (%s), Python %s, numpy %s, h5py %s" % (
     _tensorflow.__version__,
-    "compat.v1 graph mode" if VERSION[0] >= 2 else "graph mode",
+    _mode_now(),
     ".".join(str(v) for v in sys.version_info[:3]),
     numpy.__version__,
     h5py.__version__,
