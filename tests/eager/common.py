@@ -56,6 +56,29 @@ def small_model(seed=0, dropout=False):
   return keras.Sequential(layers, name="net")
 
 
+def actor(seed, width):
+  """A 3 -> 1 DDPG actor, Dense(width) - tanh, with fixed weights."""
+  keras.utils.set_random_seed(seed)
+  return keras.Sequential(
+    [
+      keras.Input((3,)),
+      keras.layers.Dense(width, activation="relu"),
+      keras.layers.Dense(1, activation="tanh"),
+    ]
+  )
+
+
+def critic(seed, width):
+  """A (state 3, action 1) -> Q critic, Dense(width), with fixed weights."""
+  keras.utils.set_random_seed(seed)
+  state = keras.Input((3,))
+  action = keras.Input((1,))
+  hidden = keras.layers.Dense(width, activation="relu")(
+    keras.layers.Concatenate()([state, action])
+  )
+  return keras.Model([state, action], keras.layers.Dense(1)(hidden))
+
+
 def batches(n, seed=1, nan_at=()):
   rng = np.random.RandomState(seed)
   out = []

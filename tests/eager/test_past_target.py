@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import snapstore
 from tests.eager.common import assert_bits_equal
+from tests.eager import common
 from tests.eager.common import keras
 from tests.eager.common import values
 
@@ -26,24 +27,11 @@ MORE = 10  # steps after the checkpoint round trip
 
 
 def _actor(seed):
-  keras.utils.set_random_seed(seed)
-  return keras.Sequential(
-    [
-      keras.Input((3,)),
-      keras.layers.Dense(16, activation="relu"),
-      keras.layers.Dense(1, activation="tanh"),
-    ]
-  )
+  return common.actor(seed, width=16)
 
 
 def _critic(seed):
-  keras.utils.set_random_seed(seed)
-  state = keras.Input((3,))
-  action = keras.Input((1,))
-  hidden = keras.layers.Dense(16, activation="relu")(
-    keras.layers.Concatenate()([state, action])
-  )
-  return keras.Model([state, action], keras.layers.Dense(1)(hidden))
+  return common.critic(seed, width=16)
 
 
 def _batches(n, seed=4):

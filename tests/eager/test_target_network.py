@@ -27,24 +27,11 @@ HARD_EVERY = 4
 
 
 def _actor(seed):
-  keras.utils.set_random_seed(seed)
-  return keras.Sequential(
-    [
-      keras.Input((3,)),
-      keras.layers.Dense(8, activation="relu"),
-      keras.layers.Dense(1, activation="tanh"),
-    ]
-  )
+  return common.actor(seed, width=8)
 
 
 def _critic(seed):
-  keras.utils.set_random_seed(seed)
-  state = keras.Input((3,))
-  action = keras.Input((1,))
-  hidden = keras.layers.Dense(8, activation="relu")(
-    keras.layers.Concatenate()([state, action])
-  )
-  return keras.Model([state, action], keras.layers.Dense(1)(hidden))
+  return common.critic(seed, width=8)
 
 
 def _batches():
