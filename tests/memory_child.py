@@ -2,7 +2,7 @@
 bench/bench_memory.py).
 
     python tests/memory_child.py ENGINE MODE [--mib 256] [--vars 8]
-        [--max-to-keep 2] [--dir DIR] [--paths core,arrays,...] [--time]
+        [--max-to-keep 2] [--dir DIR] [--paths arrays,...] [--time ROUNDS]
 
 ENGINE is "graph" (tf.compat.v1 with v2 behaviour off) or "eager". The
 model is `--vars` float32 variables of `--mib` MiB in all, filled one
@@ -23,9 +23,14 @@ Parts (`--paths`, in this order, each after the ones before it):
   arrays      `store.arrays(tag)` of both snapshots, kept by the caller
   load_arrays those arrays given back with `load_arrays` (replacing tag 1)
   npz         `files.save_npz`, then `files.load_npz` of the archive
+              (tag 1 deleted first: a snapshot that replaces a held one
+              exists in full before the old one goes)
   evaluate    `evaluate_with` of a function reading one variable
   load_spill  disk: the store closed (its file then holds both
               snapshots), `files.load_spill` of snapshot 1 into a host store
+
+With `--time`, after the parts: medians of a snapshot over a held tag, a
+restore and a warm memcpy of the model's bytes (bench/bench_memory.py).
 
 Each part other than core reports its transient: peak minus the larger of
 its RSS before and after (what it keeps, e.g. arrays a caller holds, is
@@ -179,6 +184,29 @@ def _timed(times, name, fn):
   return out
 
 
+def _time_calls(store, sess, rounds):
+  """Medians over `rounds` of a snapshot (over a held tag), a restore, and a
+  warm memcpy of the same bytes (np.copyto into preallocated arrays)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  source = list(store.arrays(1, **sess).values())
+  target = [np.empty_like(a) for a in source]
+  calls = {
+    "snapshot_warm": lambda: store.snapshot(2, **sess),
+    "restore_warm": lambda: store.restore(1, **sess),
+    "memcpy_warm": lambda: [np.copyto(t, a) for t, a in zip(target, source)],
+  }
+  times = dict((name, []) for name in calls)
+  for name, fn in calls.items():
+    fn()  # warm: pages touched, functions run once
+  for _ in range(rounds):
+    for name, fn in calls.items():  # interleaved, so drift hits each alike
+      start = time.perf_counter()
+      fn()
+      times[name].append(time.perf_counter() - start)
+  return dict((name, sorted(t)[len(t) // 2]) for name, t in times.items())
+
+
 def run(args):
   model = Model(args.engine, args.mib, args.vars)
   m = float(model.nbytes)
@@ -244,6 +272,7 @@ def run(args):
   if "npz" in paths:
     path = os.path.join(args.dir, "snap.npz")
     part("save_npz", lambda: store.files.save_npz(path, tag=1, **sess))
+    store.delete(1)  # loaded as a new snapshot, not over a held one
     part("load_npz", lambda: store.files.load_npz(path, tag=1, **sess))
     store.restore(1, **sess)
     result["exact"] = result["exact"] and model.hashes() == first
@@ -261,6 +290,8 @@ def run(args):
         lambda: store.evaluate_with(lambda: float(first_var[0, 0]), tag=1),
       )
     result["exact"] = result["exact"] and model.hashes() == now
+  if args.time:
+    result["times"].update(_time_calls(store, sess, args.time))
   store.close()
   if "load_spill" in paths and args.mode == "disk":
     # The closed store wrote what it held to its file; a host store of the
@@ -283,6 +314,7 @@ def main(argv=None):
   p.add_argument("--max-to-keep", type=int, default=2)
   p.add_argument("--dir", default=None)
   p.add_argument("--paths", default="")
+  p.add_argument("--time", type=int, default=0, help="rounds of timed calls")
   args = p.parse_args(argv)
   sys.path.insert(0, _ROOT)
   from snapstore._tf import tf  # pylint: disable=g-import-not-at-top
