@@ -75,14 +75,13 @@ def reset_peak():
 
 def held_models(engine, mode, max_to_keep):
   """The models' worth of bytes the mode must hold in the core part: host
-  keeps `max_to_keep` snapshots; disk (memory_budget=1) the one kept in
-  memory and the one on its way to the file; device its slots, and in graph
-  mode the scratch copy its swap uses."""
-  if mode == "host":
-    return max_to_keep
+  keeps `max_to_keep` snapshots, device as many slots; disk
+  (memory_budget=1) the one kept in memory and the one on its way to the
+  file. (No part but evaluate swaps, so no scratch copy is due.)"""
+  del engine  # the same in both
   if mode == "disk":
     return 2
-  return max_to_keep + (1 if engine == "graph" else 0)
+  return max_to_keep
 
 
 class Model(object):

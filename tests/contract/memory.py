@@ -4,7 +4,7 @@ A model of 256 MiB in 8 float32 variables; two snapshots (`max_to_keep=2`)
 and one restore, checked bit for bit. The child's peak RSS over its RSS once
 the model exists may exceed what the mode must hold (host: both snapshots;
 disk, `memory_budget=1`: the one kept and the one on its way to the file;
-device: its slots) by a quarter of the model: one more model-sized copy
+device: its slots, both engines) by a quarter of the model: one more model-sized copy
 anywhere fails. In host and disk mode, `arrays`, `load_arrays`, `save_npz`,
 `load_npz` (and, disk, `load_spill` from the file the store leaves) may each
 need a quarter of the model beyond what they keep; `evaluate_with` one model
