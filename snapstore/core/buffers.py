@@ -1,7 +1,8 @@
 """Host arrays that TensorFlow feeds without copying them.
 
-TF feeds a numpy array in place only when its data is 64-byte aligned; any
-other array is copied first, so restoring it costs two copies instead of one.
+A session feeds a numpy array in place only when its data is 64-byte aligned;
+any other array is copied first, so restoring it costs two copies instead of
+one. (Eager TensorFlow 2.21 copies every array it converts to a tensor.)
 numpy's own allocations are only 16-byte aligned. Arrays a store allocates for
 snapshot data come from here.
 

@@ -2,7 +2,9 @@
 
 Every copy the eager engine runs is one `tf.function` traced when the store
 is built (`get_concrete_function`), never per call: a snapshot or restore is
-one dispatch that never retraces, with no Python loop over the variables.
+one dispatch that never retraces, with no Python loop over the variables
+(except a host restore, one dispatch per run of at most `STAGING` bytes:
+`GroupedAssigner`).
 Tracing at build also keeps TensorFlow's retracing detector quiet (it counts
 traced calls per Python function) and moves the trace's cost out of the
 training loop.

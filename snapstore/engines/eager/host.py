@@ -4,7 +4,9 @@ The eager counterpart of `host.py`. A snapshot is one traced read of every
 variable (traced when the store is built), then a copy of each value into a
 new 64-byte aligned, read-only array the store owns: the arrays never share
 memory with TensorFlow, so training cannot change them and they stay valid on
-any device. A restore is one traced assign of every variable, fed the arrays
+any device. A restore is a traced assign per run of variables of at most 16
+MiB (`copies.GroupedAssigner`: TensorFlow copies each array into a tensor
+first, so that a run, never the model, is copied at once), fed the arrays
 (its input signature is the variables' shapes and dtypes, so it never
 retraces; the arrays are checked before they reach it, because it would cast
 another dtype silently). The replicas of a mirrored variable that each
