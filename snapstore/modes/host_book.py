@@ -78,6 +78,11 @@ class HostBook(base.CopyMode):
       # A caller's reference (store.arrays, a view of it) adds more.
       if sys.getrefcount(array) > 3:
         return None
+    for array in old:
+      # An array over memory numpy may not write (a graph-mode fetch's,
+      # TensorFlow's) is never written.
+      if not _may_write(array):
+        return None
     return old
 
   def arrays(self, tag, session):
@@ -106,3 +111,13 @@ class HostBook(base.CopyMode):
       self._replicas[tag] = replicas
     else:
       self._replicas.pop(tag, None)
+
+
+def _may_write(array):
+  """Whether numpy lets `array` (read-only, the store's) be made writable."""
+  try:
+    array.setflags(write=True)
+  except ValueError:
+    return False
+  array.setflags(write=False)
+  return True

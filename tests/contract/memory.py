@@ -18,8 +18,10 @@ import subprocess
 import sys
 
 from absl.testing import parameterized
+import numpy as np
 
 from snapstore._tf import tf
+from tests import helpers
 from tests.contract import worlds
 
 _ROOT = os.path.dirname(
@@ -79,3 +81,57 @@ class MemoryTest(tf.test.TestCase, parameterized.TestCase):
         "%s needed %.2f models beyond what it keeps: %s"
         % (name, part["transient"], json.dumps(result)),
       )
+
+
+SHAPES = {"a": ([256, 1024], np.float32), "b": ([100], np.float32)}
+
+
+class ReplaceTest(tf.test.TestCase, parameterized.TestCase):
+  """A snapshot replaced by `load_arrays` or a file load reuses or adopts
+  arrays only where nothing else (the caller, the variables after a restore)
+  sees them: the variables and the other snapshots keep their bits."""
+
+  @parameterized.named_parameters(("host", "host"), ("disk", "disk"))
+  def test_replacing_a_held_snapshot(self, mode):
+    options = {}
+    if mode == "disk":
+      options = dict(
+        spill_path=os.path.join(self.get_temp_dir(), "s.h5"),
+        memory_budget=10**9,
+      )
+    world = worlds.World(SHAPES, mode, max_to_keep=3, **options)
+    try:
+      one, two, three = (worlds.values(SHAPES, seed) for seed in (1, 2, 3))
+      world.write(one)
+      world.snapshot(1)
+      world.load_arrays(dict(two), tag=1)  # nobody else holds the arrays
+      world.write(three)
+      world.snapshot(1)
+      world.restore(1)  # the variables may share memory with snapshot 1
+      world.load_arrays(dict(two), tag=1)
+      _same(world.read(), three, "the variables changed")
+      path = os.path.join(self.get_temp_dir(), "three.npz")
+      world.write(three)
+      world.snapshot(3)
+      world.store.files.save_npz(path, tag=3, **world._session)
+      world.restore(1)
+      _same(world.read(), two)
+      world.store.files.load_npz(path, tag=1, **world._session)
+      _same(world.read(), two, "the variables changed")
+      world.write(one)
+      world.snapshot(2)  # over nothing the variables hold
+      world.restore(1)
+      _same(world.read(), three)
+      world.restore(2)
+      _same(world.read(), one)
+      world.restore(3)
+      _same(world.read(), three)
+    finally:
+      world.close()
+
+
+def _same(got, want, msg=""):
+  """Bit equality of two `{key: array}` of the same keys."""
+  assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+  for key in want:
+    helpers.assert_bit_equal(got[key], want[key], "%s %s" % (msg, key))

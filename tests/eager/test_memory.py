@@ -2,3 +2,4 @@
 snapshots, restore and file paths need what the mode holds, no more."""
 
 from tests.contract.memory import MemoryTest  # noqa: F401
+from tests.contract.memory import ReplaceTest  # noqa: F401
