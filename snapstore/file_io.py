@@ -58,6 +58,12 @@ class Files(object):
     with self._h.lock:
       self._h.check_open()
       tag = self._h.existing(tag, sess, "save_npz")
+      tiers = self._h.mode.tiers
+      streamed = tiers.arrays_one_by_one(tag) if tiers is not None else None
+      if streamed is not None:
+        # From the spill file a variable at a time, under the lock.
+        npz.save(path, self._h.varset.keys, streamed, compress=compress)
+        return tag
       values = self._h.read(tag, sess, "save_npz")
     npz.save(path, self._h.varset.keys, values, compress=compress)
     return tag

@@ -1,7 +1,8 @@
 """Host arrays that TensorFlow feeds without copying them.
 
-TF feeds a numpy array in place only when its data is 64-byte aligned; any
-other array is copied first, so restoring it costs two copies instead of one.
+A session feeds a numpy array in place only when its data is 64-byte aligned;
+any other array is copied first, so restoring it costs two copies instead of
+one. (Eager TensorFlow 2.21 copies every array it converts to a tensor.)
 numpy's own allocations are only 16-byte aligned. Arrays a store allocates for
 snapshot data come from here.
 
@@ -10,6 +11,10 @@ its buffer copies it before its first update (checked by the tests).
 
     out = aligned_empty((1024, 1024), np.float32)
     value = aligned_copy(array)
+
+A file read gives the store arrays nobody else holds (`Owned`): a host mode
+keeps those as they are instead of copying them, so that a snapshot loaded
+from a file costs its bytes once, not twice (issue 38).
 """
 
 import numpy as np
@@ -39,3 +44,34 @@ def aligned_copy(array, dtype=None):
 
 def is_aligned(array):
   return array.ctypes.data % ALIGNMENT == 0
+
+
+class Owned(list):
+  """Arrays made for the store alone (read from a file into new memory),
+  which a host mode may keep without a copy (see `adoptable`)."""
+
+
+def adoptable(array, dtype):
+  """True if `array` can be a snapshot's array as it is: aligned,
+  C-contiguous, owning its memory (no view of a larger array) and of
+  `dtype` in native byte order."""
+  return (
+    isinstance(array, np.ndarray)
+    and array.dtype == np.dtype(dtype)
+    and array.dtype.isnative
+    and array.flags.c_contiguous
+    and is_aligned(array)
+    and _sole_view(array)
+  )
+
+
+def _sole_view(array):
+  """`array` owns its memory, or is the whole of an `aligned_empty` buffer."""
+  if array.base is None:
+    return True
+  base = array.base
+  while isinstance(base, np.ndarray) and base.base is not None:
+    base = base.base
+  return (
+    isinstance(base, np.ndarray) and base.nbytes <= array.nbytes + ALIGNMENT
+  )

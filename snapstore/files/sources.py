@@ -33,6 +33,7 @@ import re
 import numpy as np
 
 from snapstore._tf import save_slice_info
+from snapstore.core import buffers
 from snapstore.core.varset import same_dtype
 from snapstore import errors
 
@@ -156,7 +157,8 @@ def read(source, varset, names, allow_extra=False):
       reporting them.
 
   Returns:
-    numpy arrays in `varset.specs` order, in native byte order.
+    numpy arrays in `varset.specs` order, in native byte order, 64-byte
+    aligned and held by nothing else (a `buffers.Owned` list).
 
   Raises:
     ValueError: Two names map to one variable.
@@ -184,16 +186,20 @@ def read(source, varset, names, allow_extra=False):
     hint=_hint(names, sorted(extra.values()), allow_extra),
   )
   wholes = {}  # name -> array, for partitioned variables read once
-  arrays = []
+  arrays = buffers.Owned()
   for spec in varset.specs:
     name, slices = plan[spec.key]
     if slices is None:
-      value = source.read(name)
+      value = _checked(source.read(name), spec, name, source)
     else:
       if name not in wholes:
         wholes[name] = source.read(name)
-      value = wholes[name][slices]
-    arrays.append(_checked(value, spec, name, source))
+      value = _checked(wholes[name][slices], spec, name, source)
+    # Arrays of the store's own, read one at a time: a host mode keeps them
+    # as they are (`buffers.Owned`), so the file costs its bytes once.
+    if not buffers.adoptable(value, spec.dtype) or slices is not None:
+      value = buffers.aligned_copy(value)
+    arrays.append(value)
   return arrays
 
 

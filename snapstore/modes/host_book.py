@@ -14,6 +14,8 @@ restore writes the snapshot's arrays, then each kept array into its own
 component.
 """
 
+import sys
+
 from snapstore.core import buffers
 from snapstore.core import distributed
 from snapstore.modes import base
@@ -41,13 +43,47 @@ class HostBook(base.CopyMode):
     ) + sum(base.replicas_nbytes(r) for r in self._replicas.values())
 
   def put(self, tag, arrays, session, victim=None):
+    """Keeps copies of `arrays`: in the arrays of the snapshot replaced (same
+    tag, or the victim) when nobody else holds them, so that replacing one
+    needs no second snapshot's memory; arrays read from a file for the store
+    alone (`buffers.Owned`) are kept as they are."""
     del session  # Nothing runs in TF.
-    copies = [
-      buffers.aligned_copy(a, spec.dtype)  # always a new array
-      for a, spec in zip(arrays, self._varset.specs)
-    ]
+    owned = isinstance(arrays, buffers.Owned)
+    into = self.reusable(tag, victim)
+    copies = []
+    for i, (a, spec) in enumerate(zip(arrays, self._varset.specs)):
+      if owned and buffers.adoptable(a, spec.dtype):
+        copies.append(a)
+        continue
+      if into is None:
+        copies.append(buffers.aligned_copy(a, spec.dtype))  # a new array
+        continue
+      out = into[i]
+      out.setflags(write=True)
+      out[...] = a  # cast by value, as aligned_copy does
+      copies.append(out)
     # One value per variable: every replica gets it (no replicas kept).
     self._keep(tag, copies, victim)
+
+  def reusable(self, tag, victim):
+    """The arrays of the snapshot `tag` replaces (`tag` itself, else
+    `victim`) if only the store refers to them, else None."""
+    old = self._snapshots.get(tag)
+    if old is None and victim is not None:
+      old = self._snapshots.get(victim)
+    if old is None:
+      return None
+    for array in old:
+      # The tuple holding it, this loop's name and getrefcount's argument: 3.
+      # A caller's reference (store.arrays, a view of it) adds more.
+      if sys.getrefcount(array) > 3:
+        return None
+    for array in old:
+      # An array over memory numpy may not write (a graph-mode fetch's,
+      # TensorFlow's) is never written.
+      if not _may_write(array):
+        return None
+    return old
 
   def arrays(self, tag, session):
     del session
@@ -75,3 +111,13 @@ class HostBook(base.CopyMode):
       self._replicas[tag] = replicas
     else:
       self._replicas.pop(tag, None)
+
+
+def _may_write(array):
+  """Whether numpy lets `array` (read-only, the store's) be made writable."""
+  try:
+    array.setflags(write=True)
+  except ValueError:
+    return False
+  array.setflags(write=False)
+  return True

@@ -306,6 +306,15 @@ class TieredMode(base.CopyMode):
       return values
     return self._inner.arrays(tag, session)
 
+  def arrays_one_by_one(self, tag):
+    """Snapshot `tag`'s arrays as an iterator reading (and checking) one at
+    a time if it is in the file, else None: `save_npz` writes a spilled
+    snapshot member by member, never whole in memory. Hold the store's lock
+    until it is done (nothing may delete the tag meanwhile)."""
+    if tag in self._held or tag not in self._in_file:
+      return None
+    return (self._file.read_variable(tag, key) for key in self._varset.keys)
+
   def replicas(self, tag, session):
     if tag in self._held:
       return self._held[tag].replicas

@@ -2,7 +2,9 @@
 
 Every copy the eager engine runs is one `tf.function` traced when the store
 is built (`get_concrete_function`), never per call: a snapshot or restore is
-one dispatch that never retraces, with no Python loop over the variables.
+one dispatch that never retraces, with no Python loop over the variables
+(except a host restore, one dispatch per run of at most `STAGING` bytes:
+`GroupedAssigner`).
 Tracing at build also keeps TensorFlow's retracing detector quiet (it counts
 traced calls per Python function) and moves the trace's cost out of the
 training loop.
@@ -13,6 +15,8 @@ crosses devices. A resource assign shares the source's buffer until either
 is written next (copy on write): the memory copy of a snapshot is paid by
 the next update of the variable, not by the snapshot call.
 """
+
+import numpy as np
 
 from snapstore._tf import tf
 from snapstore._tf import tf2
@@ -97,6 +101,61 @@ def assigner(variables, specs, name, parts=()):
         part.assign(value, read_value=False)
 
   return traced(assign, name, signature)
+
+
+# The most bytes one call of a `GroupedAssigner` converts from numpy at
+# once (a variable larger than this is a group of its own).
+STAGING = 16 << 20
+
+
+def groups(specs, limit=STAGING):
+  """Indices of `specs` in order, cut into runs of at most `limit` bytes (a
+  larger variable alone)."""
+  out, run, size = [], [], 0
+  for i, spec in enumerate(specs):
+    n = np.dtype(spec.dtype).itemsize * int(np.prod(spec.shape, dtype=np.int64))
+    if run and size + n > limit:
+      out.append(run)
+      run, size = [], 0
+    run.append(i)
+    size += n
+  if run:
+    out.append(run)
+  return out
+
+
+class GroupedAssigner(object):
+  """`assigner` over runs of the variables (`groups`), one call per run.
+
+  A traced function converts every numpy argument to a tensor (a copy)
+  before its body runs: one function over the whole model would hold a
+  second model's worth of tensors at once. One per run holds a run's
+  (issue 38). Called with one value per variable, like `assigner`; with
+  `components`, `variables` are components written on their own devices
+  (`assigner`'s `parts`).
+
+  Args:
+    variables: The variables (or components) written, in order.
+    specs: Their shapes and dtypes (`.shape`, `.dtype`).
+    name: Names the traced functions ("name_0", ...).
+    components: Whether `variables` are components (see above).
+  """
+
+  def __init__(self, variables, specs, name, components=False):
+    variables, specs = list(variables), list(specs)
+    self._runs = groups(specs)
+    self._fns = []
+    for k, run in enumerate(self._runs):
+      chosen = [variables[i] for i in run]
+      if components:
+        fn = assigner([], [], "%s_%d" % (name, k), chosen)
+      else:
+        fn = assigner(chosen, [specs[i] for i in run], "%s_%d" % (name, k))
+      self._fns.append(fn)
+
+  def __call__(self, *values):
+    for run, fn in zip(self._runs, self._fns):
+      fn(*[values[i] for i in run])
 
 
 def component_reader(variables, name):

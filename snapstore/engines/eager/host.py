@@ -4,7 +4,9 @@ The eager counterpart of `host.py`. A snapshot is one traced read of every
 variable (traced when the store is built), then a copy of each value into a
 new 64-byte aligned, read-only array the store owns: the arrays never share
 memory with TensorFlow, so training cannot change them and they stay valid on
-any device. A restore is one traced assign of every variable, fed the arrays
+any device. A restore is a traced assign per run of variables of at most 16
+MiB (`copies.GroupedAssigner`: TensorFlow copies each array into a tensor
+first, so that a run, never the model, is copied at once), fed the arrays
 (its input signature is the variables' shapes and dtypes, so it never
 retraces; the arrays are checked before they reach it, because it would cast
 another dtype silently). The replicas of a mirrored variable that each
@@ -13,8 +15,6 @@ other components are copied too, as is every component of a sync-on-read
 variable, and a restore writes each its own (`host_book`). Disk mode is this mode under a spill file's budget
 (`EagerDiskMode`).
 """
-
-import sys
 
 import numpy as np
 
@@ -47,14 +47,20 @@ class EagerHostMode(host_book.HostBook):
     replicas = [varset.variables[i] for i, _ in self._layout]
     self._read = copies.reader(varset.variables, "read", replicas)
     self._read()  # its first run optimizes it: at build, not in the loop
-    self._write = copies.assigner(varset.variables, varset.specs, "restore")
+    # A restore converts each array to a tensor (a copy) before it is
+    # assigned: the variables are written a group of at most
+    # `copies.STAGING` bytes (or one variable) at a time, so that what is
+    # converted at once is a group, never the model (issue 38).
+    self._write = copies.GroupedAssigner(
+      varset.variables, varset.specs, "restore"
+    )
     # A restore with kept replicas: the snapshot's values, then each kept
     # replica into its own component (built on first use: most stores never
     # see replicas that differ).
     parts = [p for v in replicas for p in distributed.kept_components(v)]
-    self._write_replicas = copies.Lazy(
-      lambda: copies.assigner(
-        varset.variables, varset.specs, "restore_replicas", parts
+    self._write_parts = copies.Lazy(
+      lambda: copies.GroupedAssigner(
+        parts, [_PartSpec(p) for p in parts], "restore_replicas"
       )
     )
     # evaluate_with sets the current values aside as tensors, component by
@@ -73,10 +79,7 @@ class EagerHostMode(host_book.HostBook):
     # The arrays of the snapshot this one replaces (same tag, or the victim)
     # are reused when nobody else holds them: a copy into warm memory costs
     # about a memcpy, one into new arrays also pays their page faults.
-    old = self._snapshots.get(tag)
-    if old is None and victim is not None:
-      old = self._snapshots.get(victim)
-    arrays, replicas = self._fetch(_unshared(old))
+    arrays, replicas = self._fetch(self.reusable(tag, victim))
     self._keep(tag, arrays, victim, replicas)
 
   def restore(self, tag, session):
@@ -98,19 +101,17 @@ class EagerHostMode(host_book.HostBook):
     """Writes one value per variable, then (for variables whose replicas a
     snapshot may keep) one per kept component as `base.replica_values`
     lays them out: tensors, e.g. fetched when a traced function runs."""
+    n = len(self._varset.specs)
+    self._write(*values[:n])
     if self._layout:
-      self._write_replicas(*values)
-    else:
-      self._write(*values)
+      self._write_parts(*values[n:])
 
   def _load(self, arrays, session, replicas=None):
     del session
-    if not replicas:
-      self._write(*arrays)
-      return
-    self._write_replicas(
-      *arrays, *base.replica_values(self._layout, arrays, replicas)
-    )
+    self._write(*arrays)
+    if replicas:
+      # After every variable's write, which wrote these components too.
+      self._write_parts(*base.replica_values(self._layout, arrays, replicas))
 
   def _fetch(self, into=None):
     """Copies of the variables' values, in store-owned aligned arrays (`into`,
@@ -140,16 +141,12 @@ class EagerHostMode(host_book.HostBook):
     return out, replicas
 
 
-def _unshared(arrays):
-  """`arrays` if only the store refers to them (and so they may be reused)."""
-  if arrays is None:
-    return None
-  for array in arrays:
-    # The tuple holding it, this loop's name and getrefcount's argument: 3.
-    # A caller's reference (store.arrays, a view of it) adds more.
-    if sys.getrefcount(array) > 3:
-      return None
-  return arrays
+class _PartSpec(object):
+  """The shape and dtype of a component variable, as `assigner` takes them."""
+
+  def __init__(self, part):
+    self.shape = part.shape
+    self.dtype = np.dtype(part.dtype.as_numpy_dtype)
 
 
 class EagerDiskMode(disk.DiskMode):
