@@ -515,3 +515,46 @@ def test_a_nested_model_whose_layers_share_names_is_keyed_by_position():
   assert sum(changed) >= 3 * len(grads)  # weights and both moments
   store.restore("good")
   assert_bits_equal(saved, values(state))
+
+
+@pytest.mark.parametrize("adopts", [True, False], ids=["direct", "traced"])
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_a_host_restore_leaves_its_snapshot_intact_under_in_place_updates(
+  mode, adopts, tmp_path, monkeypatch
+):
+  # A variable of copies.DIRECT bytes or more is restored by one
+  # AssignVariableOp fed the snapshot's array: the variable takes the
+  # converted tensor's buffer. In-place updates after it (assign_add, an
+  # optimizer's apply) must never reach the snapshot's array.
+  assert copies.adopts_converted_arrays()  # this TensorFlow converts by copy
+  monkeypatch.setattr(copies, "_adopts", [adopts])
+  direct = []
+
+  def assign_array(variable, value):
+    direct.append(variable)
+    original(variable, value)
+
+  original = copies.assign_array
+  monkeypatch.setattr(copies, "assign_array", assign_array)
+  rng = np.random.RandomState(5)
+  big = tf.Variable(rng.randn(512, 1024).astype(np.float32))  # 2 MiB
+  small = tf.Variable(rng.randn(8).astype(np.float32))
+  store = snapstore.SnapshotStore(
+    var_list=[big, small], mode=mode, **mode_options(mode, tmp_path)
+  )
+  tag = store.snapshot()
+  saved = [big.numpy(), small.numpy()]
+  opt = keras.optimizers.SGD(0.5)
+  for _ in range(3):
+    store.restore(tag)
+    assert_bits_equal(saved, values([big, small]))
+    big.assign_add(np.ones((512, 1024), np.float32))
+    small.assign_add(np.ones(8, np.float32))
+    opt.apply_gradients(
+      [(tf.ones_like(big), big), (tf.ones_like(small), small)]
+    )
+    expected = [saved[0] + np.float32(1) - np.float32(0.5), saved[1] + 1 - 0.5]
+    np.testing.assert_array_equal(big.numpy(), expected[0])
+    assert_bits_equal(saved, [store.arrays(tag)[k] for k in store.keys])
+  assert direct == ([big] * 3 if adopts else [])
+  store.close()

@@ -3,7 +3,8 @@
 Every copy the eager engine runs is one `tf.function` traced when the store
 is built (`get_concrete_function`), never per call: a snapshot or restore is
 one dispatch that never retraces, with no Python loop over the variables
-(except a host restore, one dispatch per run of at most `STAGING` bytes:
+(except a host restore, one dispatch per run of at most `STAGING` bytes, or
+one `AssignVariableOp` per variable of at least `DIRECT` bytes:
 `GroupedAssigner`).
 Tracing at build also keeps TensorFlow's retracing detector quiet (it counts
 traced calls per Python function) and moves the trace's cost out of the
@@ -20,6 +21,7 @@ import numpy as np
 
 from snapstore._tf import tf
 from snapstore._tf import tf2
+from snapstore.core import buffers
 from snapstore.core.distributed import replica_reads
 from snapstore.engines.eager import distributed
 
@@ -113,7 +115,7 @@ def groups(specs, limit=STAGING):
   larger variable alone)."""
   out, run, size = [], [], 0
   for i, spec in enumerate(specs):
-    n = np.dtype(spec.dtype).itemsize * int(np.prod(spec.shape, dtype=np.int64))
+    n = _nbytes(spec)
     if run and size + n > limit:
       out.append(run)
       run, size = [], 0
@@ -124,9 +126,69 @@ def groups(specs, limit=STAGING):
   return out
 
 
-class GroupedAssigner(object):
-  """`assigner` over runs of the variables (`groups`), one call per run.
+# A variable of at least this many bytes is restored by one eager
+# `AssignVariableOp` fed the numpy array itself, not by a traced function
+# (`adopts_converted_arrays`); smaller ones, whose cost is the call, by the
+# traced functions of `GroupedAssigner`.
+DIRECT = 1 << 20
 
+_adopts = []  # the probe's answer, once per process
+
+
+def adopts_converted_arrays():
+  """Whether an `AssignVariableOp` fed a numpy array is safe and cheap.
+
+  Fed the array as the op's own input, TensorFlow wraps an aligned array's
+  memory without a copy (an unaligned one it copies into a tensor only the
+  op holds), and the variable takes that buffer: no copy at the restore,
+  where a traced function (which converts its arguments before its body
+  runs) or `assign` (which holds the converted value while the op runs)
+  make two. TensorFlow never writes in place into memory it does not own,
+  so the variable's next write copies first (copy on write, as a device
+  snapshot's), and the snapshot's array, which TensorFlow holds a
+  reference to (so `host_book.reusable` leaves it alone), is never
+  written. Checked once per process, on a scratch resource (raw ops: no
+  variable is made, so no strategy or variable creator scope sees it) fed
+  an aligned, read-only array as the host modes hold them, then updated in
+  place: False (the array changed) sends every variable through the traced
+  assigns.
+  """
+  if not _adopts:
+    probe = buffers.aligned_copy(np.arange(16, dtype=np.float32))
+    probe.flags.writeable = False
+    with tf.init_scope(), tf.device("/cpu:0"):
+      handle = tf.raw_ops.VarHandleOp(
+        dtype=tf.float32, shape=[16], shared_name="snapstore_adopt_probe"
+      )
+      try:
+        tf.raw_ops.AssignVariableOp(resource=handle, value=probe)
+        tf.raw_ops.AssignAddVariableOp(resource=handle, value=probe)
+        read = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.float32)
+        _adopts.append(
+          bool((probe == np.arange(16, dtype=np.float32)).all())
+          and bool((read.numpy() == 2 * probe).all())
+        )
+      finally:
+        tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
+  return _adopts[0]
+
+
+def assign_array(variable, value):
+  """Writes `value` (a numpy array, or a tensor) into `variable` eagerly, the
+  array's memory taken as it is (`adopts_converted_arrays`), each component
+  on its device."""
+  parts = distributed.components(variable)
+  for part, part_value in zip(parts, distributed.spread(variable, value)):
+    with tf.device(part.device):
+      tf.raw_ops.AssignVariableOp(resource=part.handle, value=part_value)
+
+
+class GroupedAssigner(object):
+  """Writes host arrays into variables: the large ones directly, the rest
+  by `assigner` over runs of them (`groups`), one call per run.
+
+  A variable of `DIRECT` bytes or more takes its array without a copy, by
+  one `AssignVariableOp` (`assign_array`, where `adopts_converted_arrays`).
   A traced function converts every numpy argument to a tensor (a copy)
   before its body runs: one function over the whole model would hold a
   second model's worth of tensors at once. One per run holds a run's
@@ -143,7 +205,17 @@ class GroupedAssigner(object):
 
   def __init__(self, variables, specs, name, components=False):
     variables, specs = list(variables), list(specs)
-    self._runs = groups(specs)
+    direct = adopts_converted_arrays()
+    self._direct = [
+      (i, variables[i])
+      for i, spec in enumerate(specs)
+      if direct and _nbytes(spec) >= DIRECT
+    ]
+    taken = set(i for i, _ in self._direct)
+    rest = [i for i in range(len(specs)) if i not in taken]
+    self._runs = [
+      [rest[j] for j in run] for run in groups([specs[i] for i in rest])
+    ]
     self._fns = []
     for k, run in enumerate(self._runs):
       chosen = [variables[i] for i in run]
@@ -154,8 +226,17 @@ class GroupedAssigner(object):
       self._fns.append(fn)
 
   def __call__(self, *values):
+    # Distinct variables: the order of the writes does not matter.
+    for i, variable in self._direct:
+      assign_array(variable, values[i])
     for run, fn in zip(self._runs, self._fns):
       fn(*[values[i] for i in run])
+
+
+def _nbytes(spec):
+  return np.dtype(spec.dtype).itemsize * int(
+    np.prod(spec.shape, dtype=np.int64)
+  )
 
 
 def component_reader(variables, name):

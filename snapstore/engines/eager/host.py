@@ -4,12 +4,15 @@ The eager counterpart of `host.py`. A snapshot is one traced read of every
 variable (traced when the store is built), then a copy of each value into a
 new 64-byte aligned, read-only array the store owns: the arrays never share
 memory with TensorFlow, so training cannot change them and they stay valid on
-any device. A restore is a traced assign per run of variables of at most 16
-MiB (`copies.GroupedAssigner`: TensorFlow copies each array into a tensor
-first, so that a run, never the model, is copied at once), fed the arrays
-(its input signature is the variables' shapes and dtypes, so it never
-retraces; the arrays are checked before they reach it, because it would cast
-another dtype silently). The replicas of a mirrored variable that each
+any device. A restore (`copies.GroupedAssigner`) gives each variable of 1
+MiB or more its array by one `AssignVariableOp`: TensorFlow takes the
+aligned array's memory without a copy and copies it at the variable's next
+write, never writing into it; smaller variables go by a traced assign per
+run of at most 16 MiB (TensorFlow copies each argument into a tensor first,
+so that a run, never the model, is copied at once), fed the arrays (its
+input signature is the variables' shapes and dtypes, so it never retraces;
+the arrays are checked before they reach it, because it would cast another
+dtype silently). The replicas of a mirrored variable that each
 replica writes alone are compared in the same read; where they differ, their
 other components are copied too, as is every component of a sync-on-read
 variable, and a restore writes each its own (`host_book`). Disk mode is this mode under a spill file's budget
@@ -47,10 +50,9 @@ class EagerHostMode(host_book.HostBook):
     replicas = [varset.variables[i] for i, _ in self._layout]
     self._read = copies.reader(varset.variables, "read", replicas)
     self._read()  # its first run optimizes it: at build, not in the loop
-    # A restore converts each array to a tensor (a copy) before it is
-    # assigned: the variables are written a group of at most
-    # `copies.STAGING` bytes (or one variable) at a time, so that what is
-    # converted at once is a group, never the model (issue 38).
+    # Large variables take their arrays as they are; the others are
+    # written a group of at most `copies.STAGING` bytes at a time, so that
+    # what is converted at once is a group, never the model (issue 38).
     self._write = copies.GroupedAssigner(
       varset.variables, varset.specs, "restore"
     )
