@@ -158,7 +158,9 @@ def adopts_converted_arrays():
     probe.flags.writeable = False
     with tf.init_scope(), tf.device("/cpu:0"):
       handle = tf.raw_ops.VarHandleOp(
-        dtype=tf.float32, shape=[16], shared_name="snapstore_adopt_probe"
+        dtype=tf.float32,
+        shape=[16],
+        shared_name="snapstore_adopt_probe_%d" % id(probe),
       )
       try:
         tf.raw_ops.AssignVariableOp(resource=handle, value=probe)
