@@ -43,8 +43,8 @@ PATHS = {
 ALLOWED = {"evaluate": 1 + PART_SLACK}
 # Graph mode on TensorFlow 2.x (compat.v1 sessions) measures more than it
 # holds in host and disk mode: 2.32 and 3.07 models for 2 held at 256 MiB
-# (TF 2.21, 2026-12-02; the same on the code before issue 38), where TF 1.15
-# measures 2.13 and 1.13. Where the extra comes from is not yet found (issue
+# (TF 2.21 and 2.15, 2026-12-02; the same on the code before issue 38),
+# where TF 1.15 measures 2.13 and 1.13. Where the extra comes from is not yet found (issue
 # 38 stays open on it); until then these cases are skipped there, and
 # docs/performance.md says so.
 GRAPH_TF2_GAP = ("host", "disk")
