@@ -230,3 +230,17 @@ def name(value):
       "%r." % (value,)
     )
   return value.strip("/")
+
+
+def same_count(what, got, store_name, want):
+  """Refuses a list of `got` variables for a store over `want` of them.
+
+  Raises:
+    IncompatibleSnapshotError: `got != want`.
+  """
+  if got != want:
+    raise errors.IncompatibleSnapshotError(
+      "%s() got a list of %d variables; store %r covers %d (store.keys "
+      "lists them, in the order the list is matched in)."
+      % (what, got, store_name, want)
+    )

@@ -79,6 +79,19 @@ def critic(seed, width):
   return keras.Model([state, action], keras.layers.Dense(1)(hidden))
 
 
+def transitions(n, batch, seed=4):
+  """`n` batches of (state, action, reward, next state) for the DDPG nets."""
+  rng = np.random.RandomState(seed)
+  out = []
+  for _ in range(n):
+    s = rng.randn(batch, 3).astype(np.float32)
+    a = rng.uniform(-1, 1, (batch, 1)).astype(np.float32)
+    r = rng.randn(batch, 1).astype(np.float32)
+    s2 = rng.randn(batch, 3).astype(np.float32)
+    out.append(tuple(tf.constant(x) for x in (s, a, r, s2)))
+  return out
+
+
 def batches(n, seed=1, nan_at=()):
   rng = np.random.RandomState(seed)
   out = []

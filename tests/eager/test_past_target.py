@@ -35,15 +35,7 @@ def _critic(seed):
 
 
 def _batches(n, seed=4):
-  rng = np.random.RandomState(seed)
-  out = []
-  for _ in range(n):
-    s = rng.randn(32, 3).astype(np.float32)
-    a = rng.uniform(-1, 1, (32, 1)).astype(np.float32)
-    r = rng.randn(32, 1).astype(np.float32)
-    s2 = rng.randn(32, 3).astype(np.float32)
-    out.append(tuple(tf.constant(x) for x in (s, a, r, s2)))
-  return out
+  return common.transitions(n, batch=32, seed=seed)
 
 
 class _Agent(object):

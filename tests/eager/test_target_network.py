@@ -8,7 +8,6 @@ updates copy the online network every few steps (`snapshot("target")`) in
 every mode.
 """
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -35,15 +34,7 @@ def _critic(seed):
 
 
 def _batches():
-  rng = np.random.RandomState(4)
-  out = []
-  for _ in range(STEPS):
-    s = rng.randn(16, 3).astype(np.float32)
-    a = rng.uniform(-1, 1, (16, 1)).astype(np.float32)
-    r = rng.randn(16, 1).astype(np.float32)
-    s2 = rng.randn(16, 3).astype(np.float32)
-    out.append(tuple(tf.constant(x) for x in (s, a, r, s2)))
-  return out
+  return common.transitions(STEPS, batch=16)
 
 
 def _agent():

@@ -131,12 +131,7 @@ class EagerEngine(base.Engine):
       found = [(key, other[pairs[key]].variable) for key in self.varset.keys]
     elif isinstance(source, (list, tuple)):
       other = variables.variable_set(var_list=list(source))
-      if len(other) != len(self.varset):
-        raise errors.IncompatibleSnapshotError(
-          "%s() got a list of %d variables; store %r covers %d (store.keys "
-          "lists them, in the order the list is matched in)."
-          % (what, len(other), self.store_name, len(self.varset))
-        )
+      checks.same_count(what, len(other), self.store_name, len(self.varset))
       found = list(zip(self.varset.keys, other.variables))
     else:
       raise TypeError(

@@ -7,6 +7,7 @@ default session). See `engines/base.py` for the interface.
 """
 
 from snapstore._tf import tf
+from snapstore.core import checks
 from snapstore.core import distributed
 from snapstore.core import places as ledger
 from snapstore import errors
@@ -152,12 +153,7 @@ class GraphEngine(base.Engine):
         "load_arrays(other_store.arrays()).)" % (what, source)
       )
     others = variables.variable_set(var_list=list(source))
-    if len(others) != len(self.varset):
-      raise errors.IncompatibleSnapshotError(
-        "%s() got a list of %d variables; store %r covers %d (store.keys "
-        "lists them, in the order the list is matched in)."
-        % (what, len(others), self.store_name, len(self.varset))
-      )
+    checks.same_count(what, len(others), self.store_name, len(self.varset))
     values = self.session(session, what).run(list(others.variables))
     return dict(zip(self.varset.keys, values))
 
