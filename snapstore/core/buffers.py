@@ -2,7 +2,8 @@
 
 A session feeds a numpy array in place only when its data is 64-byte aligned;
 any other array is copied first, so restoring it costs two copies instead of
-one. (Eager TensorFlow 2.21 copies every array it converts to a tensor.)
+one. Eagerly, an `AssignVariableOp` fed an aligned array takes its memory
+likewise (`engines/eager/copies.py`); a traced function's arguments are copied.
 numpy's own allocations are only 16-byte aligned. Arrays a store allocates for
 snapshot data come from here.
 

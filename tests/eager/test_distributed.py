@@ -662,6 +662,45 @@ def test_loaded_arrays_are_spread_over_sync_on_read_components(
   store.close()
 
 
+@pytest.mark.parametrize("mode", ["host", "disk"])
+def test_large_arrays_are_written_into_every_component_as_a_host_write_does(
+  strategy, mode, tmp_path
+):
+  # Variables of copies.DIRECT bytes or more take a host array without a
+  # copy, but not a sync-on-read one, whose other components a host write
+  # zeroes (a SUM's) or fills (a MEAN's), as for small ones above.
+  shape = [512, 1024]  # 2 MiB
+  with strategy.scope():
+    w = tf.Variable(tf.zeros(shape), name="w")
+    total, mean = (
+      tf.Variable(
+        tf.zeros(shape),
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=how,
+        trainable=False,
+        name=name,
+      )
+      for name, how in (
+        ("total", tf.VariableAggregation.SUM),
+        ("mean", tf.VariableAggregation.MEAN),
+      )
+    )
+  store = _host_store([w, total, mean], mode, {}, tmp_path)
+  rng = np.random.RandomState(3)
+  given = {k: rng.normal(size=shape).astype(np.float32) for k in store.keys}
+  tag = store.load_arrays(dict(given))
+  store.restore(tag)
+  common.assert_bits_equal([given["w"]] * 2, _components(w))
+  common.assert_bits_equal(
+    [given["total"], np.full(shape, -0.0, np.float32)], _components(total)
+  )
+  common.assert_bits_equal([given["mean"]] * 2, _components(mean))
+  for c in w.values:  # in place after the restore: the snapshot unchanged
+    c.assign_add(tf.ones(shape))
+  common.assert_bits_equal([given["w"]], [store.arrays(tag)["w"]])
+  store.close()
+
+
 @pytest.mark.parametrize("mode, options", HOST_MODES)
 def test_batch_norm_statistics_are_restored_per_replica_in_host_mode(
   strategy, mode, options, tmp_path

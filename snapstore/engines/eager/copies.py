@@ -211,7 +211,7 @@ class GroupedAssigner(object):
     self._direct = [
       (i, variables[i])
       for i, spec in enumerate(specs)
-      if direct and _nbytes(spec) >= DIRECT
+      if direct and _nbytes(spec) >= DIRECT and _whole(variables[i])
     ]
     taken = set(i for i, _ in self._direct)
     rest = [i for i in range(len(specs)) if i not in taken]
@@ -233,6 +233,16 @@ class GroupedAssigner(object):
       assign_array(variable, values[i])
     for run, fn in zip(self._runs, self._fns):
       fn(*[values[i] for i in run])
+
+
+def _whole(variable):
+  """Whether every component of `variable` takes the host value as it is:
+  not a sync-on-read variable, whose other components a host write zeroes
+  (`core.distributed.spread`, in ops of a traced assign)."""
+  return not (
+    distributed.is_distributed(variable)
+    and variable.synchronization == tf2.VariableSynchronization.ON_READ
+  )
 
 
 def _nbytes(spec):
