@@ -40,13 +40,19 @@ PATHS = {
 }
 # The bytes beyond what a part keeps that it may need, in models.
 ALLOWED = {"evaluate": 1 + PART_SLACK}
-# The child runs without oneDNN's CPU allocator (TensorFlow 2.x's default on
-# x86): in a graph session it pools the memory of freed tensors (the
-# child's own fills of the variables), which then shows in the peak beside
-# the store's numpy arrays: 2.32 and 3.07 models for 2 held at 256 MiB in
-# host and disk mode (TF 2.21 and 2.15), 2.13 and 1.13 without it, as on TF
-# 1.15 (docs/performance.md, "Memory").
-CHILD_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
+# Each engine's child runs with the CPU allocator under which the memory of
+# freed tensors goes back: a graph session without oneDNN's (TensorFlow
+# 2.x's default on x86), whose pool holds the memory of the session's freed
+# tensors (the child's own fills of the variables) beside the store's
+# arrays: 2.32 and 3.07 models for 2 held at 256 MiB in host and disk mode
+# on TF 2.21 and 2.15, 2.13 and 1.13 without it, as on TF 1.15. Eagerly it
+# is the other way round (2.27 and 2.39 in device and host mode without
+# oneDNN, 2.04 and 2.02 with it), so the eager child keeps the default.
+# docs/performance.md, "Memory", gives both.
+CHILD_ENV = {
+  "graph": {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"},
+  "eager": {"TF_CPP_MIN_LOG_LEVEL": "3"},
+}
 
 
 def measure(mode, paths, directory, mib=256, count=8):
@@ -56,7 +62,7 @@ def measure(mode, paths, directory, mib=256, count=8):
     + ["--vars", str(count), "--dir", directory, "--paths", paths],
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
-    env=dict(os.environ, **CHILD_ENV),
+    env=dict(os.environ, **CHILD_ENV[worlds.ENGINE]),
     cwd=_ROOT,
     timeout=300,
   )
