@@ -653,9 +653,8 @@ def is_sharded_variable(obj):
 
 def _mode_now():
   """How the process runs now: eagerly, or in (compat.v1) graph mode."""
-  with ops.init_scope():
-    if _context.executing_eagerly():
-      return "eager"
+  if builds_eagerly():
+    return "eager"
   return "compat.v1 graph mode" if VERSION[0] >= 2 else "graph mode"
 
 

@@ -195,6 +195,16 @@ def aggregate(variable, values):
     return total
 
 
+def spreads_as_is(variable):
+  """Whether `spread` gives every component of `variable` the value itself:
+  all but a sync-on-read SUM variable, whose other components get zeros."""
+  return not (
+    is_distributed(variable)
+    and _sync_on_read(variable)
+    and variable.aggregation == tf.VariableAggregation.SUM
+  )
+
+
 def spread(variable, value):
   """What a host write puts into each component of `variable` (module doc).
 
@@ -206,11 +216,7 @@ def spread(variable, value):
     One tensor per component, in order.
   """
   parts = components(variable)
-  if not (
-    is_distributed(variable)
-    and _sync_on_read(variable)
-    and variable.aggregation == tf.VariableAggregation.SUM
-  ):
+  if spreads_as_is(variable):
     return [value] * len(parts)
   values = [value]
   for part in parts[1:]:

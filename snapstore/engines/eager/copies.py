@@ -23,6 +23,7 @@ from snapstore._tf import tf
 from snapstore._tf import tf2
 from snapstore.core import buffers
 from snapstore.core.distributed import replica_reads
+from snapstore.core.distributed import spreads_as_is
 from snapstore.engines.eager import distributed
 
 
@@ -175,14 +176,9 @@ def adopts_converted_arrays():
   return _adopts[0]
 
 
-def assign_array(variable, value):
-  """Writes `value` (a numpy array, or a tensor) into `variable` eagerly, the
-  array's memory taken as it is (`adopts_converted_arrays`), each component
-  on its device."""
-  parts = distributed.components(variable)
-  for part, part_value in zip(parts, distributed.spread(variable, value)):
-    with tf.device(part.device):
-      tf.raw_ops.AssignVariableOp(resource=part.handle, value=part_value)
+# Writes a numpy array into a variable, its memory taken as it is (a name of
+# its own here, so that tests can watch which variables take this way).
+assign_array = distributed.write_array
 
 
 class GroupedAssigner(object):
@@ -211,7 +207,7 @@ class GroupedAssigner(object):
     self._direct = [
       (i, variables[i])
       for i, spec in enumerate(specs)
-      if direct and _nbytes(spec) >= DIRECT and _whole(variables[i])
+      if direct and _nbytes(spec) >= DIRECT and spreads_as_is(variables[i])
     ]
     taken = set(i for i, _ in self._direct)
     rest = [i for i in range(len(specs)) if i not in taken]
@@ -233,16 +229,6 @@ class GroupedAssigner(object):
       assign_array(variable, values[i])
     for run, fn in zip(self._runs, self._fns):
       fn(*[values[i] for i in run])
-
-
-def _whole(variable):
-  """Whether every component of `variable` takes the host value as it is:
-  not a sync-on-read variable, whose other components a host write zeroes
-  (`core.distributed.spread`, in ops of a traced assign)."""
-  return not (
-    distributed.is_distributed(variable)
-    and variable.synchronization == tf2.VariableSynchronization.ON_READ
-  )
 
 
 def _nbytes(spec):

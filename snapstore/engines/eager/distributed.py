@@ -123,9 +123,24 @@ def read(variable):
 def write(variable, value):
   """Writes a host snapshot's `value` into `variable` (module doc): each
   component gets what `core.distributed.spread` says, on its own device."""
+  for part, part_value in _placed(variable, value):
+    part.assign(part_value, read_value=False)
+
+
+def write_array(variable, value):
+  """`write` of a numpy array by one `AssignVariableOp` per component, fed
+  the array itself, so that each component takes the array's memory as it
+  is (`copies.adopts_converted_arrays`). For variables whose components
+  all take the value itself (`core.distributed.spreads_as_is`)."""
+  for part, part_value in _placed(variable, value):
+    tf.raw_ops.AssignVariableOp(resource=part.handle, value=part_value)
+
+
+def _placed(variable, value):
+  """(component, its value) pairs, each yielded under its device."""
   for part, part_value in zip(components(variable), spread(variable, value)):
     with tf.device(part.device):
-      part.assign(part_value, read_value=False)
+      yield part, part_value
 
 
 def local(variable):
