@@ -126,7 +126,7 @@ class Model(object):
             use_resource=True,
           )
           self.variables.append(v)
-          value = tf.random.stateless_uniform(self.shape, self.seed)
+          value = _uniform(tf, self.shape, self.seed)
           self.fills.append(v.assign(value, read_value=False))
           self.reads.append(v.read_value())
         init = tf.global_variables_initializer()
@@ -172,9 +172,7 @@ class Model(object):
       if self.engine == "graph":
         self.sess.run(self.fills[i], {self.seed: seed})
       else:
-        v.assign(
-          tf.random.stateless_uniform(self.shape, seed), read_value=False
-        )
+        v.assign(_uniform(tf, self.shape, seed), read_value=False)
 
   def hashes(self):
     """SHA-256 of each variable's bytes (one variable read at a time)."""
@@ -189,6 +187,15 @@ class Model(object):
         out.append(hashlib.sha256(memoryview(value).cast("B")).hexdigest())
       del value
     return out
+
+
+def _uniform(tf, shape, seed):
+  """One op's tensor of uniform floats in [0, 1) (`tf.random.stateless_uniform`
+  scales and shifts its op's output: eagerly two more tensors of the
+  variable's size, which glibc's malloc hands back but a pool would keep)."""
+  return tf.raw_ops.StatelessRandomUniform(
+    shape=shape, seed=tf.cast(seed, tf.int64), dtype=tf.float32
+  )
 
 
 def _timed(times, name, fn):
