@@ -27,6 +27,7 @@ Parts (`--paths`, in this order, each after the ones before it):
               (tag 1 deleted first: a snapshot that replaces a held one
               exists in full before the old one goes)
   evaluate    `evaluate_with` of a function reading one variable
+  ring        host: a snapshot over held tag 2 (a full ring's next one)
   load_spill  disk: the store closed (its file then holds both
               snapshots), `files.load_spill` of snapshot 1 into a host store
 
@@ -315,6 +316,15 @@ def run(args):
         "evaluate",
         lambda: store.evaluate_with(lambda: float(first_var[0, 0]), tag=1),
       )
+    result["exact"] = result["exact"] and model.hashes() == now
+  if "ring" in paths:
+    # A snapshot over a held tag, as a ring of max_to_keep snapshots takes
+    # each one once full: into the arrays of the one it replaces.
+    model.fill(5)
+    now = model.hashes()
+    part("ring", lambda: store.snapshot(2, **sess))
+    model.fill(6)
+    store.restore(2, **sess)
     result["exact"] = result["exact"] and model.hashes() == now
   if args.time:
     result["times"].update(_time_calls(store, sess, args.time))

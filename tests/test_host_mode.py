@@ -100,6 +100,116 @@ class HostCopiesTest(tf.test.TestCase, parameterized.TestCase):
     for tag in ("a", "b"):
       self.assertTrue(buffers.is_aligned(store.arrays(tag)["w"]), tag)
 
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_snapshot_over_an_evicted_one_copies_into_its_arrays(
+    self, use_resource
+  ):
+    # max_to_keep=2: the third snapshot evicts the first and is copied into
+    # its arrays (no second model's worth of buffers), bit for bit.
+    w, step, store, sess = self._setup(use_resource)
+    store.snapshot("a", session=sess)
+    address = store.arrays("a")["w"].ctypes.data
+    sess.run(step)
+    store.snapshot("b", session=sess)
+    sess.run(step)
+    store.snapshot("c", session=sess)  # evicts "a"
+    self.assertEqual(store.tags(), ["b", "c"])
+    held = store.arrays("c")["w"]
+    self.assertEqual(held.ctypes.data, address, "not copied in place")
+    np.testing.assert_array_equal(held, np.full([256, 1024], 2, np.float32))
+    with self.assertRaisesRegex(ValueError, "read-only"):
+      held[0, 0] = 5
+    np.testing.assert_array_equal(
+      store.arrays("b")["w"], np.ones([256, 1024], np.float32)
+    )
+    del held
+    sess.run(step)
+    store.restore("c", session=sess)
+    np.testing.assert_array_equal(
+      sess.run(w), np.full([256, 1024], 2, np.float32)
+    )
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_arrays_someone_holds_are_never_written(self, use_resource):
+    w, step, store, sess = self._setup(use_resource)
+    store.snapshot("a", session=sess)
+    mine = store.arrays("a")["w"]  # the caller's: "a" gets new arrays
+    sess.run(step)
+    store.snapshot("a", session=sess)
+    np.testing.assert_array_equal(mine, np.zeros([256, 1024], np.float32))
+    np.testing.assert_array_equal(
+      store.arrays("a")["w"], np.ones([256, 1024], np.float32)
+    )
+    # Restored: the variable may hold the snapshot's buffer until its next
+    # write; a snapshot over that tag, then an update, leaves the snapshot.
+    store.restore("a", session=sess)
+    store.snapshot("a", session=sess)
+    sess.run(step)
+    store.snapshot("b", session=sess)
+    sess.run(step)
+    store.snapshot("c", session=sess)  # over "a"'s arrays, in place
+    sess.run(step)
+    np.testing.assert_array_equal(
+      store.arrays("b")["w"], np.full([256, 1024], 2, np.float32)
+    )
+    np.testing.assert_array_equal(
+      store.arrays("c")["w"], np.full([256, 1024], 3, np.float32)
+    )
+    np.testing.assert_array_equal(
+      sess.run(w), np.full([256, 1024], 4, np.float32)
+    )
+
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_a_failed_snapshot_keeps_the_one_it_would_evict(self, use_resource):
+    w, step, store, sess = self._setup(use_resource)
+    store.snapshot("a", session=sess)
+    sess.run(step)
+    store.snapshot("b", session=sess)
+    other = tf.Session(graph=sess.graph)  # its variables are uninitialized
+    self.addCleanup(other.close)
+    with self.assertRaisesRegex(
+      snapstore.SnapshotError, "Taking snapshot 'c' failed.*unchanged"
+    ) as raised:
+      store.snapshot("c", session=other)
+    self.assertNotIn("dropped", str(raised.exception))
+    self.assertEqual(store.tags(), ["a", "b"])
+    np.testing.assert_array_equal(
+      store.arrays("a")["w"], np.zeros([256, 1024], np.float32)
+    )
+    store.restore("a", session=sess)
+    np.testing.assert_array_equal(
+      sess.run(w), np.zeros([256, 1024], np.float32)
+    )
+    del step
+
+  def test_in_place_snapshots_on_two_cpu_devices(self):
+    graph = tf.Graph()
+    with graph.as_default():
+      with tf.variable_scope("net", use_resource=True):
+        parts = []
+        for i in range(2):
+          with tf.device("/cpu:%d" % i):
+            parts.append(tf.get_variable("w%d" % i, [64, 1024], tf.float32))
+      step = tf.group(*[p.assign_add(tf.ones_like(p)) for p in parts])
+      store = snapstore.SnapshotStore(scope="net", mode="host", max_to_keep=2)
+    sess = tf.Session(
+      graph=graph, config=tf.ConfigProto(device_count={"CPU": 2})
+    )
+    self.addCleanup(sess.close)
+    helpers.init(sess)
+    start = sess.run(parts)
+    store.snapshot("a", session=sess)
+    addresses = [a.ctypes.data for a in store.arrays("a").values()]
+    sess.run(step)
+    store.snapshot("b", session=sess)
+    sess.run(step)
+    store.snapshot("c", session=sess)  # into "a"'s arrays
+    held = store.arrays("c")
+    self.assertEqual([a.ctypes.data for a in held.values()], addresses)
+    for i, value in enumerate(start):
+      helpers.assert_bit_equal(held["w%d" % i], (value + 1) + 1)
+      helpers.assert_bit_equal(store.arrays("b")["w%d" % i], value + 1)
+
   def test_nbytes_counts_held_arrays(self):
     _, _, store, sess = self._setup(False)
     self.assertEqual(store.nbytes, 0)

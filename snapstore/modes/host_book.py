@@ -65,9 +65,17 @@ class HostBook(base.CopyMode):
     # One value per variable: every replica gets it (no replicas kept).
     self._keep(tag, copies, victim)
 
-  def reusable(self, tag, victim):
+  def reusable(self, tag, victim, numpy_writes=True):
     """The arrays of the snapshot `tag` replaces (`tag` itself, else
-    `victim`) if only the store refers to them, else None."""
+    `victim`) if only the store refers to them, else None.
+
+    Args:
+      tag: The tag being snapshotted.
+      victim: The tag it evicts, or None.
+      numpy_writes: Whether numpy writes them (then memory numpy may not
+        write is never reused) or TensorFlow does (graph mode's in-place
+        snapshot: read-only is numpy's flag, for the caller).
+    """
     old = self._snapshots.get(tag)
     if old is None and victim is not None:
       old = self._snapshots.get(victim)
@@ -78,11 +86,12 @@ class HostBook(base.CopyMode):
       # A caller's reference (store.arrays, a view of it) adds more.
       if sys.getrefcount(array) > 3:
         return None
-    for array in old:
-      # An array over memory numpy may not write (a graph-mode fetch's,
-      # TensorFlow's) is never written.
-      if not _may_write(array):
-        return None
+    if numpy_writes:
+      for array in old:
+        # An array over memory numpy may not write (a graph-mode fetch's,
+        # TensorFlow's) is never written by numpy.
+        if not _may_write(array):
+          return None
     return old
 
   def arrays(self, tag, session):

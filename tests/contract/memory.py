@@ -9,6 +9,8 @@ anywhere fails. In host and disk mode, `arrays`, `load_arrays`, `save_npz`,
 `load_npz` (and, disk, `load_spill` from the file the store leaves) may each
 need a quarter of the model beyond what they keep; `evaluate_with` one model
 more (the current values, set aside while the snapshot's are in place).
+A host snapshot over a held tag (a full ring's next one) copies into the
+arrays it replaces: a quarter of the model too.
 Memory, unlike time, is stable on a loaded machine.
 """
 
@@ -35,24 +37,21 @@ SLACK = 0.25  # of the model: less than one more model-sized copy
 PART_SLACK = SLACK + 0.02
 PATHS = {
   "device": "",
-  "host": "arrays,load_arrays,npz,evaluate",
+  "host": "arrays,load_arrays,npz,evaluate,ring",
   "disk": "arrays,load_arrays,npz,evaluate,load_spill",
 }
 # The bytes beyond what a part keeps that it may need, in models.
 ALLOWED = {"evaluate": 1 + PART_SLACK}
-# Each engine's child runs with the CPU allocator under which the memory of
-# freed tensors goes back: a graph session without oneDNN's (TensorFlow
-# 2.x's default on x86), whose pool holds the memory of the session's freed
-# tensors (the child's own fills of the variables) beside the store's
-# arrays: 2.32 and 3.07 models for 2 held at 256 MiB in host and disk mode
-# on TF 2.21 and 2.15, 2.13 and 1.13 without it, as on TF 1.15. Eagerly it
-# is the other way round (2.27 and 2.39 in device and host mode without
-# oneDNN, 2.04 and 2.02 with it), so the eager child keeps the default.
-# docs/performance.md, "Memory", gives both.
-CHILD_ENV = {
-  "graph": {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"},
-  "eager": {"TF_CPP_MIN_LOG_LEVEL": "3"},
-}
+# The children run with the system allocator: with oneDNN's
+# (TensorFlow 2.x's CPU allocator where oneDNN is on, by default on x86 CPUs
+# with AVX512_VNNI, AMX and the like) a process's RSS is that pool's, not
+# the bytes alive: freed memory stays resident and new tensors take
+# untouched pages first (bench/probe_cpu_allocator.py shows it without
+# snapstore). TF_ONEDNN_USE_SYSTEM_ALLOCATOR keeps oneDNN's kernels, where
+# the CPU runs them, and makes the peak measure the store on every CPU
+# (TensorFlow 1.15 and CPUs without oneDNN use the system allocator anyway).
+# docs/performance.md, "Memory", gives the figures under both.
+CHILD_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1"}
 
 
 def measure(mode, paths, directory, mib=256, count=8):
@@ -62,7 +61,7 @@ def measure(mode, paths, directory, mib=256, count=8):
     + ["--vars", str(count), "--dir", directory, "--paths", paths],
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
-    env=dict(os.environ, **CHILD_ENV[worlds.ENGINE]),
+    env=dict(os.environ, **CHILD_ENV),
     cwd=_ROOT,
     timeout=300,
   )

@@ -9,7 +9,12 @@ variable and its shadow never leaves the device.
     snapshot = copy(primaries, shadows, "snapshot", reads)   # one op
     feeder = Feeder(specs, "feed")
     load = feeder.assign_to(primaries, "load")               # fed with arrays
+    into = WriteInto(primaries, [reads(v) for v in primaries], "into")
+    into(held_arrays, session, sessions.run_cached)          # copies in place
 """
+
+import re
+import weakref
 
 import numpy as np
 
@@ -19,6 +24,7 @@ from snapstore._tf import resource_variable_ops
 from snapstore._tf import state_ops
 from snapstore._tf import tf
 from snapstore._tf import tf_variables
+from snapstore.core import buffers
 from snapstore.core import distributed
 
 
@@ -203,3 +209,120 @@ class Feeder(object):
   def assign_to(self, targets, name):
     """A grouped op writing the fed values into `targets` (one per spec)."""
     return copy(self._placeholders, targets, name)
+
+
+# How TensorFlow's error messages name the node that failed.
+_FAILED_NODE = re.compile(r"\{\{node ([^}]+)\}\}")
+
+
+class WriteInto(object):
+  """Copies the variables into arrays the caller holds: one run, no new memory.
+
+  Each array is fed to an `InplaceUpdate` (built once, colocated with its
+  variable) that writes the variable's value into the fed buffer. A session
+  in this process feeds an aligned, C-contiguous array of the placeholder's
+  dtype without a copy, so the value lands in the array itself: a host
+  snapshot over one the store drops anyway costs a copy into memory already
+  resident, not a model's worth of new buffers (and their page faults).
+  Every write waits for every read, so a run that fails in a read (an
+  uninitialized variable) has written nothing (`wrote_before`).
+
+  Whether a session feeds in place is probed once per session (`usable`):
+  one small `InplaceUpdate` per device and dtype, built now, writing a
+  known value into a fed array. Where it does not (a remote session), the
+  caller fetches new arrays instead.
+
+  Args:
+    variables: The variables (none distributed).
+    reads: One read per variable (`SharedReads`).
+    name: Name scope of the ops.
+  """
+
+  def __init__(self, variables, reads, name):
+    self._dtypes = [
+      np.dtype(v.dtype.base_dtype.as_numpy_dtype) for v in variables
+    ]
+    placeholders, writes, probes = [], [], {}
+    with tf.name_scope(name):
+      for i, (var, value) in enumerate(zip(variables, reads)):
+        with ops.colocate_with(var):
+          placeholders.append(
+            tf.placeholder(var.dtype.base_dtype, [1, None], name="into_%d" % i)
+          )
+          key = (var.device, var.dtype.base_dtype)
+          if key not in probes:
+            probe = tf.placeholder(key[1], [1, 1], name="probe_%d" % i)
+            probes[key] = (
+              probe,
+              tf.raw_ops.InplaceUpdate(
+                x=probe, i=[0], v=tf.ones([1, 1], key[1])
+              ).op,
+            )
+      for var, value, into in zip(variables, reads, placeholders):
+        with ops.colocate_with(var), tf.control_dependencies(reads):
+          writes.append(
+            tf.raw_ops.InplaceUpdate(
+              x=into, i=[0], v=tf.reshape(value, [1, -1])
+            ).op
+          )
+      self._op = tf.group(*writes, name="write_into")
+    self._writes = frozenset(op.name for op in writes) | {self._op.name}
+    self._placeholders = tuple(placeholders)
+    self._probes = [
+      (probe, op, np.dtype(dtype.as_numpy_dtype))
+      for (_, dtype), (probe, op) in sorted(
+        probes.items(), key=lambda item: item[1][0].name
+      )
+    ]
+    self._usable = {}  # weak per session: see `usable`
+
+  def usable(self, session, run):
+    """Whether `session` feeds in place (probed once per session).
+
+    Args:
+      session: The session.
+      run: `sessions.run_cached`.
+    """
+    known = self._usable.get(id(session))
+    if known is not None and known[0]() is session:
+      return known[1]
+    ok = True
+    for probe, op, dtype in self._probes:
+      array = buffers.aligned_empty((1, 1), dtype)
+      array[...] = 0
+      try:
+        run(session, op, (probe,), [array])
+      except tf.errors.OpError:
+        ok = False
+      if not ok or not array[0, 0]:
+        ok = False
+        break
+    self._usable[id(session)] = (weakref.ref(session), ok)
+    return ok
+
+  def fits(self, arrays):
+    """Whether `arrays` (one per variable) can be fed in place."""
+    for a, dtype in zip(arrays, self._dtypes):
+      if a.dtype != dtype or not a.flags.c_contiguous:
+        return False
+      if a.nbytes and a.ctypes.data % buffers.ALIGNMENT:
+        return False
+    return len(arrays) == len(self._dtypes)
+
+  def __call__(self, arrays, session, run):
+    """Writes the variables' values into `arrays` (`fits` them)."""
+    run(
+      session,
+      self._op,
+      self._placeholders,
+      [a.reshape(1, -1) for a in arrays],
+    )
+
+  def wrote_before(self, error):
+    """Whether a run that raised `error` may have written some arrays: not
+    if the failing nodes it names (a callable's errors name no `op`) are
+    none of the writes, which wait for every read."""
+    op = getattr(error, "op", None)
+    names = [op.name] if op is not None else []
+    names += _FAILED_NODE.findall(getattr(error, "message", "") or "")
+    return not names or any(name in self._writes for name in names)

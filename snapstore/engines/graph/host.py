@@ -31,6 +31,7 @@ from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.engines.graph import attached
 from snapstore.engines.graph import copies
+from snapstore.engines.graph import sessions
 from snapstore.core import distributed
 from snapstore.modes import base
 from snapstore.modes import disk
@@ -89,9 +90,28 @@ class HostMode(mode.GraphMode, host_book.HostBook):
         copies.Feeder(mode.component_specs(parts), "stash_feed"),
       )
       self._parts += (self._parts[1].assign_to(parts, "unstash"),)
+    # A snapshot over one only the store holds copies into its arrays
+    # (`copies.WriteInto`); not with distributed variables (their replicas).
+    self._into = None
+    if not self._parts:
+      self._into = copies.WriteInto(
+        varset.variables, self._reads[: len(varset.variables)], "into"
+      )
     self._initializer = tf.no_op(name="initializer")
 
   def take(self, tag, session, victim=None):
+    into = self._writable(tag, victim, session)
+    if into is not None:
+      try:
+        self._into(into, session, sessions.run_cached)
+      except tf.errors.OpError as e:
+        if self._into.wrote_before(e):
+          # Partly overwritten: the snapshot it held is gone (the store
+          # reports the tag lost).
+          self.delete(victim if tag not in self._snapshots else tag)
+        raise
+      self._keep(tag, into, victim)
+      return
     arrays, replicas = self._fetch(session)
     self._keep(tag, arrays, victim, replicas)
 
@@ -114,6 +134,18 @@ class HostMode(mode.GraphMode, host_book.HostBook):
     # The restore's own feeds and ops serve a spill file's snapshots too.
     del name
     return self._load
+
+  def _writable(self, tag, victim, session):
+    """The arrays a snapshot over `tag` (or `victim`) may be copied into in
+    place, or None: the store's alone, fed in place by this session."""
+    if self._into is None or not _local_cpu_only(session):
+      return None
+    into = self.reusable(tag, victim, numpy_writes=False)
+    if into is None or not self._into.fits(into):
+      return None
+    if not self._into.usable(session, sessions.run_cached):
+      return None
+    return list(into)
 
   def _fetch(self, session):
     """The variables' host values, and the replicas to keep (host_book)."""
