@@ -18,7 +18,7 @@ first and checks it bit for bit. Reported:
                 a held tag, a restore of a held one: disk mode's restore
                 reads the file), in ms and as a multiple of a warm memcpy
                 of the same bytes (np.copyto into preallocated arrays,
-                interleaved with them)
+                timed first, its buffers freed before the store's calls)
 
 Variables of 128 KiB to 32 MiB (a 64 or 256 MiB model in 16) are where
 glibc's malloc raises its mmap threshold as large blocks are freed: a

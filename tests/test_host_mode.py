@@ -210,6 +210,36 @@ class HostCopiesTest(tf.test.TestCase, parameterized.TestCase):
       helpers.assert_bit_equal(held["w%d" % i], (value + 1) + 1)
       helpers.assert_bit_equal(store.arrays("b")["w%d" % i], value + 1)
 
+  @parameterized.named_parameters(*helpers.kind_cases())
+  def test_scalars_are_copied_in_place_too(self, use_resource):
+    graph = tf.Graph()
+    with graph.as_default():
+      with tf.variable_scope("net", use_resource=use_resource):
+        count = tf.get_variable(
+          "count", [], tf.int64, initializer=tf.zeros_initializer()
+        )
+        rate = tf.get_variable(
+          "rate", [], tf.float32, initializer=tf.ones_initializer()
+        )
+      step = tf.group(tf.assign_add(count, 1), tf.assign(rate, rate * 0.5))
+      store = snapstore.SnapshotStore(scope="net", mode="host", max_to_keep=2)
+    sess = tf.Session(graph=graph)
+    self.addCleanup(sess.close)
+    helpers.init(sess)
+    store.snapshot("a", session=sess)
+    held = store.arrays("a")
+    self.assertIsInstance(held["count"], np.ndarray)  # not a numpy scalar
+    addresses = sorted(a.ctypes.data for a in held.values())
+    del held
+    for tag in ("b", "c"):
+      sess.run(step)
+      store.snapshot(tag, session=sess)
+    held = store.arrays("c")
+    self.assertEqual(sorted(a.ctypes.data for a in held.values()), addresses)
+    self.assertEqual(int(held["count"]), 2)
+    self.assertEqual(float(held["rate"]), 0.25)
+    self.assertEqual(held["count"].shape, ())
+
   def test_nbytes_counts_held_arrays(self):
     _, _, store, sess = self._setup(False)
     self.assertEqual(store.nbytes, 0)

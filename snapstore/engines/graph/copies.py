@@ -303,6 +303,8 @@ class WriteInto(object):
   def fits(self, arrays):
     """Whether `arrays` (one per variable) can be fed in place."""
     for a, dtype in zip(arrays, self._dtypes):
+      if not isinstance(a, np.ndarray):
+        return False
       if a.dtype != dtype or not a.flags.c_contiguous:
         return False
       if a.nbytes and a.ctypes.data % buffers.ALIGNMENT:

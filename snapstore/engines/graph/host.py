@@ -27,11 +27,14 @@ Host memory holds `len(store) * store.param_nbytes` bytes, plus those
 replicas; the device holds nothing extra.
 """
 
+import numpy as np
+
 from snapstore._tf import ops
 from snapstore._tf import tf
 from snapstore.engines.graph import attached
 from snapstore.engines.graph import copies
 from snapstore.engines.graph import sessions
+from snapstore.core import buffers
 from snapstore.core import distributed
 from snapstore.modes import base
 from snapstore.modes import disk
@@ -155,6 +158,12 @@ class HostMode(mode.GraphMode, host_book.HostBook):
       self._fetches.set(session, fetches)
     values = self._run(session, fetches)
     n, k = len(self._varset.variables), len(self._layout)
+    # TF 1.15 fetches a scalar as a numpy scalar: kept as an aligned 0-d
+    # array, which a later snapshot can be written into (`WriteInto`).
+    values[:n] = [
+      v if isinstance(v, np.ndarray) else buffers.aligned_copy(v)
+      for v in values[:n]
+    ]
     if not k:
       return values, None
     # The arrays a run fetches are new (module doc): kept as they are.
