@@ -15,6 +15,13 @@ store fetches a `Snapshot` of each read instead: TF makes the copy (into its
 and its arrays can later be fed without another copy (`snapstore.core.buffers`).
 Elsewhere a `Snapshot` would only cost device memory, so plain reads are used.
 
+A snapshot over one that only the store holds (the next one of a full
+`max_to_keep` ring, a tag taken again) writes the variables into that
+snapshot's arrays instead, in one run of `copies.WriteInto` (an in-place
+update fed each array) where the session feeds arrays in place: no new
+buffers, nor their page faults. A snapshot of distributed variables always
+fetches new arrays.
+
 A restore feeds the arrays into placeholders built once and runs one grouped
 assign. A `tf.distribute` variable is read and written as
 `snapstore.core.distributed` says: one array per variable (a mirrored one's
