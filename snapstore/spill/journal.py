@@ -123,6 +123,11 @@ class JournaledFile(io.RawIOBase):
     return self._durable
 
   @property
+  def failure(self):
+    """The exception of a write that failed in this transaction, or None."""
+    return self._failure
+
+  @property
   def size(self):
     """The file's size as HDF5 sees it (this transaction's writes included)."""
     return self._size

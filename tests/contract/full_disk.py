@@ -244,6 +244,43 @@ class FileSizeLimitTest(_FullDiskCase):
         r"that allows larger files",
       )
 
+  def test_a_flush_that_hides_the_failed_write(self):
+    # HDF5 can meet the failed write in a flush and say only that the flush
+    # failed; the store names the write's own error (EFBIG) all the same.
+    self._setup(os.path.join(self.get_temp_dir(), "spill.h5"))
+    self._take(0)
+    self.store.files.flush()
+    real = spill_file.SpillFile._write_dataset  # pylint: disable=protected-access
+
+    class TooLarge(object):
+      def __getattr__(self, name):
+        return getattr(os, name)
+
+      def pwrite(self, fd, data, offset):
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+
+    def hides(f, ds, array):
+      journal.os = TooLarge()
+      try:
+        real(f, ds, array)
+      except OSError:
+        raise RuntimeError(
+          "Unable to synchronously flush file (unable to flush file data)"
+        )
+      finally:
+        journal.os = os
+      return 0
+
+    spill_file.SpillFile._write_dataset = hides  # pylint: disable=protected-access
+    self.addCleanup(setattr, spill_file.SpillFile, "_write_dataset", real)
+    self.addCleanup(setattr, journal, "os", os)
+    messages = self._take(1)
+    spill_file.SpillFile._write_dataset = real  # pylint: disable=protected-access
+    messages += self._take(2)
+    self.assertTrue(messages, "no write failed")
+    self.assertRegex(messages[0], _TOO_LARGE)
+    self.assertRegex(messages[0], r"raise the file-size limit \(ulimit -f\)")
+
 
 class RealFullDiskTest(_FullDiskCase):
   """A 2 MiB tmpfs that fills up (skipped, saying why, where mounting fails)."""
