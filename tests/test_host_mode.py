@@ -240,6 +240,34 @@ class HostCopiesTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(float(held["rate"]), 0.25)
     self.assertEqual(held["count"].shape, ())
 
+  def test_every_supported_dtype_is_copied_in_place(self):
+    dtypes = [
+      tf.float16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32,
+      tf.int64, tf.uint8, tf.uint16, tf.bool, tf.complex64, tf.complex128,
+    ]  # fmt: skip
+    graph = tf.Graph()
+    with graph.as_default():
+      with tf.variable_scope("net", use_resource=True):
+        parts = [
+          tf.get_variable("v%d" % i, [3, 5], d, tf.zeros_initializer())
+          for i, d in enumerate(dtypes)
+        ]
+      ones = tf.group(*[p.assign(tf.ones_like(p)) for p in parts])
+      store = snapstore.SnapshotStore(scope="net", mode="host", max_to_keep=1)
+    sess = tf.Session(graph=graph)
+    self.addCleanup(sess.close)
+    helpers.init(sess)
+    store.snapshot(1, session=sess)
+    addresses = [a.ctypes.data for a in store.arrays(1).values()]
+    sess.run(ones)
+    store.snapshot(2, session=sess)  # max_to_keep=1: over snapshot 1
+    held = store.arrays(2)
+    self.assertEqual([a.ctypes.data for a in held.values()], addresses)
+    for i, d in enumerate(dtypes):
+      helpers.assert_bit_equal(
+        held["v%d" % i], np.ones([3, 5], d.as_numpy_dtype), d.name
+      )
+
   def test_nbytes_counts_held_arrays(self):
     _, _, store, sess = self._setup(False)
     self.assertEqual(store.nbytes, 0)

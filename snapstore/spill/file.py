@@ -312,7 +312,7 @@ class SpillFile(object):
     try:
       self._write(tag, time, step, keys, arrays, compression, compression_opts)
     except BaseException as e:
-      failed = _hidden_write_failure(e, self._file)
+      failed = self._file.hidden_failure(e) if self._file is not None else None
       self._reopen()
       if failed is not None:
         raise failed from e
@@ -684,21 +684,3 @@ def open_spill(path):
     ```
   """
   return SpillFile(path, writable=False)
-
-
-def _hidden_write_failure(error, journaled):
-  """The OSError of a failed write that HDF5 reported as `error` without it.
-
-  HDF5 may meet a failed write (EFBIG, ENOSPC) in a flush and report only
-  that the flush failed ("Unable to synchronously flush file"); the journal
-  saw the write's own error. None if `error` says what failed already.
-  """
-  cause = error
-  while isinstance(cause, SystemError) and cause.__cause__ is not None:
-    cause = cause.__cause__
-  failed = journaled.failure if journaled is not None else None
-  if getattr(cause, "errno", None) is not None or failed is None:
-    return None
-  if failed is cause or getattr(failed, "errno", None) is None:
-    return None
-  return failed

@@ -122,10 +122,21 @@ class JournaledFile(io.RawIOBase):
   def durable(self):
     return self._durable
 
-  @property
-  def failure(self):
-    """The exception of a write that failed in this transaction, or None."""
-    return self._failure
+  def hidden_failure(self, error):
+    """The OSError of this transaction's failed write, if `error` (what HDF5
+    raised) does not say it: HDF5 may meet a failed write (EFBIG, ENOSPC) in
+    a flush and report only that the flush failed ("Unable to synchronously
+    flush file"). None if `error` names an OS error already, or none failed.
+    """
+    cause = error
+    while isinstance(cause, SystemError) and cause.__cause__ is not None:
+      cause = cause.__cause__
+    failed = self._failure
+    if failed is None or failed is cause:
+      return None
+    if getattr(cause, "errno", None) is not None:
+      return None
+    return failed if getattr(failed, "errno", None) is not None else None
 
   @property
   def size(self):

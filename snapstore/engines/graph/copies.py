@@ -14,7 +14,6 @@ variable and its shadow never leaves the device.
 """
 
 import re
-import weakref
 
 import numpy as np
 
@@ -26,6 +25,7 @@ from snapstore._tf import tf
 from snapstore._tf import tf_variables
 from snapstore.core import buffers
 from snapstore.core import distributed
+from snapstore.engines.graph import attached
 
 
 def is_resource(var):
@@ -274,7 +274,7 @@ class WriteInto(object):
         probes.items(), key=lambda item: item[1][0].name
       )
     ]
-    self._usable = {}  # weak per session: see `usable`
+    self._usable = attached.PerObject("write_into_usable")
 
   def usable(self, session, run):
     """Whether `session` feeds in place (probed once per session).
@@ -283,9 +283,9 @@ class WriteInto(object):
       session: The session.
       run: `sessions.run_cached`.
     """
-    known = self._usable.get(id(session))
-    if known is not None and known[0]() is session:
-      return known[1]
+    known = self._usable.get(session)
+    if known is not None:
+      return known
     ok = True
     for probe, op, dtype in self._probes:
       array = buffers.aligned_empty((1, 1), dtype)
@@ -297,7 +297,7 @@ class WriteInto(object):
       if not ok or not array[0, 0]:
         ok = False
         break
-    self._usable[id(session)] = (weakref.ref(session), ok)
+    self._usable.set(session, ok)
     return ok
 
   def fits(self, arrays):
