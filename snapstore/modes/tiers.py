@@ -56,6 +56,7 @@ from snapstore.core import checks
 from snapstore import errors
 from snapstore.modes import base
 from snapstore.spill import file as spill_file
+from snapstore.spill import journal
 from snapstore.spill import layout
 from snapstore.spill import writer
 
@@ -673,15 +674,8 @@ def _global_step_index(varset):
 
 
 def _cause(error):
-  """The error a spill write really failed with.
-
-  When the spill file's `write` raises (ENOSPC, EFBIG, EIO), h5py calls its
-  `flush` with that OSError still set, and Python 3.13 raises SystemError
-  ("... returned a result with an exception set") from it.
-  """
-  while isinstance(error, SystemError) and error.__cause__ is not None:
-    error = error.__cause__
-  return error
+  """The error a spill write really failed with (`journal.underlying`)."""
+  return journal.underlying(error)
 
 
 def _is_full(error):

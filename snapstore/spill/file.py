@@ -312,11 +312,7 @@ class SpillFile(object):
     try:
       self._write(tag, time, step, keys, arrays, compression, compression_opts)
     except BaseException as e:
-      failed = self._file.hidden_failure(e) if self._file is not None else None
-      self._reopen()
-      if failed is not None:
-        raise failed from e
-      raise
+      self._roll_back(e)
 
   def _write(
     self, tag, time, step, keys, arrays, compression, compression_opts
@@ -355,9 +351,8 @@ class SpillFile(object):
       return
     try:
       self._delete(name)
-    except BaseException:
-      self._reopen()
-      raise
+    except BaseException as e:
+      self._roll_back(e)
 
   def _delete(self, name):
     extents = []
@@ -609,6 +604,18 @@ class SpillFile(object):
   def _commit(self):
     self._h5.flush()
     self._file.commit()
+
+  def _roll_back(self, error):
+    """After change that raised `error`: back to the last commit, then
+    raises `error`, or the failed write's own OSError where HDF5's error
+    hides it (`JournaledFile.hidden_failure`)."""
+    failed = (
+      self._file.hidden_failure(error) if self._file is not None else None
+    )
+    self._reopen()
+    if failed is not None:
+      raise failed from error
+    raise error
 
   def _reopen(self, cleanup=True):
     """After a failed change: back to the last commit, with HDF5 reopened.

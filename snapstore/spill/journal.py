@@ -128,13 +128,8 @@ class JournaledFile(io.RawIOBase):
     a flush and report only that the flush failed ("Unable to synchronously
     flush file"). None if `error` names an OS error already, or none failed.
     """
-    cause = error
-    while isinstance(cause, SystemError) and cause.__cause__ is not None:
-      cause = cause.__cause__
     failed = self._failure
-    if failed is None or failed is cause:
-      return None
-    if getattr(cause, "errno", None) is not None:
+    if getattr(underlying(error), "errno", None) is not None:
       return None
     return failed if getattr(failed, "errno", None) is not None else None
 
@@ -621,3 +616,15 @@ def _fsync_dir(path):
     os.fsync(fd)
   finally:
     os.close(fd)
+
+
+def underlying(error):
+  """The error a file write really failed with.
+
+  When the spill file's `write` raises (ENOSPC, EFBIG, EIO), h5py calls its
+  `flush` with that OSError still set, and Python 3.13 raises SystemError
+  ("... returned a result with an exception set") from it.
+  """
+  while isinstance(error, SystemError) and error.__cause__ is not None:
+    error = error.__cause__
+  return error

@@ -244,7 +244,7 @@ class WriteInto(object):
     ]
     placeholders, writes, probes = [], [], {}
     with tf.name_scope(name):
-      for i, (var, value) in enumerate(zip(variables, reads)):
+      for i, var in enumerate(variables):
         with ops.colocate_with(var):
           placeholders.append(
             tf.placeholder(var.dtype.base_dtype, [1, None], name="into_%d" % i)
